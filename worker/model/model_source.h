@@ -1,0 +1,48 @@
+// Loading a model by path or by synthetic name.
+//   LoadModel("/path/model.gguf")            GGUF (F32, F16, BF16, Q8_0, Q4_0, Q4_1 -> fp32)
+//   LoadModel("/path/hf_dir")                safetensors + config.json (Hugging Face layout)
+//   LoadModel("synthetic:tiny")              2 layers, seeded random weights, byte tokenizer
+//   LoadModel("synthetic:smollm2-135m")      SmolLM2-135M shape
+//   LoadModel("synthetic:llama3-8b")         Llama-3.1-8B shape (weights generated on the device;
+//                                            host weights only when options ask for them)
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "worker/model/config.h"
+#include "worker/model/tokenizer_spec.h"
+#include "worker/model/weights.h"
+
+namespace lazyrag {
+
+struct LoadOptions {
+  // Seed for synthetic weights ("synthetic:NAME@SEED" in the name overrides it).
+  uint64_t seed = 0;
+  // For synthetic models: fill ModelWeights on the host. The CUDA backend sets this to false
+  // and generates weights in device memory from (seed, tag, index) instead.
+  bool synthetic_host_weights = true;
+  // Refuse models whose fp32 host weights would exceed this many bytes (clear error, no OOM).
+  int64_t max_host_bytes = int64_t(20) << 30;
+};
+
+struct LoadedModel {
+  ModelConfig config;
+  // Hex SHA-256 over config and weights bytes (synthetic: over name and seed). Part of every
+  // KV key: KV from one model is never served to another.
+  std::string fingerprint;
+  std::unique_ptr<ModelWeights> weights;  // null for synthetic models without host weights
+  bool synthetic = false;
+  uint64_t seed = 0;
+  TokenizerSpec tokenizer;
+};
+
+absl::StatusOr<LoadedModel> LoadModel(const std::string& path_or_name,
+                                      const LoadOptions& options = {});
+
+// Synthetic configs by name ("tiny", "smollm2-135m", "llama3-8b"); NOT_FOUND otherwise.
+absl::StatusOr<ModelConfig> SyntheticConfig(const std::string& name);
+
+}  // namespace lazyrag
