@@ -1,0 +1,66 @@
+// The device backend interface: one model on one device with its paged KV pool. The CPU
+// backend (fp32, BLAS) is the ground truth; the CUDA backend (bf16) plugs in behind the same
+// interface. Backends know nothing of gRPC, scheduling or cache policy (DESIGN section 9).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/backend/cpu/attention_cpu.h"
+#include "worker/backend/segment_view.h"
+#include "worker/model/config.h"
+
+namespace lazyrag {
+
+// One forward step over a batch of requests (prefill chunks and decode tokens mixed).
+struct ForwardBatch {
+  std::vector<int32_t> tokens;   // [T] token ids; requests are contiguous rows
+  std::vector<int32_t> kv_pos;   // [T] local position at which each new key is rotated
+  std::vector<int64_t> kv_slot;  // [T] page * page_size + offset where new K/V are written
+  // Query rows = the T tokens. q_pos are logical positions. Every token's own K/V slot must be
+  // covered by a segment of its request so that it attends to itself.
+  SegmentViewHost view;
+  std::vector<int32_t> logit_rows;  // rows whose logits are returned, in this order
+};
+
+enum class KvDtype { kFloat32 = 0, kBFloat16 = 1 };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual const ModelConfig& config() const = 0;
+
+  // Allocates the KV pool: num_pages pages of page_size tokens, for every layer, K and V.
+  virtual absl::Status InitPool(int num_pages, int page_size) = 0;
+  virtual int num_pages() const = 0;
+  virtual int page_size() const = 0;
+  virtual KvDtype kv_dtype() const = 0;
+  // Bytes of one page across all layers, K and V.
+  int64_t BytesPerPage() const {
+    const ModelConfig& c = config();
+    return int64_t(2) * c.num_layers * page_size() * c.kv_dim() *
+           (kv_dtype() == KvDtype::kFloat32 ? 4 : 2);
+  }
+
+  // Writes the batch's new K/V into the pool, runs attention over the view and returns
+  // logits [logit_rows.size(), vocab] (row-major) in `logits`.
+  virtual absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) = 0;
+
+  // MATERIALIZE (Block-Attention): copy + re-rotate on every layer.
+  virtual absl::Status Materialize(const std::vector<MaterializeCopy>& copies) = 0;
+
+  // Document KV in transport form (the kvstore payload): for each layer, K then V, each
+  // [num_tokens, num_kv_heads, head_dim] in kv_dtype(). Tokens are read from / written to
+  // slots 0..num_tokens-1 of the page run.
+  virtual absl::Status ExportKv(const std::vector<int32_t>& pages, int num_tokens,
+                                std::string* out) = 0;
+  virtual absl::Status ImportKv(const std::vector<int32_t>& pages, int num_tokens,
+                                std::string_view data) = 0;
+};
+
+}  // namespace lazyrag

@@ -1,0 +1,373 @@
+#include "worker/backend/cpu/cpu_backend.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/parallel.h"
+#include "worker/backend/rope.h"
+
+namespace lazyrag {
+namespace {
+
+// y[m, n] = x[m, k] * w[n, k]^T (+ y when accumulate)
+void MatMulT(const float* x, const float* w, float* y, int m, int n, int k, bool accumulate) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k,
+              accumulate ? 1.0f : 0.0f, y, n);
+}
+
+void RmsNorm(const float* x, const float* w, float* y, int rows, int dim, float eps) {
+  ParallelFor(rows, 16, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const float* xr = x + r * dim;
+      double ss = 0;
+      for (int i = 0; i < dim; ++i) ss += double(xr[i]) * xr[i];
+      float inv = float(1.0 / std::sqrt(ss / dim + eps));
+      float* yr = y + r * dim;
+      for (int i = 0; i < dim; ++i) yr[i] = xr[i] * inv * w[i];
+    }
+  });
+}
+
+absl::Status CheckSize(const std::vector<float>& v, int64_t n, const char* name) {
+  if (int64_t(v.size()) != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weights: ", name, " has ", v.size(), " elements, expected ", n));
+  }
+  return absl::OkStatus();
+}
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(std::unique_ptr<ModelWeights> w, CpuBackendOptions options)
+      : w_(std::move(w)), options_(options), inv_freq_(RopeInvFreq(w_->config)) {}
+
+  absl::Status Validate() const {
+    const ModelConfig& c = w_->config;
+    if (auto st = c.Validate(); !st.ok()) return st;
+    const int64_t d = c.hidden_size;
+    if (auto st = CheckSize(w_->token_embedding, int64_t(c.vocab_size) * d, "token_embedding"); !st.ok()) return st;
+    if (auto st = CheckSize(w_->final_norm, d, "final_norm"); !st.ok()) return st;
+    if (!c.tie_word_embeddings) {
+      if (auto st = CheckSize(w_->lm_head, int64_t(c.vocab_size) * d, "lm_head"); !st.ok()) return st;
+    }
+    if (int(w_->layers.size()) != c.num_layers) return absl::InvalidArgumentError("weights: layer count");
+    for (const LayerWeights& l : w_->layers) {
+      for (auto [v, n, name] : {std::tuple{&l.attn_norm, d, "attn_norm"},
+                                {&l.ffn_norm, d, "ffn_norm"},
+                                {&l.wq, c.q_dim() * d, "wq"},
+                                {&l.wk, c.kv_dim() * d, "wk"},
+                                {&l.wv, c.kv_dim() * d, "wv"},
+                                {&l.wo, c.q_dim() * d, "wo"},
+                                {&l.w_gate, c.intermediate_size * d, "w_gate"},
+                                {&l.w_up, c.intermediate_size * d, "w_up"},
+                                {&l.w_down, c.intermediate_size * d, "w_down"}}) {
+        if (auto st = CheckSize(*v, n, name); !st.ok()) return st;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  std::string name() const override { return "cpu"; }
+  const ModelConfig& config() const override { return w_->config; }
+  int num_pages() const override { return num_pages_; }
+  int page_size() const override { return page_size_; }
+  KvDtype kv_dtype() const override { return KvDtype::kFloat32; }
+
+  absl::Status InitPool(int num_pages, int page_size) override {
+    if (num_pages <= 0 || page_size <= 0 || page_size > 1024) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("kv pool: bad shape ", num_pages, " pages x ", page_size, " tokens"));
+    }
+    const ModelConfig& c = w_->config;
+    int64_t per_layer = int64_t(num_pages) * page_size * c.kv_dim();
+    try {
+      k_.assign(c.num_layers, std::vector<float>(per_layer, 0.0f));
+      v_.assign(c.num_layers, std::vector<float>(per_layer, 0.0f));
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError("kv pool: out of host memory");
+    }
+    num_pages_ = num_pages;
+    page_size_ = page_size;
+    return absl::OkStatus();
+  }
+
+  absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override;
+  absl::Status Materialize(const std::vector<MaterializeCopy>& copies) override;
+  absl::Status ExportKv(const std::vector<int32_t>& pages, int num_tokens,
+                        std::string* out) override;
+  absl::Status ImportKv(const std::vector<int32_t>& pages, int num_tokens,
+                        std::string_view data) override;
+
+ private:
+  absl::Status CheckBatch(const ForwardBatch& batch) const;
+  absl::Status CheckRun(const std::vector<int32_t>& pages, int num_tokens) const;
+
+  std::unique_ptr<ModelWeights> w_;
+  CpuBackendOptions options_;
+  std::vector<float> inv_freq_;
+  int num_pages_ = 0;
+  int page_size_ = 16;
+  std::vector<std::vector<float>> k_, v_;  // [layer][num_pages, page_size, kv_heads, head_dim]
+};
+
+absl::Status CpuBackend::CheckRun(const std::vector<int32_t>& pages, int num_tokens) const {
+  if (num_tokens < 0 || int64_t(pages.size()) * page_size_ < num_tokens) {
+    return absl::InvalidArgumentError("kv run: more tokens than pages hold");
+  }
+  for (int32_t p : pages) {
+    if (p < 0 || p >= num_pages_) return absl::InvalidArgumentError(absl::StrCat("kv run: page ", p, " out of range"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CheckBatch(const ForwardBatch& b) const {
+  const int64_t T = b.tokens.size();
+  if (num_pages_ == 0) return absl::FailedPreconditionError("forward: KV pool not initialised");
+  if (int64_t(b.kv_pos.size()) != T || int64_t(b.kv_slot.size()) != T ||
+      int64_t(b.view.q_pos.size()) != T || b.view.q_indptr.back() != T) {
+    return absl::InvalidArgumentError("forward: batch arrays disagree in length");
+  }
+  if (b.view.page_size != page_size_) return absl::InvalidArgumentError("forward: page size mismatch");
+  for (int32_t t : b.tokens) {
+    if (t < 0 || t >= w_->config.vocab_size) return absl::InvalidArgumentError(absl::StrCat("forward: token id ", t, " out of range"));
+  }
+  for (int64_t s : b.kv_slot) {
+    if (s < 0 || s >= int64_t(num_pages_) * page_size_) return absl::InvalidArgumentError("forward: kv slot out of range");
+  }
+  for (int32_t p : b.view.page_indices) {
+    if (p < 0 || p >= num_pages_) return absl::InvalidArgumentError("forward: page out of range");
+  }
+  for (int s = 0; s < b.view.num_segments(); ++s) {
+    int pages = b.view.page_indptr[s + 1] - b.view.page_indptr[s];
+    if (b.view.seg_len[s] < 0 || b.view.seg_len[s] > int64_t(pages) * page_size_) {
+      return absl::InvalidArgumentError("forward: segment longer than its pages");
+    }
+  }
+  for (int32_t r : b.logit_rows) {
+    if (r < 0 || r >= T) return absl::InvalidArgumentError("forward: logit row out of range");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Forward(const ForwardBatch& batch, std::vector<float>* logits) {
+  if (auto st = CheckBatch(batch); !st.ok()) return st;
+  const ModelConfig& c = w_->config;
+  const int T = int(batch.tokens.size());
+  const int d = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(), ff = c.intermediate_size;
+  const int D = c.head_dim;
+  std::vector<float> x(int64_t(T) * d), h(int64_t(T) * d), q(int64_t(T) * qd),
+      k(int64_t(T) * kvd), v(int64_t(T) * kvd), attn(int64_t(T) * qd), g(int64_t(T) * ff),
+      u(int64_t(T) * ff);
+  for (int t = 0; t < T; ++t) {
+    std::memcpy(&x[int64_t(t) * d], &w_->token_embedding[int64_t(batch.tokens[t]) * d],
+                sizeof(float) * d);
+  }
+  AttentionShape shape{c.num_heads, c.num_kv_heads, D, float(1.0 / std::sqrt(double(D)))};
+  SegmentView view = batch.view.View();
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& lw = w_->layers[l];
+    RmsNorm(x.data(), lw.attn_norm.data(), h.data(), T, d, c.rms_norm_eps);
+    MatMulT(h.data(), lw.wq.data(), q.data(), T, qd, d, false);
+    MatMulT(h.data(), lw.wk.data(), k.data(), T, kvd, d, false);
+    MatMulT(h.data(), lw.wv.data(), v.data(), T, kvd, d, false);
+    float* kc = k_[l].data();
+    float* vc = v_[l].data();
+    for (int t = 0; t < T; ++t) {
+      float* kt = &k[int64_t(t) * kvd];
+      for (int hh = 0; hh < c.num_kv_heads; ++hh) RopeRotate(kt + hh * D, D, inv_freq_.data(), batch.kv_pos[t]);
+      std::memcpy(kc + batch.kv_slot[t] * kvd, kt, sizeof(float) * kvd);
+      std::memcpy(vc + batch.kv_slot[t] * kvd, &v[int64_t(t) * kvd], sizeof(float) * kvd);
+    }
+    if (options_.reference_attention) {
+      PagedAttentionCpu(shape, view, inv_freq_.data(), q.data(), kc, vc, attn.data());
+    } else {
+      PagedAttentionBlas(shape, view, inv_freq_.data(), q.data(), kc, vc, attn.data());
+    }
+    MatMulT(attn.data(), lw.wo.data(), x.data(), T, d, qd, true);  // residual add
+    RmsNorm(x.data(), lw.ffn_norm.data(), h.data(), T, d, c.rms_norm_eps);
+    MatMulT(h.data(), lw.w_gate.data(), g.data(), T, ff, d, false);
+    MatMulT(h.data(), lw.w_up.data(), u.data(), T, ff, d, false);
+    ParallelFor(int64_t(T) * ff, 4096, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    });
+    MatMulT(g.data(), lw.w_down.data(), x.data(), T, d, ff, true);
+  }
+  const int R = int(batch.logit_rows.size());
+  std::vector<float> xr(int64_t(R) * d), hr(int64_t(R) * d);
+  for (int r = 0; r < R; ++r) {
+    std::memcpy(&xr[int64_t(r) * d], &x[int64_t(batch.logit_rows[r]) * d], sizeof(float) * d);
+  }
+  RmsNorm(xr.data(), w_->final_norm.data(), hr.data(), R, d, c.rms_norm_eps);
+  logits->assign(int64_t(R) * c.vocab_size, 0.0f);
+  if (R > 0) MatMulT(hr.data(), w_->output_weight().data(), logits->data(), R, c.vocab_size, d, false);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Materialize(const std::vector<MaterializeCopy>& copies) {
+  for (const MaterializeCopy& m : copies) {
+    if (auto st = CheckRun(m.src_pages, m.len); !st.ok()) return st;
+    if (auto st = CheckRun(m.dst_pages, m.dst_offset + m.len); !st.ok()) return st;
+  }
+  const ModelConfig& c = w_->config;
+  ParallelFor(c.num_layers, 1, [&](int64_t b, int64_t e) {
+    for (int64_t l = b; l < e; ++l) {
+      MaterializeCpu(copies, page_size_, c.num_kv_heads, c.head_dim, inv_freq_.data(),
+                     k_[l].data(), v_[l].data());
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::ExportKv(const std::vector<int32_t>& pages, int num_tokens,
+                                  std::string* out) {
+  if (auto st = CheckRun(pages, num_tokens); !st.ok()) return st;
+  const ModelConfig& c = w_->config;
+  const int64_t tok_bytes = int64_t(c.kv_dim()) * sizeof(float);
+  out->resize(size_t(2) * c.num_layers * num_tokens * tok_bytes);
+  char* p = out->data();
+  for (int l = 0; l < c.num_layers; ++l) {
+    for (const auto* cache : {&k_[l], &v_[l]}) {
+      for (int j = 0; j < num_tokens; ++j) {
+        int64_t slot = int64_t(pages[j / page_size_]) * page_size_ + j % page_size_;
+        std::memcpy(p, cache->data() + slot * c.kv_dim(), tok_bytes);
+        p += tok_bytes;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::ImportKv(const std::vector<int32_t>& pages, int num_tokens,
+                                  std::string_view data) {
+  if (auto st = CheckRun(pages, num_tokens); !st.ok()) return st;
+  const ModelConfig& c = w_->config;
+  const int64_t tok_bytes = int64_t(c.kv_dim()) * sizeof(float);
+  if (int64_t(data.size()) != 2 * c.num_layers * num_tokens * tok_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("kv import: payload is ", data.size(),
+                                                   " bytes, expected ",
+                                                   2 * c.num_layers * num_tokens * tok_bytes));
+  }
+  const char* p = data.data();
+  for (int l = 0; l < c.num_layers; ++l) {
+    for (auto* cache : {&k_[l], &v_[l]}) {
+      for (int j = 0; j < num_tokens; ++j) {
+        int64_t slot = int64_t(pages[j / page_size_]) * page_size_ + j % page_size_;
+        std::memcpy(cache->data() + slot * c.kv_dim(), p, tok_bytes);
+        p += tok_bytes;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void PagedAttentionBlas(const AttentionShape& shape, const SegmentView& view,
+                        const float* inv_freq, const float* q, const float* k_cache,
+                        const float* v_cache, float* out) {
+  const int H = shape.num_heads, Hkv = shape.num_kv_heads, D = shape.head_dim;
+  const int group = H / Hkv;
+  const int ps = view.page_size;
+  // One task per (request, kv head): gather each segment's K/V, rotate the group's queries
+  // once per segment, scores and weighted sums with GEMMs.
+  ParallelFor(int64_t(view.num_requests) * Hkv, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> ks, vs, qs, scores, acc;
+    for (int64_t task = begin; task < end; ++task) {
+      const int b = int(task / Hkv), kvh = int(task % Hkv);
+      const int r0 = view.q_indptr[b], nq = view.q_indptr[b + 1] - r0;
+      if (nq == 0) continue;
+      const int M = nq * group;  // rows: (query row, head in group)
+      int total_keys = 0;
+      for (int s = view.seg_indptr[b]; s < view.seg_indptr[b + 1]; ++s) total_keys += view.seg_len[s];
+      scores.assign(int64_t(M) * std::max(total_keys, 1), -std::numeric_limits<float>::infinity());
+      qs.resize(int64_t(M) * D);
+      // Pass 1: scores per segment into columns [col0, col0 + n).
+      int col0 = 0;
+      for (int s = view.seg_indptr[b]; s < view.seg_indptr[b + 1]; ++s) {
+        const int n = view.seg_len[s], start = view.seg_start[s];
+        if (n == 0) continue;
+        ks.resize(int64_t(n) * D);
+        for (int j = 0; j < n; ++j) {
+          int64_t slot = int64_t(view.page_indices[view.page_indptr[s] + j / ps]) * ps + j % ps;
+          std::memcpy(&ks[int64_t(j) * D], k_cache + (slot * Hkv + kvh) * D, sizeof(float) * D);
+        }
+        for (int r = 0; r < nq; ++r) {
+          for (int gh = 0; gh < group; ++gh) {
+            float* dst = &qs[(int64_t(r) * group + gh) * D];
+            std::memcpy(dst, q + (int64_t(r0 + r) * H + kvh * group + gh) * D, sizeof(float) * D);
+            RopeRotate(dst, D, inv_freq, view.q_pos[r0 + r] - start);
+          }
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, n, D, shape.scale, qs.data(), D,
+                    ks.data(), D, 0.0f, &scores[col0], total_keys);
+        // Causal mask: key j visible to row r iff start + j <= p.
+        for (int r = 0; r < nq; ++r) {
+          int visible = std::clamp(view.q_pos[r0 + r] - start + 1, 0, n);
+          for (int gh = 0; gh < group; ++gh) {
+            float* row = &scores[(int64_t(r) * group + gh) * total_keys + col0];
+            std::fill(row + visible, row + n, -std::numeric_limits<float>::infinity());
+          }
+        }
+        col0 += n;
+      }
+      // Softmax per row.
+      std::vector<uint8_t> empty(M, 0);
+      for (int m = 0; m < M; ++m) {
+        float* row = &scores[int64_t(m) * total_keys];
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int j = 0; j < total_keys; ++j) mx = std::max(mx, row[j]);
+        if (mx == -std::numeric_limits<float>::infinity()) {
+          empty[m] = 1;
+          std::fill(row, row + total_keys, 0.0f);
+          continue;
+        }
+        double sum = 0;
+        for (int j = 0; j < total_keys; ++j) {
+          float e = std::exp(row[j] - mx);
+          row[j] = e;
+          sum += e;
+        }
+        float inv = float(1.0 / sum);
+        for (int j = 0; j < total_keys; ++j) row[j] *= inv;
+      }
+      // Pass 2: acc[M, D] = sum over segments P_s V_s.
+      acc.assign(int64_t(M) * D, 0.0f);
+      col0 = 0;
+      for (int s = view.seg_indptr[b]; s < view.seg_indptr[b + 1]; ++s) {
+        const int n = view.seg_len[s];
+        if (n == 0) continue;
+        vs.resize(int64_t(n) * D);
+        for (int j = 0; j < n; ++j) {
+          int64_t slot = int64_t(view.page_indices[view.page_indptr[s] + j / ps]) * ps + j % ps;
+          std::memcpy(&vs[int64_t(j) * D], v_cache + (slot * Hkv + kvh) * D, sizeof(float) * D);
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, D, n, 1.0f, &scores[col0],
+                    total_keys, vs.data(), D, 1.0f, acc.data(), D);
+        col0 += n;
+      }
+      for (int r = 0; r < nq; ++r) {
+        for (int gh = 0; gh < group; ++gh) {
+          const int m = r * group + gh;
+          float* o = out + (int64_t(r0 + r) * H + kvh * group + gh) * D;
+          if (empty[m]) std::fill(o, o + D, 0.0f);
+          else std::memcpy(o, &acc[int64_t(m) * D], sizeof(float) * D);
+        }
+      }
+    }
+  });
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(std::unique_ptr<ModelWeights> weights,
+                                                          const CpuBackendOptions& options) {
+  if (weights == nullptr) return absl::InvalidArgumentError("cpu backend: no host weights");
+  auto backend = std::make_unique<CpuBackend>(std::move(weights), options);
+  if (auto st = backend->Validate(); !st.ok()) return st;
+  return backend;
+}
+
+}  // namespace lazyrag

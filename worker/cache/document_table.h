@@ -1,0 +1,65 @@
+// The document table over the page pool: id -> pinned page run. Documents (and PREFIX-mode
+// cached pages) are ref-counted while requests reference them; unreferenced entries are
+// evicted least recently used when pages run out. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "worker/cache/page_allocator.h"
+
+namespace lazyrag {
+
+struct DocumentRun {
+  std::vector<int32_t> pages;
+  int32_t num_tokens = 0;
+};
+
+struct DocumentTableStats {
+  int entries = 0;
+  int pinned_entries = 0;
+  int64_t pinned_pages = 0;
+  int64_t cached_pages = 0;  // pages held by entries (pinned or not)
+  int64_t evictions = 0;
+};
+
+class DocumentTable {
+ public:
+  explicit DocumentTable(PageAllocator* allocator) : allocator_(allocator) {}
+  ~DocumentTable();
+
+  // Pins and returns the entry, or NOT_FOUND.
+  absl::StatusOr<DocumentRun> Acquire(const std::string& id);
+  // Drops one reference taken by Acquire or Insert.
+  void Release(const std::string& id);
+  // Adds a computed entry that owns `run.pages`, pinned once for the caller. If the id is
+  // already present (a concurrent insert), frees `run.pages`, pins the existing entry and
+  // returns it.
+  DocumentRun Insert(const std::string& id, DocumentRun run);
+  // Allocates pages, evicting unreferenced entries least recently used first.
+  absl::StatusOr<std::vector<int32_t>> AllocatePages(int n);
+  void FreePages(const std::vector<int32_t>& pages) { allocator_->Free(pages); }
+  bool Contains(const std::string& id) const;
+  DocumentTableStats Stats() const;
+  std::vector<std::string> ResidentIds() const;
+
+ private:
+  struct Entry {
+    DocumentRun run;
+    int refcount = 0;
+    std::list<std::string>::iterator lru;  // valid while refcount == 0
+  };
+  PageAllocator* allocator_;
+  mutable absl::Mutex mu_;
+  std::unordered_map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);  // unreferenced ids, front = oldest
+  int64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace lazyrag

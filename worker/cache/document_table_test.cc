@@ -1,0 +1,46 @@
+#include "worker/cache/document_table.h"
+
+#include "gtest/gtest.h"
+
+namespace lazyrag {
+namespace {
+
+TEST(DocumentTableTest, PinnedEntriesSurviveEvictionAndLruGoesFirst) {
+  PageAllocator alloc(10);
+  DocumentTable table(&alloc);
+  auto a = table.AllocatePages(4);
+  ASSERT_TRUE(a.ok());
+  table.Insert("a", {*a, 60});
+  auto b = table.AllocatePages(4);
+  ASSERT_TRUE(b.ok());
+  table.Insert("b", {*b, 64});
+  table.Release("a");  // a is unreferenced and oldest
+  table.Release("b");
+  ASSERT_TRUE(table.Acquire("b").ok());  // b pinned again
+  auto c = table.AllocatePages(5);       // needs a's pages
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(table.Contains("a"));
+  EXPECT_TRUE(table.Contains("b"));
+  EXPECT_EQ(table.Stats().evictions, 1);
+  // Only pinned b and c's pages are left in use: nothing more to evict.
+  auto d = table.AllocatePages(2);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kResourceExhausted);
+  table.FreePages(*c);
+  EXPECT_EQ(alloc.num_free(), 6);
+  EXPECT_EQ(table.Acquire("zzz").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(DocumentTableTest, DuplicateInsertKeepsFirstAndFreesSecond) {
+  PageAllocator alloc(4);
+  DocumentTable table(&alloc);
+  auto p1 = table.AllocatePages(2);
+  auto p2 = table.AllocatePages(2);
+  DocumentRun r1 = table.Insert("x", {*p1, 20});
+  DocumentRun r2 = table.Insert("x", {*p2, 20});
+  EXPECT_EQ(r1.pages, r2.pages);
+  EXPECT_EQ(alloc.num_free(), 2);
+  EXPECT_EQ(table.Stats().pinned_entries, 1);
+}
+
+}  // namespace
+}  // namespace lazyrag

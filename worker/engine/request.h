@@ -1,0 +1,60 @@
+// Request and result types of generation, independent of gRPC (the service maps them).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/engine/sampler.h"
+
+namespace lazyrag {
+
+// DESIGN section 5.
+enum class AttentionMode { kLazy, kMaterialize, kPrefix, kFull };
+absl::StatusOr<AttentionMode> ParseAttentionMode(std::string_view name);  // "lazy", ...
+std::string_view AttentionModeName(AttentionMode mode);
+
+// A prompt already cut into blocks of token ids. Each block is tokenized alone, so a
+// document's tokens (and its id) do not depend on its neighbours. FULL and PREFIX run the
+// concatenation prefix + documents... + suffix with plain causal attention; LAZY and
+// MATERIALIZE run block attention over the same tokens.
+struct TokenPrompt {
+  std::vector<int32_t> prefix;                  // chat header + system prompt (a shared block)
+  std::vector<std::vector<int32_t>> documents;  // one block each
+  std::vector<int32_t> suffix;                  // query + assistant header (the request's own)
+  int64_t total_tokens() const {
+    int64_t n = int64_t(prefix.size()) + int64_t(suffix.size());
+    for (const auto& d : documents) n += int64_t(d.size());
+    return n;
+  }
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t document_tokens = 0;         // tokens of the documents
+  int64_t cached_document_tokens = 0;  // document tokens not computed for this request
+  int64_t pool_document_tokens = 0;    // ... of which found in the KV pool
+  int64_t store_document_tokens = 0;   // ... of which fetched from the kvstore
+  int64_t computed_tokens = 0;         // prompt tokens run through the model for this request
+  int64_t completion_tokens = 0;
+};
+
+struct Timings {
+  double queue_ms = 0;
+  double ttft_ms = 0;   // arrival to first generated token
+  double total_ms = 0;
+};
+
+enum class FinishReason { kLength, kStop, kEos, kCancelled };
+std::string_view FinishReasonName(FinishReason r);
+
+struct TokenResult {
+  std::vector<int32_t> token_ids;  // generated tokens (stop token excluded)
+  FinishReason finish_reason = FinishReason::kLength;
+  Usage usage;
+  Timings timings;
+};
+
+}  // namespace lazyrag
