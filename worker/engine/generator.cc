@@ -1,0 +1,181 @@
+#include "worker/engine/generator.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/document_id.h"
+#include "worker/model/tokenizer/utf8.h"
+
+namespace lazyrag {
+
+std::string StopStringMatcher::Feed(std::string_view bytes, bool* stopped) {
+  *stopped = false;
+  pending_.append(bytes);
+  // A stop string fully inside released + pending text (it may straddle the boundary only
+  // within pending, since released text never ends with a stop-string prefix).
+  for (const std::string& s : stops_) {
+    if (s.empty()) continue;
+    size_t at = pending_.find(s);
+    if (at != std::string::npos) {
+      std::string out = pending_.substr(0, at);
+      text_ += out;
+      pending_.clear();
+      *stopped = true;
+      return out;
+    }
+  }
+  size_t release = Utf8CompletePrefix(pending_);
+  // Hold back the longest tail that is a proper prefix of some stop string.
+  size_t hold = 0;
+  for (const std::string& s : stops_) {
+    for (size_t n = std::min(s.size() - (s.empty() ? 0 : 1), pending_.size()); n > hold; --n) {
+      if (pending_.compare(pending_.size() - n, n, s, 0, n) == 0) {
+        hold = n;
+        break;
+      }
+    }
+  }
+  release = std::min(release, pending_.size() - hold);
+  std::string out = pending_.substr(0, release);
+  pending_.erase(0, release);
+  text_ += out;
+  return out;
+}
+
+std::string StopStringMatcher::Flush() {
+  std::string out = std::move(pending_);
+  pending_.clear();
+  text_ += out;
+  return out;
+}
+
+Generator::Generator(Engine* engine, const Tokenizer* tokenizer, RagTemplate tmpl)
+    : engine_(engine), tokenizer_(tokenizer), template_(std::move(tmpl)) {}
+
+absl::StatusOr<TokenPrompt> Generator::BuildPrompt(const GenerateRequest& r,
+                                                   std::vector<std::string>* document_ids) {
+  if (r.query.empty()) return absl::InvalidArgumentError("query is empty");
+  if (!IsValidUtf8(r.query) || !IsValidUtf8(r.system_prompt)) {
+    return absl::InvalidArgumentError("query and system prompt must be valid UTF-8");
+  }
+  TokenPrompt p;
+  p.prefix = tokenizer_->Encode(template_.Prefix(r.system_prompt));
+  p.suffix = tokenizer_->Encode(template_.Suffix(r.query));
+  const std::string& fp = engine_->options().fingerprint;
+  for (size_t i = 0; i < r.documents.size(); ++i) {
+    const DocumentInput& d = r.documents[i];
+    if (!d.text.empty() && !d.id.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("document ", i, ": give text or id, not both"));
+    }
+    std::vector<int32_t> tokens;
+    std::string id;
+    if (!d.id.empty()) {
+      if (!IsDocumentId(d.id)) {
+        return absl::InvalidArgumentError(absl::StrCat("document ", i, ": '", d.id, "' is not a document id"));
+      }
+      absl::MutexLock lock(&mu_);
+      auto it = known_.find(d.id);
+      if (it == known_.end()) {
+        return absl::NotFoundError(absl::StrCat("document ", i, ": unknown document id ", d.id));
+      }
+      tokens = it->second;
+      id = d.id;
+    } else {
+      if (d.text.empty()) return absl::InvalidArgumentError(absl::StrCat("document ", i, " is empty"));
+      if (!IsValidUtf8(d.text)) {
+        return absl::InvalidArgumentError(absl::StrCat("document ", i, " is not valid UTF-8"));
+      }
+      tokens = tokenizer_->Encode(template_.Document(d.text));
+      id = DocumentId(fp, r.cache_namespace, tokens);
+      absl::MutexLock lock(&mu_);
+      if (known_.emplace(id, tokens).second) {
+        known_order_.push_back(id);
+        if (known_order_.size() > kMaxKnownDocuments) {
+          known_.erase(known_order_.front());
+          known_order_.erase(known_order_.begin());
+        }
+      }
+    }
+    if (document_ids) document_ids->push_back(id);
+    p.documents.push_back(std::move(tokens));
+  }
+  return p;
+}
+
+absl::StatusOr<GenerateResult> Generator::Generate(const GenerateRequest& r,
+                                                   const TextCallback& on_delta) {
+  GenerateResult result;
+  auto prompt = BuildPrompt(r, &result.document_ids);
+  if (!prompt.ok()) return prompt.status();
+  TokenRunOptions o;
+  o.mode = r.mode;
+  o.max_tokens = r.max_tokens;
+  o.sampling = r.sampling;
+  o.ignore_eos = r.ignore_eos;
+  o.stop_token_ids = template_.stop_token_ids;
+  if (tokenizer_->eos_id() >= 0 &&
+      std::find(o.stop_token_ids.begin(), o.stop_token_ids.end(), tokenizer_->eos_id()) ==
+          o.stop_token_ids.end()) {
+    o.stop_token_ids.push_back(tokenizer_->eos_id());
+  }
+  o.cache_namespace = r.cache_namespace;
+  for (const std::string& s : r.stop) {
+    if (s.empty()) return absl::InvalidArgumentError("stop strings must not be empty");
+  }
+  StopStringMatcher matcher(r.stop);
+  bool stopped_by_string = false, cancelled = false;
+  auto run = engine_->RunTokens(*prompt, o, [&](int32_t token) {
+    bool stopped = false;
+    std::string delta = matcher.Feed(tokenizer_->TokenBytes(token), &stopped);
+    if (on_delta && !on_delta(delta, token)) {
+      cancelled = true;
+      return false;
+    }
+    if (stopped) stopped_by_string = true;
+    return !stopped;
+  });
+  if (!run.ok()) return run.status();
+  std::string tail = matcher.Flush();
+  if (!tail.empty() && on_delta) on_delta(tail, -1);
+  result.text = matcher.text();
+  result.token_ids = run->token_ids;
+  result.finish_reason = cancelled ? FinishReason::kCancelled
+                         : stopped_by_string ? FinishReason::kStop
+                                             : run->finish_reason;
+  result.usage = run->usage;
+  result.timings = run->timings;
+  return result;
+}
+
+absl::StatusOr<std::vector<PreparedDocument>> Generator::PrepareDocuments(
+    const std::vector<std::string>& texts, const std::string& cache_namespace) {
+  std::vector<PreparedDocument> out;
+  for (const std::string& text : texts) {
+    GenerateRequest r;
+    r.documents.push_back({text, ""});
+    r.query = "x";
+    r.cache_namespace = cache_namespace;
+    std::vector<std::string> ids;
+    auto prompt = BuildPrompt(r, &ids);
+    if (!prompt.ok()) return prompt.status();
+    PreparedDocument d;
+    d.id = ids[0];
+    d.num_tokens = int(prompt->documents[0].size());
+    d.computed = !engine_->documents().Contains(d.id);
+    if (d.computed) {
+      // Encoding happens as part of a one-token run over the document alone.
+      TokenPrompt only;
+      only.documents.push_back(prompt->documents[0]);
+      only.suffix = prompt->suffix;
+      TokenRunOptions o;
+      o.max_tokens = 1;
+      o.cache_namespace = cache_namespace;
+      auto run = engine_->RunTokens(only, o);
+      if (!run.ok()) return run.status();
+    }
+    out.push_back(d);
+  }
+  return out;
+}
+
+}  // namespace lazyrag

@@ -1,0 +1,40 @@
+#include "worker/engine/runtime.h"
+
+#include "absl/strings/str_cat.h"
+#include "worker/backend/cpu/cpu_backend.h"
+
+namespace lazyrag {
+
+absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) {
+  if (o.device != "cpu") {
+    return absl::UnimplementedError(absl::StrCat("device '", o.device, "' is not available in this build (cpu)"));
+  }
+  if (o.page_size < 1 || o.page_size > 1024) return absl::InvalidArgumentError("page_size must be in [1, 1024]");
+  auto loaded = LoadModel(o.model);
+  if (!loaded.ok()) return loaded.status();
+  auto rt = std::make_unique<Runtime>();
+  rt->config = loaded->config;
+  rt->fingerprint = loaded->fingerprint;
+  rt->model_name = o.model;
+  auto tok = Tokenizer::Create(loaded->tokenizer, loaded->config.vocab_size);
+  if (!tok.ok()) return tok.status();
+  rt->tokenizer = std::move(*tok);
+  RagTemplate tmpl = RagTemplate::ForSpec(loaded->tokenizer);
+  auto backend = CreateCpuBackend(std::move(loaded->weights), {o.reference_attention});
+  if (!backend.ok()) return backend.status();
+  EngineOptions eo;
+  eo.page_size = o.page_size;
+  eo.prefill_chunk = o.prefill_chunk;
+  eo.fingerprint = rt->fingerprint;
+  const int64_t pool = o.kv_pool_bytes > 0 ? o.kv_pool_bytes : int64_t(256) << 20;
+  const int64_t per_page = (*backend)->BytesPerPage() / std::max(1, (*backend)->page_size()) * o.page_size;
+  eo.num_pages = int(std::min<int64_t>(pool / per_page, 1 << 24));
+  if (eo.num_pages < 4) return absl::InvalidArgumentError("kv_pool_bytes holds fewer than 4 pages");
+  auto engine = Engine::Create(std::move(*backend), eo);
+  if (!engine.ok()) return engine.status();
+  rt->engine = std::move(*engine);
+  rt->generator = std::make_unique<Generator>(rt->engine.get(), rt->tokenizer.get(), tmpl);
+  return rt;
+}
+
+}  // namespace lazyrag
