@@ -3,6 +3,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "cli/generate_command.h"
 #include "cli/kv_command.h"
 
 namespace {
@@ -14,6 +15,7 @@ struct Command {
 };
 
 constexpr Command kCommands[] = {
+    {"generate", lazyrag::RunGenerateCommand, "run a RAG request (offline; --help for flags)"},
     {"kv", lazyrag::cli::RunKvCommand, "put|get|stat|delete values in the kvstore"},
 };
 

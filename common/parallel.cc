@@ -1,7 +1,6 @@
 #include "common/parallel.h"
 
 #include <algorithm>
-#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
@@ -71,7 +70,7 @@ int NumWorkerThreads() {
       int v = std::atoi(env);
       if (v > 0) return v;
     }
-    return std::max(1u, std::thread::hardware_concurrency());
+    return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }();
   return n;
 }
@@ -86,22 +85,22 @@ void ParallelFor(int64_t n, int64_t min_chunk, const std::function<void(int64_t,
     return;
   }
   int64_t per = (n + chunks - 1) / chunks;
-  std::atomic<int64_t> remaining{chunks - 1};
+  // `remaining` is only touched under `mu`, and a worker notifies while holding it, so the
+  // caller cannot return (destroying mu and cv) while a worker still uses them.
+  int64_t remaining = chunks - 1;
   std::mutex mu;
   std::condition_variable cv;
   for (int64_t c = 1; c < chunks; ++c) {
     int64_t b = c * per, e = std::min(n, b + per);
     GlobalPool().Submit([&, b, e] {
       if (b < e) fn(b, e);
-      if (remaining.fetch_sub(1) == 1) {
-        std::lock_guard<std::mutex> lock(mu);
-        cv.notify_all();
-      }
+      std::lock_guard<std::mutex> lock(mu);
+      if (--remaining == 0) cv.notify_all();
     });
   }
   fn(0, std::min(n, per));
   std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return remaining.load() == 0; });
+  cv.wait(lock, [&] { return remaining == 0; });
 }
 
 }  // namespace lazyrag

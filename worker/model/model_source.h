@@ -45,4 +45,15 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path_or_name,
 // Synthetic configs by name ("tiny", "smollm2-135m", "llama3-8b"); NOT_FOUND otherwise.
 absl::StatusOr<ModelConfig> SyntheticConfig(const std::string& name);
 
+// The tokenizer of a model without loading its weights: for a GGUF file, its tokenizer.ggml.*
+// metadata and tokenizer.chat_template (only the header is read); for "synthetic:NAME[@SEED]",
+// the "bytes" spec. NOT_FOUND for a missing file or unknown synthetic name, INVALID_ARGUMENT for
+// a malformed file or inconsistent tokenizer metadata (e.g. token_type length != tokens length,
+// special ids out of range). Hugging Face directories are not supported yet (UNIMPLEMENTED).
+absl::StatusOr<TokenizerSpec> LoadTokenizerSpec(const std::string& path);
+
+// The spec of the synthetic byte-level tokenizer: ids 0, 1, 2 = "<bos>", "<eos>", "<pad>"
+// (token_type 3, control), then ids 3..258 = bytes 0x00..0xFF as "<0xHH>" (token_type 6, byte).
+TokenizerSpec BytesTokenizerSpec();
+
 }  // namespace lazyrag

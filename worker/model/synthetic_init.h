@@ -3,6 +3,7 @@
 // in device memory) produce bit-identical fp32 values. Usable from host and device code.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -41,5 +42,8 @@ LAZYRAG_HD float SyntheticNormWeight(uint64_t seed, uint32_t tag, uint64_t i) {
 LAZYRAG_HD float SyntheticLinearWeight(uint64_t seed, uint32_t tag, uint64_t i, float bound) {
   return bound * SyntheticUniform(seed, tag, i);
 }
+// The `bound` for a linear weight with `fan_in` inputs: sqrtf(3.0f / float(fan_in)), computed
+// in fp32 with IEEE division and square root on host and device alike.
+LAZYRAG_HD float SyntheticLinearBound(uint32_t fan_in) { return sqrtf(3.0f / float(fan_in)); }
 
 }  // namespace lazyrag

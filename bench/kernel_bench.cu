@@ -1,0 +1,443 @@
+// Kernel benchmark for worker/kernels on the Llama-3-8B attention shape (32 query heads,
+// 8 KV heads, head dim 128, bf16 KV, page size 16), one layer per launch:
+//   * device-to-device cudaMemcpy bandwidth (the ceiling, measured in the same run);
+//   * decode, batch 1/16/64/128, 10,240-token context (5 documents of 2,040 tokens + the
+//     request's own 40), LAZY vs all-zero deltas vs the key-rotating (MEPIC) variant;
+//   * 32-token query block, batch 1 and 16, against the same 10,240 cached tokens;
+//   * MATERIALIZE of 10,240 tokens x 32 layers (copy + re-rotate K, copy V).
+// Timing: CUDA events around graph replays of 20 launches after warm-up, median of many
+// samples (see TimeMedianMs); inputs rotate
+// over enough copies to exceed 4x the L2 so every run reads HBM. Every request owns its
+// pages (shuffled page order) so bytes are not shared through L2. Prints a table, writes
+// JSON with --out PATH.
+//
+// Usage: kernel_bench [--out PATH] [--iters N]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "worker/backend/segment_view.h"
+#include "worker/kernels/lazy_attention.h"
+#include "worker/kernels/materialize.h"
+
+namespace lazyrag::kernels {
+namespace {
+
+#define BENCH_CUDA(expr)                                                                         \
+  do {                                                                                           \
+    cudaError_t _e = (expr);                                                                     \
+    if (_e != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(_e)); \
+      std::exit(1);                                                                              \
+    }                                                                                            \
+  } while (0)
+
+#define BENCH_OK(expr)                                                               \
+  do {                                                                               \
+    absl::Status _s = (expr);                                                        \
+    if (!_s.ok()) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, _s.ToString().c_str()); \
+      std::exit(1);                                                                  \
+    }                                                                                \
+  } while (0)
+
+constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128, kPageSize = 16;
+constexpr int kDocs = 5, kDocLen = 2040, kOwnLen = 40;  // 10,240 tokens of context
+
+__global__ void FillRandomBf16(uint16_t* x, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ (seed + uint32_t(i >> 32) * 40503u);
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    const float f = (float(h & 0xffffu) / 65535.f) * 2.f - 1.f;  // [-1, 1]
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    x[i] = uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+}
+
+template <typename T>
+T* DeviceAlloc(size_t n) {
+  void* p = nullptr;
+  BENCH_CUDA(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+  return static_cast<T*>(p);
+}
+template <typename T>
+T* DeviceUpload(const std::vector<T>& h) {
+  T* d = DeviceAlloc<T>(h.size());
+  BENCH_CUDA(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+void FillRandom(uint16_t* x, size_t n, uint32_t seed) {
+  FillRandomBf16<<<1024, 256>>>(x, n, seed);
+  BENCH_CUDA(cudaGetLastError());
+}
+
+// Median time of one call of fn(i, stream), in milliseconds. kGroup consecutive calls
+// (i = 0..kGroup-1, so inputs rotate) are captured into a CUDA graph; each sample replays the
+// graph between two events and divides by kGroup, so host launch overhead is not timed (the
+// serving engine replays decode steps as graphs too). Median over `iters` samples after
+// warm-up replays.
+constexpr int kGroup = 20;
+template <typename Fn>
+double TimeMedianMs(int warmup, int iters, Fn&& fn) {
+  cudaStream_t stream;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  fn(0, stream);  // first call outside the capture (one-time setup such as smem limits)
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kGroup; ++i) fn(i, stream);
+  BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
+  BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < warmup; ++i) BENCH_CUDA(cudaGraphLaunch(exec, stream));
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+  std::vector<cudaEvent_t> ev(2 * iters);
+  for (auto& e : ev) BENCH_CUDA(cudaEventCreate(&e));
+  for (int i = 0; i < iters; ++i) {
+    BENCH_CUDA(cudaEventRecord(ev[2 * i], stream));
+    BENCH_CUDA(cudaGraphLaunch(exec, stream));
+    BENCH_CUDA(cudaEventRecord(ev[2 * i + 1], stream));
+  }
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+  std::vector<double> ms(iters);
+  for (int i = 0; i < iters; ++i) {
+    float t = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]));
+    ms[i] = t / kGroup;
+  }
+  for (auto& e : ev) BENCH_CUDA(cudaEventDestroy(e));
+  BENCH_CUDA(cudaGraphExecDestroy(exec));
+  BENCH_CUDA(cudaGraphDestroy(graph));
+  BENCH_CUDA(cudaStreamDestroy(stream));
+  std::sort(ms.begin(), ms.end());
+  return ms[iters / 2];
+}
+
+struct Result {
+  std::string name;
+  std::string kind;  // decode | prefill | materialize | memcpy
+  int batch = 0;
+  int q_len = 0;
+  int context = 0;
+  std::string variant;
+  double ms = 0;
+  double bytes = 0;
+  double flops = 0;
+};
+
+// One batch of requests on the benchmark shape, `copies` independent instances of it (the
+// benchmark rotates over them so that L2 never holds the working set).
+struct AttentionSetup {
+  int batch = 0, q_len = 0, copies = 0, kv_len = 0;
+  uint16_t *k = nullptr, *v = nullptr, *q = nullptr, *out = nullptr;
+  float* inv_freq = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  std::vector<SegmentView> views[2];    // [zero_deltas][copy]
+  std::vector<int32_t*> device_arrays;  // freed at exit (process end)
+
+  SegmentView Upload(const SegmentViewHost& h) {
+    SegmentView v = h.View();
+    auto up = [&](const std::vector<int32_t>& x) {
+      int32_t* d = DeviceUpload(x);
+      device_arrays.push_back(d);
+      return d;
+    };
+    v.q_indptr = up(h.q_indptr);
+    v.q_pos = up(h.q_pos);
+    v.seg_indptr = up(h.seg_indptr);
+    v.seg_start = up(h.seg_start);
+    v.seg_len = up(h.seg_len);
+    v.page_indptr = up(h.page_indptr);
+    v.page_indices = up(h.page_indices);
+    return v;
+  }
+
+  AttentionSetup(int batch_, int q_len_, size_t l2_bytes, std::mt19937& rng)
+      : batch(batch_), q_len(q_len_) {
+    const int doc_pages = (kDocLen + kPageSize - 1) / kPageSize;
+    const int own_pages = (kOwnLen + kPageSize - 1) / kPageSize;
+    const int pages_per_request = kDocs * doc_pages + own_pages;
+    kv_len = kDocs * kDocLen + kOwnLen;
+    const size_t page_bytes = size_t(kPageSize) * kKvHeads * kHeadDim * 2;
+    const size_t bytes_per_copy = size_t(batch) * pages_per_request * page_bytes * 2;
+    copies = int(std::min<size_t>(16, std::max<size_t>(1, (4 * l2_bytes) / bytes_per_copy + 1)));
+    const int num_pages = copies * batch * pages_per_request;
+    const size_t pool_elems = size_t(num_pages) * kPageSize * kKvHeads * kHeadDim;
+    k = DeviceAlloc<uint16_t>(pool_elems);
+    v = DeviceAlloc<uint16_t>(pool_elems);
+    FillRandom(k, pool_elems, 1);
+    FillRandom(v, pool_elems, 2);
+    const size_t q_elems = size_t(copies) * batch * q_len * kHeads * kHeadDim;
+    q = DeviceAlloc<uint16_t>(q_elems);
+    FillRandom(q, q_elems, 3);
+    out = DeviceAlloc<uint16_t>(size_t(batch) * q_len * kHeads * kHeadDim);
+    std::vector<float> f(kHeadDim / 2);
+    for (int i = 0; i < kHeadDim / 2; ++i) f[i] = float(std::pow(500000.0, -2.0 * i / kHeadDim));
+    inv_freq = DeviceUpload(f);
+    workspace_bytes = LazyAttentionWorkspaceBytes(batch * q_len, kHeads, kHeadDim);
+    workspace = DeviceAlloc<uint8_t>(workspace_bytes);
+
+    std::vector<int32_t> perm(num_pages);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int zero = 0; zero < 2; ++zero) {
+      int next = 0;
+      for (int c = 0; c < copies; ++c) {
+        SegmentViewHost h;
+        h.page_size = kPageSize;
+        for (int b = 0; b < batch; ++b) {
+          int start = 0;
+          for (int d = 0; d < kDocs; ++d) {
+            std::vector<int32_t> pages(perm.begin() + next, perm.begin() + next + doc_pages);
+            next += doc_pages;
+            h.AddSegment(zero ? 0 : start, kDocLen, pages);
+            start += kDocLen;
+          }
+          std::vector<int32_t> pages(perm.begin() + next, perm.begin() + next + own_pages);
+          next += own_pages;
+          h.AddSegment(zero ? 0 : start, kOwnLen, pages);
+          // Queries: the last q_len tokens of the own segment (positions as in LAZY; with
+          // zero deltas every key is still visible, so the work is the same).
+          std::vector<int32_t> pos(q_len);
+          for (int i = 0; i < q_len; ++i) pos[i] = start + kOwnLen - q_len + i;
+          h.EndRequest(pos);
+        }
+        views[zero].push_back(Upload(h));
+      }
+    }
+  }
+  ~AttentionSetup() {
+    cudaFree(k);
+    cudaFree(v);
+    cudaFree(q);
+    cudaFree(out);
+    cudaFree(inv_freq);
+    cudaFree(workspace);
+    for (int32_t* p : device_arrays) cudaFree(p);
+  }
+
+  LazyAttentionParams Params(int copy, bool zero_deltas, KeyLayout layout) const {
+    LazyAttentionParams p;
+    p.shape.num_heads = kHeads;
+    p.shape.num_kv_heads = kKvHeads;
+    p.shape.head_dim = kHeadDim;
+    p.shape.scale = 1.0f / std::sqrt(float(kHeadDim));
+    p.key_layout = layout;
+    p.q = q + size_t(copy) * batch * q_len * kHeads * kHeadDim;
+    p.k_cache = k;
+    p.v_cache = v;
+    p.out = out;
+    p.inv_freq = inv_freq;
+    p.view = views[zero_deltas ? 1 : 0][copy];
+    p.max_q_len = q_len;
+    p.max_kv_len = kv_len;
+    p.workspace = workspace;
+    p.workspace_bytes = workspace_bytes;
+    return p;
+  }
+  // KV bytes one launch reads (K and V of every key of every request, all KV heads).
+  double KvBytes() const { return double(batch) * kv_len * kKvHeads * kHeadDim * 2 * 2; }
+};
+
+double MemcpyBandwidthMs(size_t bytes, int iters, double* ms_out) {
+  void *a = nullptr, *b = nullptr;
+  BENCH_CUDA(cudaMalloc(&a, bytes));
+  BENCH_CUDA(cudaMalloc(&b, bytes));
+  BENCH_CUDA(cudaMemset(a, 1, bytes));
+  const double ms = TimeMedianMs(3, iters, [&](int, cudaStream_t st) {
+    BENCH_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, st));
+  });
+  cudaFree(a);
+  cudaFree(b);
+  *ms_out = ms;
+  return 2.0 * bytes / (ms * 1e-3) / 1e12;  // read + write, TB/s
+}
+
+std::string Json(const std::vector<Result>& rs, const cudaDeviceProp& prop, double copy_tbs) {
+  std::string s = "{\n  \"device\": \"" + std::string(prop.name) + "\",\n";
+  s += "  \"sms\": " + std::to_string(prop.multiProcessorCount) + ",\n";
+  s += "  \"l2_bytes\": " + std::to_string(prop.l2CacheSize) + ",\n";
+  char buf[512];
+  std::snprintf(buf, sizeof(buf), "  \"memcpy_tbs\": %.4f,\n", copy_tbs);
+  s += buf;
+  s += "  \"shape\": {\"num_heads\": 32, \"num_kv_heads\": 8, \"head_dim\": 128, "
+       "\"page_size\": 16, \"dtype\": \"bf16\"},\n  \"results\": [\n";
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const Result& r = rs[i];
+    const double tbs = r.bytes / (r.ms * 1e-3) / 1e12;
+    const double tflops = r.flops / (r.ms * 1e-3) / 1e12;
+    std::snprintf(buf, sizeof(buf),
+                  "    {\"name\": \"%s\", \"kind\": \"%s\", \"variant\": \"%s\", \"batch\": %d, "
+                  "\"q_len\": %d, \"context\": %d, \"ms\": %.6f, \"bytes\": %.0f, "
+                  "\"tbs\": %.4f, \"flops\": %.0f, \"tflops\": %.3f}%s\n",
+                  r.name.c_str(), r.kind.c_str(), r.variant.c_str(), r.batch, r.q_len, r.context,
+                  r.ms, r.bytes, tbs, r.flops, tflops, i + 1 < rs.size() ? "," : "");
+    s += buf;
+  }
+  s += "  ]\n}\n";
+  return s;
+}
+
+int Main(int argc, char** argv) {
+  std::string out_path;
+  int iters = 50;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
+      out_path = argv[++i];
+    } else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) {
+      iters = std::max(1, std::atoi(argv[++i]));
+    } else {
+      std::fprintf(stderr, "usage: %s [--out PATH] [--iters N]\n", argv[0]);
+      return 2;
+    }
+  }
+  int dev_count = 0;
+  if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
+    std::fprintf(stderr, "kernel_bench: no CUDA device\n");
+    return 1;
+  }
+  cudaDeviceProp prop;
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20);
+  std::mt19937 rng(1234);
+  std::vector<Result> results;
+
+  double copy_ms = 0;
+  const size_t copy_bytes = size_t(1) << 30;
+  const double copy_tbs = MemcpyBandwidthMs(copy_bytes, iters, &copy_ms);
+  results.push_back(
+      {"memcpy_d2d_1GiB", "memcpy", 0, 0, 0, "cudaMemcpyAsync", copy_ms, 2.0 * copy_bytes, 0});
+
+  const struct {
+    const char* name;
+    bool zero;
+    KeyLayout layout;
+  } variants[] = {{"lazy", false, KeyLayout::kRotatedLocal},
+                  {"zero_deltas", true, KeyLayout::kRotatedLocal},
+                  {"rotate_keys", false, KeyLayout::kUnrotated}};
+
+  // Decode.
+  for (int batch : {1, 16, 64, 128}) {
+    AttentionSetup s(batch, 1, prop.l2CacheSize, rng);
+    for (const auto& var : variants) {
+      const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+        BENCH_OK(LazyAttentionDecode(s.Params(i % s.copies, var.zero, var.layout), st));
+      });
+      const double flops = 4.0 * batch * kHeads * kHeadDim * double(s.kv_len);
+      results.push_back({"decode_b" + std::to_string(batch), "decode", batch, 1, s.kv_len, var.name,
+                         ms, s.KvBytes(), flops});
+    }
+  }
+  // 32-token query blocks.
+  for (int batch : {1, 16}) {
+    AttentionSetup s(batch, 32, prop.l2CacheSize, rng);
+    for (const auto& var : variants) {
+      const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+        BENCH_OK(LazyAttentionPrefill(s.Params(i % s.copies, var.zero, var.layout), st));
+      });
+      const double flops = 4.0 * batch * 32 * kHeads * kHeadDim * double(s.kv_len);
+      results.push_back({"prefill_q32_b" + std::to_string(batch), "prefill", batch, 32, s.kv_len,
+                         var.name, ms, s.KvBytes(), flops});
+    }
+  }
+  // MATERIALIZE: 5 documents of 2,048 tokens into a request's pages, 32 layers.
+  {
+    constexpr int kLayers = 32, kLen = 2048, kCopies = 5;
+    const int pages_per_doc = kLen / kPageSize;
+    const int pages = 2 * kCopies * pages_per_doc;  // sources, then destinations
+    const int64_t layer_elems = int64_t(pages) * kPageSize * kKvHeads * kHeadDim;
+    uint16_t* k = DeviceAlloc<uint16_t>(size_t(layer_elems) * kLayers);
+    uint16_t* v = DeviceAlloc<uint16_t>(size_t(layer_elems) * kLayers);
+    FillRandom(k, size_t(layer_elems) * kLayers, 4);
+    FillRandom(v, size_t(layer_elems) * kLayers, 5);
+    std::vector<int32_t> perm(pages);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int32_t> src_indptr{0}, src, len, off, delta;
+    for (int c = 0; c < kCopies; ++c) {
+      src.insert(src.end(), perm.begin() + c * pages_per_doc,
+                 perm.begin() + (c + 1) * pages_per_doc);
+      src_indptr.push_back(int32_t(src.size()));
+      len.push_back(kLen);
+      off.push_back(c * kLen);
+      delta.push_back(c * kLen);
+    }
+    // Every copy addresses the request's whole destination run at its own token offset.
+    const std::vector<int32_t> dst(perm.begin() + kCopies * pages_per_doc, perm.end());
+    std::vector<int32_t> dst_all;
+    std::vector<int32_t> dst_ptr{0};
+    for (int c = 0; c < kCopies; ++c) {
+      dst_all.insert(dst_all.end(), dst.begin(), dst.end());
+      dst_ptr.push_back(int32_t(dst_all.size()));
+    }
+    std::vector<float> f(kHeadDim / 2);
+    for (int i = 0; i < kHeadDim / 2; ++i) f[i] = float(std::pow(500000.0, -2.0 * i / kHeadDim));
+    MaterializeParams m;
+    m.k_cache = k;
+    m.v_cache = v;
+    m.layer_stride = layer_elems;
+    m.num_layers = kLayers;
+    m.page_size = kPageSize;
+    m.num_kv_heads = kKvHeads;
+    m.head_dim = kHeadDim;
+    m.inv_freq = DeviceUpload(f);
+    m.num_copies = kCopies;
+    m.src_page_indptr = DeviceUpload(src_indptr);
+    m.src_pages = DeviceUpload(src);
+    m.dst_page_indptr = DeviceUpload(dst_ptr);
+    m.dst_pages = DeviceUpload(dst_all);
+    m.len = DeviceUpload(len);
+    m.dst_offset = DeviceUpload(off);
+    m.delta = DeviceUpload(delta);
+    m.max_len = kLen;
+    const double ms = TimeMedianMs(2, std::max(5, iters / 5),
+                                   [&](int, cudaStream_t st) { BENCH_OK(Materialize(m, st)); });
+    const double bytes = 2.0 * 2.0 * double(kCopies) * kLen * kLayers * kKvHeads * kHeadDim * 2;
+    results.push_back(
+        {"materialize_10240x32", "materialize", 1, 0, kCopies * kLen, "copy_rotate", ms, bytes, 0});
+    cudaFree(k);
+    cudaFree(v);
+  }
+
+  std::printf("\n%-22s %-12s %10s %10s %9s %9s %8s\n", "case", "variant", "ms", "MB", "TB/s",
+              "TFLOP/s", "%copy");
+  for (const Result& r : results) {
+    const double tbs = r.bytes / (r.ms * 1e-3) / 1e12;
+    const double tflops = r.flops / (r.ms * 1e-3) / 1e12;
+    std::printf("%-22s %-12s %10.4f %10.1f %9.3f %9.2f %7.1f%%\n", r.name.c_str(),
+                r.variant.c_str(), r.ms, r.bytes / 1e6, tbs, tflops, 100.0 * tbs / copy_tbs);
+  }
+  if (!out_path.empty()) {
+    FILE* f = std::fopen(out_path.c_str(), "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "cannot write %s\n", out_path.c_str());
+      return 1;
+    }
+    const std::string js = Json(results, prop, copy_tbs);
+    std::fwrite(js.data(), 1, js.size(), f);
+    std::fclose(f);
+    std::printf("wrote %s\n", out_path.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace lazyrag::kernels
+
+int main(int argc, char** argv) { return lazyrag::kernels::Main(argc, argv); }

@@ -1,0 +1,38 @@
+#include "common/crc32c.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+
+namespace lazyrag {
+namespace {
+
+TEST(Crc32cTest, KnownVectors) {
+  EXPECT_EQ(Crc32c(""), 0u);
+  EXPECT_EQ(Crc32c("123456789"), 0xE3069283u);
+  // RFC 3720 appendix B.4.
+  EXPECT_EQ(Crc32c(std::string(32, '\0')), 0x8A9136AAu);
+  EXPECT_EQ(Crc32c(std::string(32, '\xff')), 0x62A8AB43u);
+  std::string ascending(32, 0);
+  for (int i = 0; i < 32; ++i) ascending[i] = static_cast<char>(i);
+  EXPECT_EQ(Crc32c(ascending), 0x46DD794Eu);
+}
+
+TEST(Crc32cTest, ExtendMatchesWholeAndPortableMatchesFast) {
+  std::mt19937 rng(7);
+  std::string data(10007, 0);
+  for (char& c : data) c = static_cast<char>(rng());
+  const uint32_t whole = Crc32c(data);
+  EXPECT_EQ(internal::Crc32cExtendPortable(0, data), whole);
+  for (size_t split : {0ul, 1ul, 7ul, 8ul, 4096ul, 10006ul, 10007ul}) {
+    std::string_view a(data.data(), split), b(data.data() + split, data.size() - split);
+    EXPECT_EQ(Crc32cExtend(Crc32c(a), b), whole) << split;
+    EXPECT_EQ(internal::Crc32cExtendPortable(internal::Crc32cExtendPortable(0, a), b), whole);
+  }
+  data[5000] ^= 1;
+  EXPECT_NE(Crc32c(data), whole);
+}
+
+}  // namespace
+}  // namespace lazyrag

@@ -1,0 +1,583 @@
+#include "kvstore/client/kvstore_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <random>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/crc32c.h"
+#include "common/grpc_status.h"
+#include "common/metrics.h"
+#include "common/status.h"
+#include "kvstore/format.h"
+#include "lazyrag/v1/kvstore.grpc.pb.h"
+
+namespace lazyrag::kvstore {
+namespace {
+
+namespace pb = lazyrag::v1;
+
+uint64_t Fnv1a64(std::string_view data, uint64_t h = 0xcbf29ce484222325ull) {
+  for (unsigned char c : data) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+// splitmix64's finalizer: spreads FNV's weak low bits over the whole word.
+uint64_t Mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  return x;
+}
+
+// Rendezvous weight of `shard` for `encoded_key`. Stable across processes and builds.
+uint64_t RendezvousScore(std::string_view shard, std::string_view encoded_key) {
+  uint64_t h = Fnv1a64(shard);
+  h = Fnv1a64(std::string_view("\0", 1), h);
+  return Mix64(Fnv1a64(encoded_key, h));
+}
+
+pb::KvKey ToProto(const Key& key) {
+  pb::KvKey out;
+  if (key.is_raw) {
+    out.set_raw(key.raw);
+  } else {
+    auto* d = out.mutable_document();
+    d->set_model_fingerprint(key.model_fingerprint);
+    d->set_cache_namespace(key.cache_namespace);
+    d->set_document_id(key.document_id);
+  }
+  return out;
+}
+
+// Failures worth trying another replica or another round for: the shard did not answer or
+// answered about itself, not about the key.
+bool IsTransient(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kUnknown:
+    case absl::StatusCode::kInternal:
+      return true;
+    default:
+      return false;
+  }
+}
+
+class Shard {
+ public:
+  explicit Shard(std::string address) : address_(std::move(address)) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    args.SetMaxSendMessageSize(kMaxMessageBytes);
+    // Reconnect quickly to a shard that comes back.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    channel_ = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+    stub_ = pb::KvStore::NewStub(channel_);
+  }
+
+  const std::string& address() const { return address_; }
+  pb::KvStore::Stub* stub() { return stub_.get(); }
+
+  bool Healthy(absl::Time now) const {
+    absl::MutexLock lock(&mu_);
+    return now >= unhealthy_until_;
+  }
+  int consecutive_failures() const {
+    absl::MutexLock lock(&mu_);
+    return consecutive_failures_;
+  }
+  // Records how a call went: transport-level failures make the shard unhealthy for a while.
+  void Record(const absl::Status& status, absl::Duration unhealthy_for) {
+    absl::MutexLock lock(&mu_);
+    if (IsTransient(status.code())) {
+      ++consecutive_failures_;
+      unhealthy_until_ = absl::Now() + unhealthy_for;
+    } else {
+      consecutive_failures_ = 0;
+      unhealthy_until_ = absl::InfinitePast();
+    }
+  }
+
+ private:
+  const std::string address_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<pb::KvStore::Stub> stub_;
+  mutable absl::Mutex mu_;
+  int consecutive_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time unhealthy_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+};
+
+struct ChunkPlan {
+  uint64_t offset;
+  uint32_t size;
+  uint32_t crc;
+};
+
+class KvClientImpl final : public KvClient {
+ public:
+  explicit KvClientImpl(KvClientOptions options) : options_(std::move(options)) {
+    for (const auto& address : options_.shards) {
+      shards_.push_back(std::make_unique<Shard>(address));
+    }
+    if (options_.registry != nullptr) {
+      fetch_seconds_ = &options_.registry
+                            ->AddHistogram("lazyrag_kvstore_fetch_seconds",
+                                           "Time to fetch a value from the kvstore (successful "
+                                           "gets, all replicas and retries).",
+                                           metrics::ExponentialBuckets(0.001, 2, 16))
+                            .Add();
+      fetch_bytes_ = &options_.registry
+                          ->AddCounter("lazyrag_kvstore_fetch_bytes_total",
+                                       "Value bytes fetched from the kvstore.")
+                          .Add();
+      corruptions_ = &options_.registry
+                          ->AddCounter("lazyrag_kvstore_client_corruptions_total",
+                                       "Chunks received from the kvstore that failed their "
+                                       "CRC-32C check (discarded).")
+                          .Add();
+    }
+  }
+
+  absl::Status Put(const Key& key, const ValueHeader& header, std::string_view value,
+                   const CallOptions& call) override;
+  absl::StatusOr<Value> Get(const Key& key, const LayerSelection& layers,
+                            const CallOptions& call) override;
+  absl::StatusOr<std::vector<KeyInfo>> Stat(std::span<const Key> keys,
+                                            const CallOptions& call) override;
+  absl::StatusOr<bool> Delete(const Key& key, const CallOptions& call) override;
+
+  absl::StatusOr<std::vector<int>> Placement(const Key& key) const override {
+    ASSIGN_OR_RETURN(const std::string encoded, EncodeKey(ToProto(key)));
+    return PlacementOf(encoded);
+  }
+
+  std::vector<ShardHealth> Health() const override {
+    std::vector<ShardHealth> out;
+    const absl::Time now = absl::Now();
+    for (const auto& s : shards_) {
+      out.push_back({s->address(), s->Healthy(now), s->consecutive_failures()});
+    }
+    return out;
+  }
+
+ private:
+  std::vector<int> PlacementOf(const std::string& encoded) const {
+    std::vector<std::pair<uint64_t, int>> scored;
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      scored.emplace_back(RendezvousScore(shards_[i]->address(), encoded), static_cast<int>(i));
+    }
+    std::sort(scored.begin(), scored.end(), std::greater<>());
+    std::vector<int> out;
+    for (int r = 0; r < options_.replication; ++r) out.push_back(scored[r].second);
+    return out;
+  }
+  // Placement with healthy shards first (stable).
+  std::vector<int> ReadOrder(const std::string& encoded) const {
+    std::vector<int> order = PlacementOf(encoded);
+    const absl::Time now = absl::Now();
+    std::stable_partition(order.begin(), order.end(),
+                          [&](int i) { return shards_[i]->Healthy(now); });
+    return order;
+  }
+  absl::Time DeadlineOf(const CallOptions& call) const {
+    return absl::Now() +
+           (call.timeout > absl::ZeroDuration() ? call.timeout : options_.call_timeout);
+  }
+  // Sleeps before round `attempt` (>= 1); false when the deadline would pass first.
+  bool Backoff(int attempt, absl::Time deadline) const {
+    absl::Duration d = options_.initial_backoff;
+    for (int i = 1; i < attempt && d < options_.max_backoff; ++i) d *= 2;
+    d = std::min(d, options_.max_backoff);
+    static thread_local std::mt19937 rng(std::random_device{}());
+    d = d / 2 + d * (std::uniform_real_distribution<double>(0, 0.5)(rng));
+    if (absl::Now() + d >= deadline) return false;
+    absl::SleepFor(d);
+    return true;
+  }
+  void CountCorruption() {
+    if (corruptions_ != nullptr) corruptions_->Increment();
+  }
+
+  // `retry`: a later attempt, which waits (until `deadline`) for a shard that was just
+  // unreachable to come back instead of failing at once.
+  absl::Status PutTo(Shard& shard, const pb::KvKey& key, const pb::ValueHeader& header,
+                     std::string_view value, const std::vector<ChunkPlan>& plan,
+                     absl::Time deadline, bool retry);
+  // Sets the deadline of one attempt on `context`.
+  static void SetAttemptDeadline(grpc::ClientContext& context, absl::Time deadline, bool retry) {
+    if (retry) context.set_wait_for_ready(true);
+    context.set_deadline(absl::ToChronoTime(deadline));
+  }
+  absl::Status GetFrom(Shard& shard, const pb::GetRequest& request, absl::Time deadline, bool retry,
+                       Value* out);
+
+  const KvClientOptions options_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+  metrics::Histogram* fetch_seconds_ = nullptr;
+  metrics::Counter* fetch_bytes_ = nullptr;
+  metrics::Counter* corruptions_ = nullptr;
+};
+
+absl::Status KvClientImpl::PutTo(Shard& shard, const pb::KvKey& key, const pb::ValueHeader& header,
+                                 std::string_view value, const std::vector<ChunkPlan>& plan,
+                                 absl::Time deadline, bool retry) {
+  grpc::ClientContext context;
+  SetAttemptDeadline(context, deadline, retry);
+  pb::PutResponse response;
+  std::unique_ptr<grpc::ClientWriter<pb::PutRequest>> writer =
+      shard.stub()->Put(&context, &response);
+  pb::PutRequest message;
+  *message.mutable_header()->mutable_key() = key;
+  *message.mutable_header()->mutable_value() = header;
+  bool sent = writer->Write(message);
+  for (uint32_t i = 0; sent && i < plan.size(); ++i) {
+    message.Clear();
+    auto* chunk = message.mutable_chunk();
+    chunk->set_index(i);
+    chunk->set_data(value.data() + plan[i].offset, plan[i].size);
+    chunk->set_crc32c(plan[i].crc);
+    sent = writer->Write(message);
+  }
+  if (sent) writer->WritesDone();
+  absl::Status status = FromGrpcStatus(writer->Finish());
+  if (status.ok() && !sent) status = absl::UnavailableError("put: stream broke");
+  if (!status.ok()) {
+    status = absl::Status(status.code(), absl::StrCat(shard.address(), ": ", status.message()));
+  }
+  return status;
+}
+
+absl::Status KvClientImpl::Put(const Key& key, const ValueHeader& header, std::string_view value,
+                               const CallOptions& call) {
+  const absl::Time deadline = DeadlineOf(call);
+  const pb::KvKey proto_key = ToProto(key);
+  ASSIGN_OR_RETURN(const std::string encoded, EncodeKey(proto_key));
+  pb::ValueHeader proto_header;
+  proto_header.set_total_size(value.size());
+  proto_header.set_chunk_size(options_.chunk_size);
+  proto_header.set_num_chunks(NumChunks(value.size(), options_.chunk_size));
+  proto_header.mutable_layer_offsets()->Assign(header.layer_offsets.begin(),
+                                               header.layer_offsets.end());
+  proto_header.set_checksum_algorithm(pb::CHECKSUM_ALGORITHM_CRC32C);
+  proto_header.set_metadata(header.metadata);
+  RETURN_IF_ERROR(LayoutFromProto(proto_header).status());  // same checks as the server
+
+  std::vector<ChunkPlan> plan(proto_header.num_chunks());
+  for (uint32_t i = 0; i < plan.size(); ++i) {
+    plan[i].offset = uint64_t{i} * options_.chunk_size;
+    plan[i].size = static_cast<uint32_t>(
+        std::min<uint64_t>(options_.chunk_size, value.size() - plan[i].offset));
+    plan[i].crc = Crc32c(value.substr(plan[i].offset, plan[i].size));
+  }
+
+  const std::vector<int> replicas = PlacementOf(encoded);
+  std::vector<absl::Status> results(replicas.size());
+  auto put_one = [&](size_t r) {
+    Shard& shard = *shards_[replicas[r]];
+    // Retries of this replica share one reconnect budget, so a dead replica costs a Put at
+    // most about reconnect_wait.
+    const absl::Time retry_deadline = std::min(deadline, absl::Now() + options_.reconnect_wait);
+    absl::Status st;
+    for (int attempt = 0; attempt < options_.max_attempts; ++attempt) {
+      if (attempt > 0 && !Backoff(attempt, retry_deadline)) break;
+      st = PutTo(shard, proto_key, proto_header, value, plan,
+                 attempt > 0 ? retry_deadline : deadline, attempt > 0);
+      shard.Record(st, options_.unhealthy_for);
+      // DATA_LOSS here means a chunk was damaged on its way: sending again may work.
+      if (st.ok() || !(IsTransient(st.code()) || st.code() == absl::StatusCode::kDataLoss)) break;
+    }
+    results[r] = st;
+  };
+  std::vector<std::thread> threads;
+  for (size_t r = 1; r < replicas.size(); ++r) threads.emplace_back(put_one, r);
+  put_one(0);
+  for (auto& t : threads) t.join();
+
+  int stored = 0;
+  std::vector<std::string> errors;
+  const absl::Status* permanent = nullptr;
+  for (const auto& st : results) {
+    if (st.ok()) {
+      ++stored;
+      continue;
+    }
+    errors.push_back(st.ToString());
+    if (!IsTransient(st.code()) && permanent == nullptr) permanent = &st;
+  }
+  if (stored >= std::min<int>(options_.min_write_replicas, replicas.size())) {
+    return absl::OkStatus();
+  }
+  if (permanent != nullptr) return *permanent;
+  return absl::UnavailableError(absl::StrCat("put: stored on ", stored, " of ", replicas.size(),
+                                             " replicas: ", absl::StrJoin(errors, "; ")));
+}
+
+absl::Status KvClientImpl::GetFrom(Shard& shard, const pb::GetRequest& request, absl::Time deadline,
+                                   bool retry, Value* out) {
+  grpc::ClientContext context;
+  SetAttemptDeadline(context, deadline, retry);
+  std::unique_ptr<grpc::ClientReader<pb::GetResponse>> reader =
+      shard.stub()->Get(&context, request);
+  pb::GetResponse message;
+  absl::Status bad;  // a problem found on our side; the stream is cancelled
+  uint64_t range_size = 0;
+  if (!reader->Read(&message)) {
+    // Finish() below tells why.
+  } else if (!message.has_header()) {
+    bad = absl::InternalError("get: reply did not start with a header");
+  } else {
+    const pb::GetHeader& h = message.header();
+    auto layout = LayoutFromProto(h.value());
+    if (!layout.ok()) {
+      bad = absl::InternalError(absl::StrCat("get: bad header: ", layout.status().message()));
+    } else if (h.range_begin() > h.range_end() || h.range_end() > layout->total_size) {
+      bad = absl::InternalError("get: bad range in header");
+    } else {
+      out->header.metadata = layout->metadata;
+      out->header.layer_offsets = layout->layer_offsets;
+      out->total_size = layout->total_size;
+      out->range_begin = h.range_begin();
+      range_size = h.range_end() - h.range_begin();
+      out->bytes.clear();
+      out->bytes.reserve(range_size);
+      uint32_t next = 0;
+      while (reader->Read(&message)) {
+        if (!message.has_chunk() || message.chunk().index() != next ||
+            out->bytes.size() + message.chunk().data().size() > range_size) {
+          bad = absl::InternalError(absl::StrCat("get: unexpected message after chunk ", next));
+          break;
+        }
+        if (Crc32c(message.chunk().data()) != message.chunk().crc32c()) {
+          CountCorruption();
+          bad = absl::DataLossError(absl::StrCat(
+              "get: chunk ", next, " failed its CRC-32C check (corrupted in transit)"));
+          break;
+        }
+        out->bytes.append(message.chunk().data());
+        ++next;
+      }
+    }
+  }
+  if (!bad.ok()) {
+    context.TryCancel();
+    while (reader->Read(&message)) {
+    }
+  }
+  absl::Status status = FromGrpcStatus(reader->Finish());
+  if (!bad.ok()) status = bad;
+  if (status.ok() && out->bytes.size() != range_size) {
+    status = absl::DataLossError(
+        absl::StrCat("get: ", out->bytes.size(), " of ", range_size, " bytes arrived"));
+  }
+  if (!status.ok()) {
+    out->bytes.clear();
+    out->bytes.shrink_to_fit();
+    status = absl::Status(status.code(), absl::StrCat(shard.address(), ": ", status.message()));
+  }
+  return status;
+}
+
+absl::StatusOr<Value> KvClientImpl::Get(const Key& key, const LayerSelection& layers,
+                                        const CallOptions& call) {
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = DeadlineOf(call);
+  pb::GetRequest request;
+  *request.mutable_key() = ToProto(key);
+  request.set_first_layer(layers.first_layer);
+  request.set_num_layers(layers.num_layers);
+  ASSIGN_OR_RETURN(const std::string encoded, EncodeKey(request.key()));
+
+  absl::Status last;
+  for (int attempt = 0; attempt < options_.max_attempts; ++attempt) {
+    if (attempt > 0 && !Backoff(attempt, deadline)) break;
+    bool answered = false;  // some replica answered about the key
+    absl::Status not_found, data_loss;
+    for (int index : ReadOrder(encoded)) {
+      if (absl::Now() >= deadline) return absl::DeadlineExceededError("get: deadline passed");
+      Shard& shard = *shards_[index];
+      Value value;
+      const absl::Time attempt_deadline =
+          attempt > 0 ? std::min(deadline, absl::Now() + options_.read_reconnect_wait) : deadline;
+      absl::Status st = GetFrom(shard, request, attempt_deadline, attempt > 0, &value);
+      shard.Record(st, options_.unhealthy_for);
+      if (st.ok()) {
+        if (fetch_seconds_ != nullptr) {
+          fetch_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+          fetch_bytes_->Increment(static_cast<double>(value.bytes.size()));
+        }
+        return value;
+      }
+      if (st.code() == absl::StatusCode::kNotFound) {
+        answered = true;
+        not_found = st;
+      } else if (st.code() == absl::StatusCode::kDataLoss) {
+        answered = true;
+        data_loss = st;
+      } else if (!IsTransient(st.code())) {
+        return st;  // bad request: the same everywhere
+      }
+      last = st;
+    }
+    if (answered) return !not_found.ok() ? not_found : data_loss;
+  }
+  if (absl::Now() >= deadline) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("get: deadline passed; last: ", last.message()));
+  }
+  return absl::UnavailableError(absl::StrCat("get: no replica reachable; last: ", last.message()));
+}
+
+absl::StatusOr<std::vector<KeyInfo>> KvClientImpl::Stat(std::span<const Key> keys,
+                                                        const CallOptions& call) {
+  const absl::Time deadline = DeadlineOf(call);
+  std::vector<KeyInfo> out(keys.size());
+  std::vector<int> answered(keys.size(), 0);
+  // Per shard: indices of the keys it holds a replica of.
+  std::vector<std::vector<size_t>> by_shard(shards_.size());
+  std::vector<pb::KvKey> proto_keys;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    proto_keys.push_back(ToProto(keys[i]));
+    ASSIGN_OR_RETURN(const std::string encoded, EncodeKey(proto_keys.back()));
+    for (int s : PlacementOf(encoded)) by_shard[s].push_back(i);
+  }
+  absl::Status last;
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    const auto& idx = by_shard[s];
+    for (size_t begin = 0; begin < idx.size(); begin += kMaxStatKeys) {
+      const size_t end = std::min(idx.size(), begin + kMaxStatKeys);
+      pb::StatRequest request;
+      for (size_t j = begin; j < end; ++j) *request.add_keys() = proto_keys[idx[j]];
+      pb::StatResponse response;
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(deadline));
+      absl::Status st = FromGrpcStatus(shards_[s]->stub()->Stat(&context, request, &response));
+      shards_[s]->Record(st, options_.unhealthy_for);
+      if (st.ok() && response.stats_size() != static_cast<int>(end - begin)) {
+        st = absl::InternalError("stat: reply has the wrong number of entries");
+      }
+      if (!st.ok()) {
+        if (!IsTransient(st.code())) return st;
+        last = absl::Status(st.code(), absl::StrCat(shards_[s]->address(), ": ", st.message()));
+        continue;
+      }
+      for (size_t j = begin; j < end; ++j) {
+        const pb::KeyStat& ks = response.stats(static_cast<int>(j - begin));
+        KeyInfo& info = out[idx[j]];
+        ++answered[idx[j]];
+        if (!ks.present()) continue;
+        info.present = true;
+        info.size = ks.size();
+        info.last_access_unix_ms = std::max(info.last_access_unix_ms, ks.last_access_unix_ms());
+        ++info.replicas_present;
+      }
+    }
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (answered[i] == 0) {
+      return absl::UnavailableError(
+          absl::StrCat("stat: no replica of key ", i, " reachable; last: ", last.message()));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<bool> KvClientImpl::Delete(const Key& key, const CallOptions& call) {
+  const absl::Time deadline = DeadlineOf(call);
+  pb::DeleteRequest request;
+  *request.mutable_key() = ToProto(key);
+  ASSIGN_OR_RETURN(const std::string encoded, EncodeKey(request.key()));
+  bool existed = false;
+  std::vector<std::string> failures;
+  for (int s : PlacementOf(encoded)) {
+    const absl::Time retry_deadline = std::min(deadline, absl::Now() + options_.reconnect_wait);
+    absl::Status st;
+    for (int attempt = 0; attempt < options_.max_attempts; ++attempt) {
+      if (attempt > 0 && !Backoff(attempt, retry_deadline)) break;
+      pb::DeleteResponse response;
+      grpc::ClientContext context;
+      SetAttemptDeadline(context, attempt > 0 ? retry_deadline : deadline, attempt > 0);
+      st = FromGrpcStatus(shards_[s]->stub()->Delete(&context, request, &response));
+      shards_[s]->Record(st, options_.unhealthy_for);
+      if (st.ok()) existed = existed || response.existed();
+      if (!IsTransient(st.code())) break;
+    }
+    if (!st.ok()) {
+      if (!IsTransient(st.code())) return st;
+      failures.push_back(absl::StrCat(shards_[s]->address(), ": ", st.message()));
+    }
+  }
+  if (!failures.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("delete: replicas not reached: ", absl::StrJoin(failures, "; ")));
+  }
+  return existed;
+}
+
+}  // namespace
+
+Key Key::Document(std::string model_fingerprint, std::string cache_namespace,
+                  std::string document_id) {
+  Key key;
+  key.model_fingerprint = std::move(model_fingerprint);
+  key.cache_namespace = std::move(cache_namespace);
+  key.document_id = std::move(document_id);
+  return key;
+}
+
+Key Key::Raw(std::string name) {
+  Key key;
+  key.is_raw = true;
+  key.raw = std::move(name);
+  return key;
+}
+
+std::vector<std::string> SplitShardList(std::string_view list) {
+  std::vector<std::string> out;
+  for (absl::string_view item :
+       absl::StrSplit(absl::string_view(list.data(), list.size()), ',', absl::SkipWhitespace())) {
+    out.emplace_back(item);
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<KvClient>> KvClient::Create(KvClientOptions options) {
+  if (options.shards.empty()) return absl::InvalidArgumentError("kvstore client: no shards");
+  std::vector<std::string> sorted = options.shards;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+    return absl::InvalidArgumentError("kvstore client: a shard is listed twice");
+  }
+  const int n = static_cast<int>(options.shards.size());
+  if (options.replication == 0) options.replication = n >= 2 ? 2 : 1;
+  if (options.replication < 1 || options.replication > n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kvstore client: replication ", options.replication, " with ", n, " shards"));
+  }
+  if (options.chunk_size == 0 || options.chunk_size > kMaxChunkBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kvstore client: chunk_size must be 1..", kMaxChunkBytes));
+  }
+  options.min_write_replicas = std::clamp(options.min_write_replicas, 1, options.replication);
+  options.max_attempts = std::max(1, options.max_attempts);
+  return std::make_unique<KvClientImpl>(std::move(options));
+}
+
+}  // namespace lazyrag::kvstore

@@ -1,0 +1,149 @@
+// Client of a sharded, replicated kvstore: what workers (and lazyrag-cli kv) link.
+//
+// Placement: rendezvous (highest random weight) hashing of the canonical key over the shard
+// addresses; a key lives on the first R shards of its ranking (R = replication). Writes go to
+// all R; reads try them in ranking order, healthy shards first, and fall back to the next.
+// Every chunk is checked against its CRC-32C before its bytes are handed out.
+//
+// Status contract, so a worker knows what to do:
+//   NOT_FOUND        no reachable replica holds the key: compute it (and put it back).
+//   UNAVAILABLE      no replica could be reached: compute it; the store is in trouble.
+//   DATA_LOSS        every replica that had the key served corrupt bytes: compute it.
+//   DEADLINE_EXCEEDED the call's deadline passed.
+//   INVALID_ARGUMENT bad key or value (not retried).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace lazyrag::metrics {
+class Registry;
+}
+
+namespace lazyrag::kvstore {
+
+// A key: a document's KV (worker keys) or a raw operator key (lazyrag-cli kv).
+struct Key {
+  static Key Document(std::string model_fingerprint, std::string cache_namespace,
+                      std::string document_id);
+  static Key Raw(std::string name);
+
+  bool is_raw = false;
+  std::string model_fingerprint;
+  std::string cache_namespace;
+  std::string document_id;
+  std::string raw;
+};
+
+// What is stored besides the bytes.
+struct ValueHeader {
+  // Opaque to the store (a worker's document-KV header of DESIGN section 4). At most 64 KiB.
+  std::string metadata;
+  // Optional: byte offset where each layer starts (first 0, non-decreasing, within the value);
+  // lets Get fetch a layer range.
+  std::vector<uint64_t> layer_offsets;
+};
+
+// Which part of a value to fetch: layers [first_layer, first_layer + num_layers); all when
+// num_layers is 0.
+struct LayerSelection {
+  uint32_t first_layer = 0;
+  uint32_t num_layers = 0;
+};
+
+struct Value {
+  ValueHeader header;
+  uint64_t total_size = 0;   // of the whole stored value
+  uint64_t range_begin = 0;  // `bytes` are bytes [range_begin, range_begin + bytes.size())
+  std::string bytes;
+};
+
+struct KeyInfo {
+  bool present = false;
+  uint64_t size = 0;
+  int64_t last_access_unix_ms = 0;  // most recent over the replicas
+  int replicas_present = 0;
+};
+
+struct KvClientOptions {
+  // Shard addresses HOST:PORT. Every client of one store must list the same shards (order
+  // does not matter). Required.
+  std::vector<std::string> shards;
+  // Replicas per key; 0 means 2 when there are at least 2 shards, else 1. Default 0.
+  int replication = 0;
+  // A Put succeeds when at least this many replicas stored the value. Default 1.
+  int min_write_replicas = 1;
+  // Bytes per chunk, 1 .. 4 MiB. Default 2 MiB.
+  uint32_t chunk_size = 2u << 20;
+  // Deadline of a call (a whole Put or Get, all replicas and retries) unless the call says
+  // otherwise. Default 60 s.
+  absl::Duration call_timeout = absl::Seconds(60);
+  // Rounds over the replicas for UNAVAILABLE-type failures, with exponential backoff between
+  // rounds starting at initial_backoff, capped at max_backoff. Defaults 3, 50 ms, 1 s.
+  int max_attempts = 3;
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(1);
+  // Retries wait (gRPC wait-for-ready) for a shard that was just unreachable to come back,
+  // instead of failing at once while its channel is between reconnect attempts. Writes (Put,
+  // Delete): all retries of one replica share a budget of reconnect_wait (default 1 s, the
+  // channel's longest reconnect backoff), so a dead replica costs a Put about that much.
+  // Reads: a retry round happens only when no replica answered at all, and each replica then
+  // gets read_reconnect_wait (default 300 ms); the first round never waits. A Get with every
+  // replica down fails after about (max_attempts - 1) * R * read_reconnect_wait + backoff.
+  absl::Duration reconnect_wait = absl::Seconds(1);
+  absl::Duration read_reconnect_wait = absl::Milliseconds(300);
+  // After a transport failure a shard counts as unhealthy for this long: it is tried after
+  // the healthy replicas. Default 2 s.
+  absl::Duration unhealthy_for = absl::Seconds(2);
+  // Optional, not owned: exports lazyrag_kvstore_fetch_seconds, lazyrag_kvstore_fetch_bytes_total
+  // and lazyrag_kvstore_client_corruptions_total.
+  metrics::Registry* registry = nullptr;
+};
+
+struct CallOptions {
+  // Overrides KvClientOptions::call_timeout when nonzero.
+  absl::Duration timeout = absl::ZeroDuration();
+};
+
+struct ShardHealth {
+  std::string address;
+  bool healthy = true;
+  int consecutive_failures = 0;
+};
+
+// Thread-safe: one client is shared by all threads of a worker.
+class KvClient {
+ public:
+  static absl::StatusOr<std::unique_ptr<KvClient>> Create(KvClientOptions options);
+  virtual ~KvClient() = default;
+
+  // Stores `value` under `key` on the key's replicas, replacing any earlier value.
+  virtual absl::Status Put(const Key& key, const ValueHeader& header, std::string_view value,
+                           const CallOptions& call = {}) = 0;
+  virtual absl::StatusOr<Value> Get(const Key& key, const LayerSelection& layers = {},
+                                    const CallOptions& call = {}) = 0;
+  // One KeyInfo per key, in order. UNAVAILABLE when some key had no reachable replica.
+  virtual absl::StatusOr<std::vector<KeyInfo>> Stat(std::span<const Key> keys,
+                                                    const CallOptions& call = {}) = 0;
+  // Deletes from every replica; returns whether any held it. UNAVAILABLE if a replica could
+  // not be reached (the key may survive there).
+  virtual absl::StatusOr<bool> Delete(const Key& key, const CallOptions& call = {}) = 0;
+
+  // Shard indices (into options.shards) holding `key`, in read order before health.
+  virtual absl::StatusOr<std::vector<int>> Placement(const Key& key) const = 0;
+  virtual std::vector<ShardHealth> Health() const = 0;
+};
+
+// "a,b,c" -> {"a","b","c"} (empty items dropped).
+std::vector<std::string> SplitShardList(std::string_view list);
+
+}  // namespace lazyrag::kvstore

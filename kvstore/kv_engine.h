@@ -1,0 +1,98 @@
+// The storage engine behind the kvstore service: values are stored by canonical key
+// (kvstore/format.h) as a layout plus checksummed chunks. The service talks to this interface
+// only, so tests can pass a fault-injecting engine; OpenRocksEngine() is the real one.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kvstore/format.h"
+
+namespace lazyrag::kvstore {
+
+struct KeyStat {
+  bool present = false;
+  uint64_t size = 0;
+  int64_t last_access_unix_ms = 0;  // last put or read; 0 when absent
+};
+
+struct EngineUsage {
+  uint64_t entries = 0;
+  uint64_t bytes = 0;  // sum of stored values' total_size
+  uint64_t capacity_bytes = 0;
+};
+
+// A put in progress. Chunks arrive in order; nothing is visible to readers until Commit().
+// Destroying a session that was not committed abandons it and removes what it staged.
+// Not thread-safe (one stream feeds one session). REQUIRES: destroyed before its engine.
+class PutSession {
+ public:
+  virtual ~PutSession() = default;
+  // REQUIRES: index == chunks added so far; data.size() == the layout's size for that chunk;
+  // crc32c == Crc32c(data) (the caller has checked).
+  virtual absl::Status AddChunk(uint32_t index, std::string_view data, uint32_t crc32c) = 0;
+  // Makes the value visible at once (header and every chunk), replacing any earlier value of
+  // the key and evicting least recently used values to stay within capacity. Returns whether
+  // a value was replaced. REQUIRES: every chunk added.
+  virtual absl::StatusOr<bool> Commit() = 0;
+};
+
+// A consistent view of one stored value: later puts, deletes or evictions of the key do not
+// change what it reads. REQUIRES: destroyed before its engine.
+class ValueReader {
+ public:
+  virtual ~ValueReader() = default;
+  virtual const ValueLayout& layout() const = 0;
+  // Reads chunk `index` and checks it against its stored CRC-32C: DATA_LOSS on mismatch (the
+  // data is not returned). REQUIRES: index < layout().num_chunks.
+  virtual absl::Status ReadChunk(uint32_t index, std::string* data, uint32_t* crc32c) = 0;
+};
+
+// Thread-safe.
+class KvEngine {
+ public:
+  virtual ~KvEngine() = default;
+
+  // `key` is an encoded key, `layout` already validated (LayoutFromProto).
+  // RESOURCE_EXHAUSTED when the value alone is larger than the capacity.
+  virtual absl::StatusOr<std::unique_ptr<PutSession>> BeginPut(std::string_view key,
+                                                               const ValueLayout& layout) = 0;
+  // NOT_FOUND when absent. Counts as an access for LRU.
+  virtual absl::StatusOr<std::unique_ptr<ValueReader>> Open(std::string_view key) = 0;
+  virtual absl::StatusOr<KeyStat> Stat(std::string_view key) = 0;
+  // Returns whether the key was stored.
+  virtual absl::StatusOr<bool> Delete(std::string_view key) = 0;
+  // Evicts least recently used values until at most `target_bytes` are stored; returns how
+  // many were evicted.
+  virtual absl::StatusOr<uint64_t> EvictTo(uint64_t target_bytes) = 0;
+  virtual EngineUsage Usage() const = 0;
+};
+
+class KvStoreMetrics;
+
+struct RocksEngineOptions {
+  // Directory of the RocksDB database; created when missing. Required.
+  std::string data_dir;
+  // Byte capacity of stored values (sum of total_size). Default 64 GiB.
+  uint64_t capacity_bytes = 64ull << 30;
+  // fsync the write-ahead log on every commit, so a committed put survives a machine crash,
+  // not only a process crash. Default true.
+  bool sync_commits = true;
+  // Metrics to update (entries, bytes, evictions, corruptions). Optional, not owned.
+  KvStoreMetrics* metrics = nullptr;
+};
+
+// Opens (or creates) the database and drops what interrupted puts left behind.
+// One database per shard process: a second open of the same directory fails (UNAVAILABLE).
+absl::StatusOr<std::unique_ptr<KvEngine>> OpenRocksEngine(const RocksEngineOptions& options);
+
+// The RocksDB key prefix under which the chunks of `encoded_key` live, whatever their put
+// generation. Exposed for tests that corrupt stored bytes through RocksDB; a chunk's stored
+// value is its CRC-32C (4 bytes, little-endian) followed by its bytes.
+std::string RocksChunkKeyPrefix(std::string_view encoded_key);
+
+}  // namespace lazyrag::kvstore

@@ -1,0 +1,171 @@
+#include "kvstore/kvstore_handler.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
+#include "common/logging.h"
+#include "common/status.h"
+
+namespace lazyrag::kvstore {
+
+using lazyrag::v1::DeleteRequest;
+using lazyrag::v1::DeleteResponse;
+using lazyrag::v1::GetRequest;
+using lazyrag::v1::GetResponse;
+using lazyrag::v1::PutRequest;
+using lazyrag::v1::PutResponse;
+using lazyrag::v1::StatRequest;
+using lazyrag::v1::StatResponse;
+
+absl::StatusOr<PutResponse> KvStoreHandler::Put(MessageReader<PutRequest>& in) {
+  auto result = DoPut(in);
+  metrics_->CountRequest("put", result.status());
+  return result;
+}
+
+absl::Status KvStoreHandler::Get(const GetRequest& request, MessageWriter<GetResponse>& out) {
+  absl::Status status = DoGet(request, out);
+  metrics_->CountRequest("get", status);
+  return status;
+}
+
+absl::StatusOr<StatResponse> KvStoreHandler::Stat(const StatRequest& request) {
+  auto result = DoStat(request);
+  metrics_->CountRequest("stat", result.status());
+  return result;
+}
+
+absl::StatusOr<DeleteResponse> KvStoreHandler::Delete(const DeleteRequest& request) {
+  auto result = DoDelete(request);
+  metrics_->CountRequest("delete", result.status());
+  return result;
+}
+
+absl::StatusOr<PutResponse> KvStoreHandler::DoPut(MessageReader<PutRequest>& in) {
+  PutRequest message;
+  if (!in.Read(&message)) return absl::InvalidArgumentError("put: empty stream, no header");
+  if (!message.has_header()) {
+    return absl::InvalidArgumentError("put: the first message must be the header");
+  }
+  ASSIGN_OR_RETURN(const std::string key, EncodeKey(message.header().key()));
+  ASSIGN_OR_RETURN(const ValueLayout layout, LayoutFromProto(message.header().value()));
+  ASSIGN_OR_RETURN(std::unique_ptr<PutSession> session, engine_->BeginPut(key, layout));
+  // On any return before Commit() the session is destroyed and its chunks dropped.
+  uint32_t next = 0;
+  while (in.Read(&message)) {
+    if (message.has_header()) {
+      return absl::InvalidArgumentError("put: a second header in one stream");
+    }
+    if (!message.has_chunk()) return absl::InvalidArgumentError("put: empty message");
+    const lazyrag::v1::Chunk& chunk = message.chunk();
+    if (chunk.index() != next) {
+      return absl::InvalidArgumentError(absl::StrCat("put: chunk ", chunk.index(),
+                                                     " arrived where chunk ", next,
+                                                     " was expected (chunks must come in order)"));
+    }
+    if (next >= layout.num_chunks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("put: more chunks than the ", layout.num_chunks, " the header announced"));
+    }
+    if (chunk.data().size() > kMaxChunkBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("put: chunk ", next, " has ", chunk.data().size(),
+                       " bytes, above the limit of ", kMaxChunkBytes));
+    }
+    const uint64_t want = layout.ChunkEnd(next) - layout.ChunkBegin(next);
+    if (chunk.data().size() != want) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "put: chunk ", next, " has ", chunk.data().size(), " bytes, the header says ", want));
+    }
+    if (Crc32c(chunk.data()) != chunk.crc32c()) {
+      metrics_->CountCorruption("transit");
+      return absl::DataLossError(
+          absl::StrCat("put: chunk ", next, " does not match its CRC-32C (corrupted in transit)"));
+    }
+    RETURN_IF_ERROR(session->AddChunk(next, chunk.data(), chunk.crc32c()));
+    metrics_->CountBytes("in", chunk.data().size());
+    ++next;
+  }
+  if (next != layout.num_chunks) {
+    return absl::InvalidArgumentError(absl::StrCat("put: the stream ended after ", next, " of ",
+                                                   layout.num_chunks, " chunks; nothing stored"));
+  }
+  ASSIGN_OR_RETURN(const bool replaced, session->Commit());
+  PutResponse response;
+  response.set_stored_bytes(layout.total_size);
+  response.set_replaced(replaced);
+  return response;
+}
+
+absl::Status KvStoreHandler::DoGet(const GetRequest& request, MessageWriter<GetResponse>& out) {
+  ASSIGN_OR_RETURN(const std::string key, EncodeKey(request.key()));
+  ASSIGN_OR_RETURN(std::unique_ptr<ValueReader> reader, engine_->Open(key));
+  const ValueLayout& layout = reader->layout();
+  ASSIGN_OR_RETURN(const ByteRange range,
+                   LayerRange(layout, request.first_layer(), request.num_layers()));
+  GetResponse reply;
+  auto* header = reply.mutable_header();
+  LayoutToProto(layout, header->mutable_value());
+  header->set_range_begin(range.begin);
+  header->set_range_end(range.end);
+  if (!out.Write(reply)) return absl::CancelledError("get: the client went away");
+
+  const bool whole = range.begin == 0 && range.end == layout.total_size;
+  std::string data;
+  uint32_t crc = 0;
+  uint32_t out_index = 0;
+  if (range.end > range.begin) {
+    const uint32_t first = static_cast<uint32_t>(range.begin / layout.chunk_size);
+    const uint32_t last = static_cast<uint32_t>((range.end - 1) / layout.chunk_size);
+    for (uint32_t i = first; i <= last; ++i) {
+      RETURN_IF_ERROR(reader->ReadChunk(i, &data, &crc));
+      reply.Clear();
+      auto* chunk = reply.mutable_chunk();
+      chunk->set_index(out_index++);
+      if (whole) {
+        // The writer's checksum travels on unchanged: end to end.
+        chunk->set_data(std::move(data));
+        chunk->set_crc32c(crc);
+      } else {
+        // Verified above against the stored checksum; the slice gets its own.
+        const uint64_t begin = std::max(range.begin, layout.ChunkBegin(i)) - layout.ChunkBegin(i);
+        const uint64_t end = std::min(range.end, layout.ChunkEnd(i)) - layout.ChunkBegin(i);
+        chunk->set_data(data.substr(begin, end - begin));
+        chunk->set_crc32c(Crc32c(chunk->data()));
+      }
+      metrics_->CountBytes("out", chunk->data().size());
+      if (!out.Write(reply)) return absl::CancelledError("get: the client went away");
+      data.clear();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StatResponse> KvStoreHandler::DoStat(const StatRequest& request) {
+  if (request.keys_size() == 0) return absl::InvalidArgumentError("stat: no keys");
+  if (static_cast<size_t>(request.keys_size()) > kMaxStatKeys) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stat: ", request.keys_size(), " keys, at most ", kMaxStatKeys));
+  }
+  StatResponse response;
+  for (const auto& k : request.keys()) {
+    ASSIGN_OR_RETURN(const std::string key, EncodeKey(k));
+    ASSIGN_OR_RETURN(const KeyStat stat, engine_->Stat(key));
+    auto* s = response.add_stats();
+    s->set_present(stat.present);
+    s->set_size(stat.size);
+    s->set_last_access_unix_ms(stat.last_access_unix_ms);
+  }
+  return response;
+}
+
+absl::StatusOr<DeleteResponse> KvStoreHandler::DoDelete(const DeleteRequest& request) {
+  ASSIGN_OR_RETURN(const std::string key, EncodeKey(request.key()));
+  ASSIGN_OR_RETURN(const bool existed, engine_->Delete(key));
+  DeleteResponse response;
+  response.set_existed(existed);
+  return response;
+}
+
+}  // namespace lazyrag::kvstore

@@ -1,0 +1,72 @@
+#include "kvstore/kvstore_server.h"
+
+#include "common/grpc_server.h"
+#include "common/logging.h"
+#include "common/metrics_http.h"
+#include "common/status.h"
+#include "kvstore/kvstore_handler.h"
+#include "kvstore/kvstore_metrics.h"
+#include "kvstore/kvstore_service.h"
+
+namespace lazyrag::kvstore {
+
+KvStoreServer::KvStoreServer(KvStoreServerOptions options, EngineFactory engine_factory)
+    : options_(std::move(options)), engine_factory_(std::move(engine_factory)) {
+  metrics_ = std::make_unique<KvStoreMetrics>(&registry_);
+}
+
+KvStoreServer::~KvStoreServer() { Shutdown(absl::Now()); }
+
+absl::Status KvStoreServer::Start() {
+  if (engine_ != nullptr) return absl::FailedPreconditionError("kvstore server already started");
+  if (engine_factory_) {
+    ASSIGN_OR_RETURN(engine_, engine_factory_(metrics_.get()));
+  } else {
+    RocksEngineOptions engine_options;
+    engine_options.data_dir = options_.data_dir;
+    engine_options.capacity_bytes = options_.capacity_bytes;
+    engine_options.sync_commits = options_.sync_commits;
+    engine_options.metrics = metrics_.get();
+    ASSIGN_OR_RETURN(engine_, OpenRocksEngine(engine_options));
+  }
+  metrics_->capacity_bytes().Set(static_cast<double>(engine_->Usage().capacity_bytes));
+  handler_ = std::make_unique<KvStoreHandler>(engine_.get(), metrics_.get());
+  service_ = std::make_unique<KvStoreService>(handler_.get());
+
+  GrpcServerOptions grpc_options;
+  grpc_options.listen = options_.listen;
+  grpc_options.max_receive_message_bytes = kMaxMessageBytes;
+  grpc_options.max_send_message_bytes = kMaxMessageBytes;
+  grpc_ = std::make_unique<GrpcServer>(grpc_options);
+  grpc_->AddService(service_.get());
+  RETURN_IF_ERROR(grpc_->Start());
+
+  if (options_.metrics_port >= 0) {
+    http_ = std::make_unique<metrics::MetricsHttpServer>(
+        &registry_, metrics::MetricsHttpOptions{options_.metrics_host, options_.metrics_port});
+    absl::Status st = http_->Start();
+    if (!st.ok()) {
+      grpc_->Shutdown(absl::Now());
+      return st;
+    }
+  }
+  LOG_INFO << "kvstore: serving on " << grpc_->address() << ", metrics port " << metrics_port();
+  return absl::OkStatus();
+}
+
+void KvStoreServer::Shutdown(absl::Time deadline) {
+  if (grpc_ != nullptr) grpc_->Shutdown(deadline);
+  if (http_ != nullptr) http_->Stop();
+  // Every call has returned: nothing uses the engine any more.
+  grpc_.reset();
+  http_.reset();
+  service_.reset();
+  handler_.reset();
+  engine_.reset();
+}
+
+int KvStoreServer::port() const { return grpc_ != nullptr ? grpc_->port() : 0; }
+std::string KvStoreServer::address() const { return grpc_ != nullptr ? grpc_->address() : ""; }
+int KvStoreServer::metrics_port() const { return http_ != nullptr ? http_->port() : -1; }
+
+}  // namespace lazyrag::kvstore

@@ -1,0 +1,78 @@
+// The kvstore shard process as one lifecycle object: engine + gRPC service (with health and
+// reflection) + /metrics endpoint. kvstore/main.cc is a thin shell around it.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/metrics.h"
+#include "kvstore/kv_engine.h"
+
+namespace lazyrag {
+class GrpcServer;
+namespace metrics {
+class MetricsHttpServer;
+}
+}  // namespace lazyrag
+
+namespace lazyrag::kvstore {
+
+class KvStoreHandler;
+class KvStoreMetrics;
+class KvStoreService;
+
+struct KvStoreServerOptions {
+  // gRPC address, HOST:PORT; port 0 picks one (see port()). Default loopback, picked port.
+  std::string listen = "127.0.0.1:0";
+  // RocksDB directory. Required unless an engine factory is given.
+  std::string data_dir;
+  // Byte capacity of stored values. Default 64 GiB.
+  uint64_t capacity_bytes = 64ull << 30;
+  // fsync the WAL on each commit. Default true.
+  bool sync_commits = true;
+  // /metrics port; 0 picks one, -1 disables the endpoint. Default 0.
+  int metrics_port = 0;
+  std::string metrics_host = "0.0.0.0";
+};
+
+// Makes the engine; receives the server's metrics so the engine can update them.
+using EngineFactory =
+    std::function<absl::StatusOr<std::unique_ptr<KvEngine>>(KvStoreMetrics* metrics)>;
+
+// Start() once, Shutdown(deadline) once (the destructor does it too). Not thread-safe.
+class KvStoreServer {
+ public:
+  // `engine_factory` empty: a RocksDB engine on options.data_dir.
+  explicit KvStoreServer(KvStoreServerOptions options, EngineFactory engine_factory = {});
+  ~KvStoreServer();
+  KvStoreServer(const KvStoreServer&) = delete;
+  KvStoreServer& operator=(const KvStoreServer&) = delete;
+
+  // Opens the engine, then serves gRPC and /metrics.
+  absl::Status Start();
+  // Stops taking calls, lets running ones finish until `deadline`, then closes the engine.
+  void Shutdown(absl::Time deadline);
+
+  // Valid after Start().
+  int port() const;
+  std::string address() const;
+  int metrics_port() const;
+  metrics::Registry& registry() { return registry_; }
+
+ private:
+  const KvStoreServerOptions options_;
+  EngineFactory engine_factory_;
+  metrics::Registry registry_;
+  std::unique_ptr<KvStoreMetrics> metrics_;
+  std::unique_ptr<KvEngine> engine_;
+  std::unique_ptr<KvStoreHandler> handler_;
+  std::unique_ptr<KvStoreService> service_;
+  std::unique_ptr<GrpcServer> grpc_;
+  std::unique_ptr<metrics::MetricsHttpServer> http_;
+};
+
+}  // namespace lazyrag::kvstore

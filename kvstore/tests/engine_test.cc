@@ -1,0 +1,193 @@
+// The RocksDB engine without gRPC: atomic commits, abandoned and crashed puts, LRU eviction,
+// on-disk corruption.
+#include <gtest/gtest.h>
+
+#include "common/crc32c.h"
+#include "common/metrics.h"
+#include "kvstore/kv_engine.h"
+#include "kvstore/kvstore_metrics.h"
+#include "kvstore/tests/test_util.h"
+#include "rocksdb/db.h"
+
+namespace lazyrag::kvstore {
+namespace {
+
+using testing::PatternBytes;
+using testing::TempDir;
+
+class EngineTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<KvEngine> Open(uint64_t capacity = 1 << 30) {
+    RocksEngineOptions o;
+    o.data_dir = dir_.path() + "/db";
+    o.capacity_bytes = capacity;
+    o.sync_commits = false;
+    o.metrics = &metrics_;
+    auto engine = OpenRocksEngine(o);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    return std::move(engine).value();
+  }
+
+  static ValueLayout LayoutFor(uint64_t size, uint32_t chunk = 1000) {
+    ValueLayout l;
+    l.total_size = size;
+    l.chunk_size = chunk;
+    l.num_chunks = NumChunks(size, chunk);
+    return l;
+  }
+
+  // Stages every chunk of `value`; commits unless told not to.
+  static std::unique_ptr<PutSession> Stage(KvEngine& engine, const std::string& key,
+                                           const std::string& value) {
+    const ValueLayout layout = LayoutFor(value.size());
+    auto session = engine.BeginPut(key, layout);
+    EXPECT_TRUE(session.ok()) << session.status();
+    for (uint32_t i = 0; i < layout.num_chunks; ++i) {
+      std::string_view chunk = std::string_view(value).substr(
+          layout.ChunkBegin(i), layout.ChunkEnd(i) - layout.ChunkBegin(i));
+      EXPECT_TRUE((*session)->AddChunk(i, chunk, Crc32c(chunk)).ok());
+    }
+    return std::move(session).value();
+  }
+  static void Put(KvEngine& engine, const std::string& key, const std::string& value) {
+    ASSERT_TRUE(Stage(engine, key, value)->Commit().ok());
+  }
+  static absl::StatusOr<std::string> Read(KvEngine& engine, const std::string& key) {
+    auto reader = engine.Open(key);
+    if (!reader.ok()) return reader.status();
+    std::string out, chunk;
+    uint32_t crc;
+    for (uint32_t i = 0; i < (*reader)->layout().num_chunks; ++i) {
+      absl::Status st = (*reader)->ReadChunk(i, &chunk, &crc);
+      if (!st.ok()) return st;
+      out += chunk;
+    }
+    return out;
+  }
+  int CountChunkRows() {
+    rocksdb::DB* raw = nullptr;
+    EXPECT_TRUE(rocksdb::DB::OpenForReadOnly(rocksdb::Options(), dir_.path() + "/db", &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
+    int n = 0;
+    for (it->Seek("C"); it->Valid() && it->key()[0] == 'C'; it->Next()) ++n;
+    return n;
+  }
+
+  TempDir dir_;
+  metrics::Registry registry_;
+  KvStoreMetrics metrics_{&registry_};
+};
+
+TEST_F(EngineTest, CommitIsAtomicAndSurvivesReopen) {
+  const std::string v1 = PatternBytes(4500, 1), v2 = PatternBytes(2500, 2);
+  {
+    auto engine = Open();
+    auto session = Stage(*engine, "Rk", v1);
+    EXPECT_EQ(engine->Open("Rk").status().code(), absl::StatusCode::kNotFound);  // not yet
+    auto replaced = session->Commit();
+    ASSERT_TRUE(replaced.ok());
+    EXPECT_FALSE(*replaced);
+    EXPECT_EQ(*Read(*engine, "Rk"), v1);
+    // A reader opened before a re-put keeps reading the old value to the end.
+    auto old_reader = engine->Open("Rk");
+    ASSERT_TRUE(old_reader.ok());
+    auto again = Stage(*engine, "Rk", v2)->Commit();
+    ASSERT_TRUE(again.ok());
+    EXPECT_TRUE(*again);
+    std::string chunk;
+    uint32_t crc;
+    ASSERT_TRUE((*old_reader)->ReadChunk(4, &chunk, &crc).ok());
+    EXPECT_EQ(chunk, v1.substr(4000));
+    EXPECT_EQ(*Read(*engine, "Rk"), v2);
+  }
+  auto engine = Open();
+  EXPECT_EQ(*Read(*engine, "Rk"), v2);
+  EXPECT_EQ(engine->Usage().bytes, v2.size());
+  EXPECT_EQ(CountChunkRows(), 0 + 3) << "old generation's chunks should be gone";
+}
+
+TEST_F(EngineTest, AbandonedAndCrashedPutsLeaveNothing) {
+  const std::string v = PatternBytes(4500, 1);
+  {
+    auto engine = Open();
+    Put(*engine, "Rkeep", v);
+    // Abandoned (stream error): the session's destructor drops its chunks.
+    Stage(*engine, "Rkeep", PatternBytes(4500, 2)).reset();
+    Stage(*engine, "Rnew", PatternBytes(4500, 3)).reset();
+    EXPECT_EQ(*Read(*engine, "Rkeep"), v);
+    EXPECT_EQ(engine->Open("Rnew").status().code(), absl::StatusCode::kNotFound);
+    // "Crashed" put: the session is never destroyed, as when the process dies mid-stream.
+    Stage(*engine, "Rkeep", PatternBytes(4500, 4)).release();
+    Stage(*engine, "Rcrash", PatternBytes(4500, 5)).release();
+  }
+  EXPECT_EQ(CountChunkRows(), 5 + 5 + 5);
+  auto engine = Open();  // drops chunks that no header points at
+  EXPECT_EQ(*Read(*engine, "Rkeep"), v);
+  EXPECT_EQ(engine->Open("Rcrash").status().code(), absl::StatusCode::kNotFound);
+  engine.reset();
+  EXPECT_EQ(CountChunkRows(), 5);
+}
+
+TEST_F(EngineTest, EvictsLeastRecentlyUsedWithinCapacity) {
+  auto engine = Open(/*capacity=*/10'000);
+  Put(*engine, "Ra", PatternBytes(3000, 1));
+  Put(*engine, "Rb", PatternBytes(3000, 2));
+  Put(*engine, "Rc", PatternBytes(3000, 3));
+  ASSERT_TRUE(Read(*engine, "Ra").ok());      // a is now more recent than b
+  Put(*engine, "Rd", PatternBytes(3000, 4));  // must evict b only
+  EXPECT_TRUE(Read(*engine, "Ra").ok());
+  EXPECT_EQ(engine->Open("Rb").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Read(*engine, "Rc").ok());
+  EXPECT_LE(engine->Usage().bytes, 10'000u);
+  EXPECT_EQ(metrics_.evictions().Value(), 1);
+  EXPECT_EQ(engine->BeginPut("Rhuge", LayoutFor(10'001)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  auto evicted = engine->EvictTo(3000);
+  ASSERT_TRUE(evicted.ok());
+  EXPECT_EQ(*evicted, 2u);
+  EXPECT_EQ(engine->Usage().entries, 1u);
+  auto stat = engine->Stat("Rc");  // the most recently read of a, c, d is c
+  ASSERT_TRUE(stat.ok());
+  EXPECT_TRUE(stat->present);
+  EXPECT_GT(stat->last_access_unix_ms, 0);
+  // A smaller capacity at reopen evicts down to it.
+  engine.reset();
+  engine = Open(/*capacity=*/1000);
+  EXPECT_EQ(engine->Usage().entries, 0u);
+}
+
+TEST_F(EngineTest, FlippedByteOnDiskIsDataLoss) {
+  {
+    auto engine = Open();
+    Put(*engine, "Rk", PatternBytes(4500, 1));
+  }
+  {
+    rocksdb::DB* raw = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), dir_.path() + "/db", &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
+    it->Seek(RocksChunkKeyPrefix("Rk"));
+    ASSERT_TRUE(it->Valid());
+    std::string key = it->key().ToString(), value = it->value().ToString();
+    it.reset();
+    value[10] ^= 0x01;
+    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), key, value).ok());
+  }
+  auto engine = Open();
+  auto got = Read(*engine, "Rk");
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+  EXPECT_EQ(testing::MetricValue(registry_.Serialize(),
+                                 "lazyrag_kvstore_corruptions_total{where=\"disk\"}"),
+            1);
+}
+
+TEST_F(EngineTest, SecondOpenOfOneDirectoryIsUnavailable) {
+  auto engine = Open();
+  RocksEngineOptions o;
+  o.data_dir = dir_.path() + "/db";
+  EXPECT_EQ(OpenRocksEngine(o).status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace lazyrag::kvstore

@@ -1,0 +1,313 @@
+// The kvstore service in-process over real gRPC on loopback: bad input (Must show 6), chunks
+// corrupted in transit (Must show 3), layer ranges, metrics.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
+#include "common/metrics.h"
+#include "kvstore/client/kvstore_client.h"
+#include "kvstore/format.h"
+#include "kvstore/kv_engine.h"
+#include "kvstore/kvstore_metrics.h"
+#include "kvstore/kvstore_server.h"
+#include "kvstore/tests/test_util.h"
+#include "lazyrag/v1/kvstore.grpc.pb.h"
+
+namespace lazyrag::kvstore {
+namespace {
+
+namespace pb = lazyrag::v1;
+using testing::PatternBytes;
+using testing::TempDir;
+
+// Wraps an engine; can flip a byte of every chunk it reads *after* the engine verified it,
+// which is what a corruption between server and client looks like.
+class FaultInjectingEngine final : public KvEngine {
+ public:
+  explicit FaultInjectingEngine(std::unique_ptr<KvEngine> inner) : inner_(std::move(inner)) {}
+  std::atomic<bool> corrupt_reads{false};
+
+  absl::StatusOr<std::unique_ptr<PutSession>> BeginPut(std::string_view key,
+                                                       const ValueLayout& layout) override {
+    return inner_->BeginPut(key, layout);
+  }
+  absl::StatusOr<std::unique_ptr<ValueReader>> Open(std::string_view key) override {
+    auto reader = inner_->Open(key);
+    if (!reader.ok()) return reader.status();
+    return std::unique_ptr<ValueReader>(new Reader(std::move(reader).value(), this));
+  }
+  absl::StatusOr<KeyStat> Stat(std::string_view key) override { return inner_->Stat(key); }
+  absl::StatusOr<bool> Delete(std::string_view key) override { return inner_->Delete(key); }
+  absl::StatusOr<uint64_t> EvictTo(uint64_t target) override { return inner_->EvictTo(target); }
+  EngineUsage Usage() const override { return inner_->Usage(); }
+
+ private:
+  class Reader final : public ValueReader {
+   public:
+    Reader(std::unique_ptr<ValueReader> inner, FaultInjectingEngine* engine)
+        : inner_(std::move(inner)), engine_(engine) {}
+    const ValueLayout& layout() const override { return inner_->layout(); }
+    absl::Status ReadChunk(uint32_t index, std::string* data, uint32_t* crc) override {
+      absl::Status st = inner_->ReadChunk(index, data, crc);
+      if (st.ok() && engine_->corrupt_reads && !data->empty()) (*data)[data->size() / 2] ^= 1;
+      return st;
+    }
+
+   private:
+    std::unique_ptr<ValueReader> inner_;
+    FaultInjectingEngine* engine_;
+  };
+  std::unique_ptr<KvEngine> inner_;
+};
+
+class KvStoreServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KvStoreServerOptions options;
+    options.listen = "127.0.0.1:0";
+    options.metrics_port = -1;
+    server_ = std::make_unique<KvStoreServer>(
+        options, [this](KvStoreMetrics* metrics) -> absl::StatusOr<std::unique_ptr<KvEngine>> {
+          RocksEngineOptions o;
+          o.data_dir = dir_.path() + "/db";
+          o.capacity_bytes = 64 << 20;
+          o.sync_commits = false;
+          o.metrics = metrics;
+          auto inner = OpenRocksEngine(o);
+          if (!inner.ok()) return inner.status();
+          auto engine = std::make_unique<FaultInjectingEngine>(std::move(inner).value());
+          engine_ = engine.get();
+          return engine;
+        });
+    ASSERT_TRUE(server_->Start().ok());
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    args.SetMaxSendMessageSize(32 << 20);  // so the oversized-chunk case reaches the server
+    stub_ = pb::KvStore::NewStub(
+        grpc::CreateCustomChannel(server_->address(), grpc::InsecureChannelCredentials(), args));
+    KvClientOptions co;
+    co.shards = {server_->address()};
+    co.max_attempts = 1;
+    co.registry = &client_registry_;
+    client_ = std::move(KvClient::Create(co)).value();
+    // A value that every bad request below must leave alone.
+    ASSERT_TRUE(client_->Put(Key::Raw("keep"), {}, kKeep).ok());
+  }
+
+  void ExpectKeepUnharmed() {
+    auto got = client_->Get(Key::Raw("keep"));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->bytes, kKeep);
+  }
+
+  static pb::PutRequest Header(const std::string& raw_key, uint64_t size, uint32_t chunk_size) {
+    pb::PutRequest m;
+    m.mutable_header()->mutable_key()->set_raw(raw_key);
+    auto* v = m.mutable_header()->mutable_value();
+    v->set_total_size(size);
+    v->set_chunk_size(chunk_size);
+    v->set_num_chunks(NumChunks(size, chunk_size));
+    return m;
+  }
+  static pb::PutRequest Chunk(uint32_t index, const std::string& data, int crc_delta = 0) {
+    pb::PutRequest m;
+    m.mutable_chunk()->set_index(index);
+    m.mutable_chunk()->set_data(data);
+    m.mutable_chunk()->set_crc32c(Crc32c(data) + crc_delta);
+    return m;
+  }
+  // Sends `messages` as one Put stream and returns the status.
+  grpc::Status RawPut(const std::vector<pb::PutRequest>& messages) {
+    grpc::ClientContext context;
+    pb::PutResponse response;
+    auto writer = stub_->Put(&context, &response);
+    for (const auto& m : messages) {
+      if (!writer->Write(m)) break;
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  }
+  double Counter(const std::string& line) {
+    return testing::MetricValue(server_->registry().Serialize(), line);
+  }
+
+  const std::string kKeep = PatternBytes(3'000'000, 99);
+  TempDir dir_;
+  std::unique_ptr<KvStoreServer> server_;
+  FaultInjectingEngine* engine_ = nullptr;
+  std::unique_ptr<pb::KvStore::Stub> stub_;
+  metrics::Registry client_registry_;
+  std::unique_ptr<KvClient> client_;
+};
+
+TEST_F(KvStoreServiceTest, BadPutsGetClearStatusesAndHarmNothing) {
+  const std::string a(1000, 'a'), b(1000, 'b');
+  struct Case {
+    const char* what;
+    std::vector<pb::PutRequest> messages;
+    grpc::StatusCode code;
+    const char* message_part;
+  };
+  pb::PutRequest empty_key = Header("", 2000, 1000);
+  pb::PutRequest big_key = Header(std::string(2000, 'k'), 2000, 1000);
+  pb::PutRequest bad_count = Header("keep", 2000, 1000);
+  bad_count.mutable_header()->mutable_value()->set_num_chunks(3);
+  pb::PutRequest bad_layers = Header("keep", 2000, 1000);
+  bad_layers.mutable_header()->mutable_value()->add_layer_offsets(5);
+  const std::string five_mib(5 << 20, 'x');
+  std::vector<Case> cases = {
+      {"wrong checksum",
+       {Header("keep", 2000, 1000), Chunk(0, a), Chunk(1, b, 1)},
+       grpc::StatusCode::DATA_LOSS,
+       "CRC-32C"},
+      {"oversized chunk size in header",
+       {Header("keep", 8 << 20, 8 << 20)},
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "chunk_size"},
+      {"oversized chunk",
+       {Header("keep", 2000, 1000), Chunk(0, five_mib)},
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "above the limit"},
+      {"chunk of the wrong size",
+       {Header("keep", 2000, 1000), Chunk(0, "short")},
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "the header says"},
+      {"chunks out of order",
+       {Header("keep", 2000, 1000), Chunk(1, b), Chunk(0, a)},
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "in order"},
+      {"repeated chunk",
+       {Header("keep", 2000, 1000), Chunk(0, a), Chunk(0, a)},
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "in order"},
+      {"too many chunks",
+       {Header("keep", 2000, 1000), Chunk(0, a), Chunk(1, b), Chunk(2, b)},
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "more chunks"},
+      {"missing header", {Chunk(0, a), Chunk(1, b)}, grpc::StatusCode::INVALID_ARGUMENT, "header"},
+      {"empty stream", {}, grpc::StatusCode::INVALID_ARGUMENT, "header"},
+      {"second header",
+       {Header("keep", 2000, 1000), Header("keep", 2000, 1000)},
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "second header"},
+      {"empty key",
+       {empty_key, Chunk(0, a), Chunk(1, b)},
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "empty"},
+      {"oversized key",
+       {big_key, Chunk(0, a), Chunk(1, b)},
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "limit"},
+      {"num_chunks inconsistent", {bad_count}, grpc::StatusCode::INVALID_ARGUMENT, "num_chunks"},
+      {"bad layer table", {bad_layers}, grpc::StatusCode::INVALID_ARGUMENT, "layer_offsets"},
+      {"value above capacity",
+       {Header("keep", 65 << 20, 1 << 20)},
+       grpc::StatusCode::RESOURCE_EXHAUSTED,
+       "capacity"},
+      {"stream ends early",
+       {Header("keep", 2000, 1000), Chunk(0, a)},
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "ended after 1 of 2"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    grpc::Status st = RawPut(c.messages);
+    EXPECT_EQ(st.error_code(), c.code) << st.error_message();
+    EXPECT_NE(st.error_message().find(c.message_part), std::string::npos) << st.error_message();
+    ExpectKeepUnharmed();
+  }
+  EXPECT_EQ(Counter("lazyrag_kvstore_corruptions_total{where=\"transit\"}"), 1);
+  EXPECT_GE(Counter("lazyrag_kvstore_requests_total{op=\"put\",result=\"invalid_argument\"}"), 12);
+  // The failed puts left nothing behind.
+  EXPECT_EQ(Counter("lazyrag_kvstore_entries"), 1);
+}
+
+TEST_F(KvStoreServiceTest, BadReadsGetClearStatuses) {
+  auto missing = client_->Get(Key::Raw("never-stored"));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
+  EXPECT_EQ(client_->Get(Key::Raw("")).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->Get(Key::Document("", "ns", "id")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->Get(Key::Raw(std::string(5000, 'k'))).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Layer range on a value stored without a layer table.
+  EXPECT_EQ(client_->Get(Key::Raw("keep"), {0, 1}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Stat with no keys / too many keys, raw.
+  grpc::ClientContext c1, c2;
+  pb::StatRequest none, many;
+  pb::StatResponse r;
+  EXPECT_EQ(stub_->Stat(&c1, none, &r).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  for (int i = 0; i < 1025; ++i) many.add_keys()->set_raw("k");
+  EXPECT_EQ(stub_->Stat(&c2, many, &r).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Deleting an unknown key is not an error.
+  auto deleted = client_->Delete(Key::Raw("never-stored"));
+  ASSERT_TRUE(deleted.ok());
+  EXPECT_FALSE(*deleted);
+  ExpectKeepUnharmed();
+}
+
+TEST_F(KvStoreServiceTest, ChunkCorruptedInTransitIsNeverServed) {
+  engine_->corrupt_reads = true;
+  auto got = client_->Get(Key::Raw("keep"));
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+  EXPECT_NE(got.status().message().find("in transit"), std::string::npos) << got.status();
+  EXPECT_EQ(testing::MetricValue(client_registry_.Serialize(),
+                                 "lazyrag_kvstore_client_corruptions_total"),
+            1);
+  engine_->corrupt_reads = false;
+  ExpectKeepUnharmed();
+}
+
+TEST_F(KvStoreServiceTest, LayerRangesMapToByteRanges) {
+  // 5 layers of uneven sizes, chunked at 64 KiB so ranges cut through chunks.
+  KvClientOptions co;
+  co.shards = {server_->address()};
+  co.chunk_size = 64 << 10;
+  auto client = std::move(KvClient::Create(co)).value();
+  const std::vector<uint64_t> offsets = {0, 100'000, 100'000, 250'001, 400'000};
+  const std::string value = PatternBytes(500'000, 5);
+  ValueHeader header{"layers", offsets};
+  const Key key = Key::Document("fp", "", "layered");
+  ASSERT_TRUE(client->Put(key, header, value).ok());
+  for (uint32_t first = 0; first < 5; ++first) {
+    for (uint32_t n = 1; first + n <= 5; ++n) {
+      auto got = client->Get(key, {first, n});
+      ASSERT_TRUE(got.ok()) << got.status();
+      const uint64_t begin = offsets[first];
+      const uint64_t end = first + n == 5 ? value.size() : offsets[first + n];
+      EXPECT_EQ(got->range_begin, begin);
+      EXPECT_TRUE(got->bytes == value.substr(begin, end - begin)) << first << "+" << n;
+      EXPECT_EQ(got->header.layer_offsets, offsets);
+    }
+  }
+  EXPECT_EQ(client->Get(key, {4, 2}).status().code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST_F(KvStoreServiceTest, MetricsPassPromtool) {
+  ASSERT_TRUE(client_->Get(Key::Raw("keep")).ok());
+  (void)client_->Get(Key::Raw("absent"));
+  const std::string text = server_->registry().Serialize() + client_registry_.Serialize();
+  for (const char* name :
+       {"lazyrag_kvstore_entries 1", "lazyrag_kvstore_bytes 3000000",
+        "lazyrag_kvstore_evictions_total 0",
+        "lazyrag_kvstore_requests_total{op=\"get\",result=\"ok\"}",
+        "lazyrag_kvstore_requests_total{op=\"get\",result=\"not_found\"}",
+        "lazyrag_kvstore_fetch_seconds_bucket", "lazyrag_kvstore_fetch_bytes_total"}) {
+    EXPECT_NE(text.find(name), std::string::npos) << name << "\n" << text;
+  }
+  if (std::system("command -v promtool >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "promtool not on PATH";
+  }
+  const std::string path = dir_.path() + "/metrics.txt";
+  std::ofstream(path) << text;
+  EXPECT_EQ(std::system(("promtool check metrics < " + path).c_str()), 0) << text;
+}
+
+}  // namespace
+}  // namespace lazyrag::kvstore

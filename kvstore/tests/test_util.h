@@ -1,0 +1,71 @@
+// Helpers for kvstore tests: temporary directories, deterministic bytes, and real server
+// processes on loopback ports.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace lazyrag::kvstore::testing {
+
+// A fresh directory under $TMPDIR, removed with everything in it on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// `size` pseudo-random bytes determined by `seed`.
+std::string PatternBytes(uint64_t size, uint64_t seed);
+
+// A lazyrag-kvstore child process. Start() waits for its "ready" line; the gRPC and metrics
+// ports it reports are kept, so Restart() brings it back on the same ones.
+class KvStoreProcess {
+ public:
+  // `binary`: path of lazyrag-kvstore. `extra_args` are appended (e.g. --capacity_bytes=N).
+  KvStoreProcess(std::string binary, std::string data_dir,
+                 std::vector<std::string> extra_args = {});
+  ~KvStoreProcess();  // SIGKILL if still running
+
+  absl::Status Start();  // first start: picks free ports
+  absl::Status Restart() { return Start(); }
+  // Sends `signal` and waits for the process to exit.
+  void Stop(int signal);
+  void Kill() { Stop(9); }
+  bool running() const { return pid_ > 0; }
+
+  const std::string& address() const { return address_; }  // 127.0.0.1:PORT
+  int metrics_port() const { return metrics_port_; }
+  const std::string& data_dir() const { return data_dir_; }
+
+ private:
+  const std::string binary_;
+  const std::string data_dir_;
+  const std::vector<std::string> extra_args_;
+  pid_t pid_ = -1;
+  int stdout_fd_ = -1;
+  std::string address_;
+  int grpc_port_ = 0;
+  int metrics_port_ = 0;
+};
+
+// Runs `argv` to completion; returns its exit code (or -signal). Stdout goes to `stdout_file`
+// when not empty.
+int RunProcess(const std::vector<std::string>& argv, const std::string& stdout_file = "");
+
+// GET http://127.0.0.1:PORT/metrics.
+absl::StatusOr<std::string> FetchMetrics(int port);
+// The value of the sample line `name_and_labels` (e.g. `lazyrag_kvstore_entries` or
+// `x_total{a="b"}`) in an exposition text; -1 when missing.
+double MetricValue(const std::string& exposition, const std::string& name_and_labels);
+
+}  // namespace lazyrag::kvstore::testing

@@ -1,0 +1,205 @@
+// Host side shared by the prefill and decode launchers: validation, split planning, and the
+// kernel that merges split-KV partial results.
+#include <algorithm>
+#include <cmath>
+
+#include "common/status.h"
+#include "worker/kernels/attention_internal.cuh"
+#include "worker/kernels/lazy_attention.h"
+
+namespace lazyrag::kernels {
+namespace detail {
+namespace {
+
+constexpr int kMergeWarps = 4;
+
+// Per (query row, head): out = sum_s w_s O_s / sum_s w_s with w_s = 2^(lse_s - max lse).
+// One warp per (row, head); lanes own 4 consecutive features.
+__device__ __forceinline__ void MergeSplitsBody(const AttentionKernelParams& p, int rows,
+                                                int head_dim) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row = blockIdx.x * kMergeWarps + warp;
+  if (row >= rows) return;
+  float m = kNegInf;
+  for (int s = lane; s < p.num_splits; s += 32)
+    m = fmaxf(m, p.lse_partial[int64_t(s) * rows + row]);
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  for (int d = lane * 4; d < head_dim; d += 128) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    float l = 0.f;
+    if (m != kNegInf) {
+      for (int s = 0; s < p.num_splits; ++s) {
+        const float w = Exp2(p.lse_partial[int64_t(s) * rows + row] - m);
+        const float4 o = *reinterpret_cast<const float4*>(p.o_partial +
+                                                          (int64_t(s) * rows + row) * head_dim + d);
+        l += w;
+        acc.x += w * o.x;
+        acc.y += w * o.y;
+        acc.z += w * o.z;
+        acc.w += w * o.w;
+      }
+    }
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    uint2 packed;
+    packed.x = PackBf16(acc.x * inv, acc.y * inv);
+    packed.y = PackBf16(acc.z * inv, acc.w * inv);
+    *reinterpret_cast<uint2*>(p.out + int64_t(row) * head_dim + d) = packed;
+  }
+}
+
+// Launched as a programmatic dependent of the attention kernel: its launch overlaps the
+// attention kernel's tail, and griddepcontrol.wait holds it until that grid has finished and
+// its writes are visible.
+__global__ void __launch_bounds__(kMergeWarps * 32)
+    MergeSplitsKernel(const __grid_constant__ AttentionKernelParams p, int rows, int head_dim) {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  MergeSplitsBody(p, rows, head_dim);
+}
+
+}  // namespace
+
+absl::Status DeviceSmCount(int* sms) {
+  constexpr int kMaxDevices = 64;
+  static int cached[kMaxDevices] = {};  // benign race: every writer stores the same value
+  int dev = 0;
+  LAZYRAG_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  if (dev >= 0 && dev < kMaxDevices && cached[dev] > 0) {
+    *sms = cached[dev];
+    return absl::OkStatus();
+  }
+  int n = 0;
+  LAZYRAG_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  if (dev >= 0 && dev < kMaxDevices) cached[dev] = n;
+  *sms = n;
+  return absl::OkStatus();
+}
+
+absl::Status SetSmemLimitOnce(const void* kernel, int bytes, std::atomic<uint64_t>* done) {
+  int dev = 0;
+  LAZYRAG_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  const uint64_t bit = dev < 64 ? (uint64_t(1) << dev) : 0;
+  if (bit != 0 && (done->load(std::memory_order_acquire) & bit)) return absl::OkStatus();
+  LAZYRAG_CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  done->fetch_or(bit, std::memory_order_acq_rel);
+  return absl::OkStatus();
+}
+
+absl::Status MakeKernelParams(const LazyAttentionParams& params, int base_blocks, int blocks_per_sm,
+                              int min_split_keys, AttentionKernelParams* kp) {
+  const AttentionShape& sh = params.shape;
+  int splits = params.num_splits;
+  if (splits <= 0) {
+    int sms = 0;
+    RETURN_IF_ERROR(DeviceSmCount(&sms));
+    const int target = sms * blocks_per_sm;
+    splits = std::max(1, (target + base_blocks / 2) / std::max(1, base_blocks));
+    splits =
+        std::min(splits, std::max(1, (params.max_kv_len + min_split_keys - 1) / min_split_keys));
+  }
+  splits = std::min(splits, kMaxKvSplits);
+  const size_t per_split =
+      LazyAttentionWorkspaceBytes(params.view.num_q, sh.num_heads, sh.head_dim, 1);
+  if (splits > 1) {
+    const size_t fit =
+        params.workspace == nullptr || per_split == 0 ? 1 : params.workspace_bytes / per_split;
+    splits = static_cast<int>(std::min<size_t>(splits, std::max<size_t>(fit, 1)));
+  }
+
+  kp->q = reinterpret_cast<const __nv_bfloat16*>(params.q);
+  kp->k_cache = reinterpret_cast<const __nv_bfloat16*>(params.k_cache);
+  kp->v_cache = reinterpret_cast<const __nv_bfloat16*>(params.v_cache);
+  kp->out = reinterpret_cast<__nv_bfloat16*>(params.out);
+  kp->inv_freq = params.inv_freq;
+  kp->view = params.view;
+  kp->num_heads = sh.num_heads;
+  kp->num_kv_heads = sh.num_kv_heads;
+  kp->group = sh.num_heads / sh.num_kv_heads;
+  kp->scale_log2 = sh.scale * kLog2e;
+  kp->num_splits = splits;
+  kp->o_partial = nullptr;
+  kp->lse_partial = nullptr;
+  if (splits > 1) {
+    kp->o_partial = static_cast<float*>(params.workspace);
+    kp->lse_partial =
+        kp->o_partial + int64_t(splits) * params.view.num_q * sh.num_heads * sh.head_dim;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LaunchMergeSplits(const AttentionKernelParams& kp, int num_q, int head_dim,
+                               cudaStream_t stream) {
+  if (kp.num_splits <= 1 || num_q == 0) return absl::OkStatus();
+  const int rows = num_q * kp.num_heads;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3((rows + kMergeWarps - 1) / kMergeWarps);
+  config.blockDim = dim3(kMergeWarps * 32);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  LAZYRAG_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, MergeSplitsKernel, kp, rows, head_dim));
+  return absl::OkStatus();
+}
+
+}  // namespace detail
+
+size_t LazyAttentionWorkspaceBytes(int num_q, int num_heads, int head_dim, int max_splits) {
+  if (num_q <= 0 || num_heads <= 0 || head_dim <= 0 || max_splits <= 0) return 0;
+  return size_t(max_splits) * size_t(num_q) * size_t(num_heads) * size_t(head_dim + 1) *
+         sizeof(float);
+}
+
+absl::Status ValidateLazyAttentionParams(const LazyAttentionParams& p, bool decode) {
+  const AttentionShape& sh = p.shape;
+  if (sh.head_dim != 64 && sh.head_dim != 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("head_dim must be 64 or 128, got ", sh.head_dim));
+  }
+  if (sh.num_heads <= 0 || sh.num_kv_heads <= 0 || sh.num_heads % sh.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("num_heads (", sh.num_heads,
+                                                   ") must be a positive multiple of "
+                                                   "num_kv_heads (",
+                                                   sh.num_kv_heads, ")"));
+  }
+  if (sh.num_heads / sh.num_kv_heads > 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GQA group ", sh.num_heads / sh.num_kv_heads, " exceeds 16"));
+  }
+  if (!std::isfinite(sh.scale)) return absl::InvalidArgumentError("scale must be finite");
+  if (p.key_layout != KeyLayout::kRotatedLocal && p.key_layout != KeyLayout::kUnrotated) {
+    return absl::InvalidArgumentError("unknown key layout");
+  }
+  const SegmentView& v = p.view;
+  if (v.num_requests < 0 || v.num_q < 0) {
+    return absl::InvalidArgumentError("negative num_requests or num_q");
+  }
+  if (v.page_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("page_size must be >= 1, got ", v.page_size));
+  }
+  if (p.num_splits < 0) return absl::InvalidArgumentError("num_splits must be >= 0");
+  if (p.max_q_len < 1 || p.max_kv_len < 0) {
+    return absl::InvalidArgumentError("max_q_len must be >= 1 and max_kv_len >= 0");
+  }
+  if (decode && v.num_q != v.num_requests) {
+    return absl::InvalidArgumentError(absl::StrCat("decode takes one query row per request: num_q ",
+                                                   v.num_q, " != num_requests ", v.num_requests));
+  }
+  if (int64_t(v.num_requests) * sh.num_kv_heads * p.max_q_len > (int64_t(1) << 31) - 1) {
+    return absl::InvalidArgumentError("batch too large for one launch");
+  }
+  if (v.num_requests > 0 &&
+      (p.q == nullptr || p.k_cache == nullptr || p.v_cache == nullptr || p.out == nullptr ||
+       p.inv_freq == nullptr || v.q_indptr == nullptr || v.q_pos == nullptr ||
+       v.seg_indptr == nullptr || v.seg_start == nullptr || v.seg_len == nullptr ||
+       v.page_indptr == nullptr || v.page_indices == nullptr)) {
+    return absl::InvalidArgumentError("null tensor or view pointer");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace lazyrag::kernels

@@ -1,0 +1,83 @@
+// LazyAttention CUDA kernels over the paged KV pool (DESIGN sections 2, 4, 5).
+//
+// Plain host API: device pointers in a params struct, a stream, an absl::Status back. No CUDA
+// type leaks into includers except cudaStream_t (forward-declared below exactly as the CUDA
+// headers declare it). bf16 tensors are passed as their raw 16-bit patterns (uint16_t).
+//
+// Semantics are those of PagedAttentionCpu (worker/backend/cpu/attention_cpu.h), the ground
+// truth these kernels are tested against:
+//   * kRotatedLocal (LAZY, the default): keys are stored rotated at their segment-local
+//     position j; the query row at logical position p is re-rotated by p - seg_start[s] once
+//     per segment s, in registers, and attends key (s, j) iff seg_start[s] + j <= p.
+//   * kUnrotated (MEPIC/FlashInfer variant, kept to measure against): keys stored un-rotated;
+//     each K tile is rotated at seg_start[s] + j in shared memory, the query once at p.
+// MATERIALIZE and FULL use a single segment starting at 0 (then both layouts agree with plain
+// causal attention).
+//
+// Numerics: bf16 inputs, fp32 accumulation (tensor-core mma, fp32 online softmax), bf16
+// output. RoPE angles are float(pos) * inv_freq with the product's rounding error carried and
+// an exact Cody-Waite reduction by 2*pi, then a [-pi, pi] sine/cosine: absolute angle error
+// ~1e-6 rad for |pos| < 2^24 (the CPU computes in double). The rotated query is rounded to
+// bf16 before the QK^T mma and softmax weights to bf16 before the PV mma, so results match the
+// fp32 CPU reference on the same bf16 inputs to bf16 rounding: |gpu - ref| <= 4e-3 + 2e-2 |ref|
+// for O(1) inputs (kernels_test).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "worker/backend/cpu/attention_cpu.h"  // AttentionShape, KeyLayout
+#include "worker/backend/segment_view.h"
+
+struct CUstream_st;
+typedef struct CUstream_st* cudaStream_t;
+
+namespace lazyrag::kernels {
+
+struct LazyAttentionParams {
+  AttentionShape shape;  // num_heads % num_kv_heads == 0; head_dim 64 or 128; group <= 16
+  KeyLayout key_layout = KeyLayout::kRotatedLocal;
+
+  const uint16_t* q = nullptr;        // [num_q, num_heads, head_dim] bf16, NOT rotated
+  const uint16_t* k_cache = nullptr;  // [num_pages, page_size, num_kv_heads, head_dim] bf16
+  const uint16_t* v_cache = nullptr;  // [num_pages, page_size, num_kv_heads, head_dim] bf16
+  uint16_t* out = nullptr;            // [num_q, num_heads, head_dim] bf16; rows with no key = 0
+  const float* inv_freq = nullptr;    // [head_dim / 2] (worker/backend/rope.h)
+  SegmentView view;                   // all arrays in device memory; page_size >= 1
+
+  // Host-side planning hints (the launcher never reads device memory).
+  // REQUIRES: max_q_len >= the query rows of every request; max_kv_len >= sum of seg_len of
+  // every request. They size the grid; loose bounds cost idle blocks, not correctness.
+  int max_q_len = 1;
+  int max_kv_len = 0;
+
+  // Scratch for split-KV partial results (fp32). May be null: then no split. When it is too
+  // small for the planned split count, fewer splits are used.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  // 0: choose the number of KV splits from the grid size (the default); n > 0: use n
+  // (clamped to kMaxKvSplits and to the workspace). Tests force splits with it.
+  int num_splits = 0;
+};
+
+inline constexpr int kMaxKvSplits = 128;
+
+// Workspace bytes that let `max_splits` KV splits run for num_q rows.
+size_t LazyAttentionWorkspaceBytes(int num_q, int num_heads, int head_dim,
+                                   int max_splits = kMaxKvSplits);
+
+// Prefill: any number of query rows per request (query blocks against cached segments,
+// chunked causal prefill of the request's own tokens, FULL document encoding). Tensor-core
+// tiles of 64 packed (query row x group head) rows against 64-key tiles gathered from pages.
+absl::Status LazyAttentionPrefill(const LazyAttentionParams& params, cudaStream_t stream);
+
+// Decode: exactly one query row per request (REQUIRES view.num_q == view.num_requests).
+// Flash-decoding: the KV of each (request, KV head) is split so that the grid fills the GPU,
+// then a merge kernel combines the partial results.
+absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t stream);
+
+// Checks the parameters as the launchers do (no device access). INVALID_ARGUMENT on error.
+absl::Status ValidateLazyAttentionParams(const LazyAttentionParams& params, bool decode);
+
+}  // namespace lazyrag::kernels

@@ -1,0 +1,301 @@
+// LAZY decode attention (one query row per request), flash-decoding style.
+//
+// Block = (request, KV head, KV split), 4 warps. The group's query heads (<= 16) form the 16
+// rows of one mma A fragment, so all heads of the group share every K/V byte loaded. K/V
+// tiles of 64 keys are gathered from the pages with 16-byte cp.async, 3-4 stages deep (64-96
+// KiB in flight per block, two blocks per multiprocessor); each warp takes 16 keys of every
+// tile (mma.sync m16n8k16; the tensor cores make the math free next to the bytes) with its
+// own online softmax, and the 4 warps' partial results are merged through shared memory at
+// the end. Splits (chosen so that the grid fills the GPU) are merged by the merge kernel.
+#include "common/status.h"
+#include "worker/kernels/attention_internal.cuh"
+#include "worker/kernels/lazy_attention.h"
+
+namespace lazyrag::kernels {
+namespace detail {
+namespace {
+
+template <int D>
+struct DecodeConfig {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kBlockN = kWarps * 16;  // keys per tile, 16 per warp
+  static constexpr int kStages = D == 128 ? 3 : 4;
+  static constexpr int kTileBytes = kBlockN * D * 2;
+  static constexpr int kQBytes = 16 * D * 2;
+  static constexpr int kMergeStride = D + 8;  // floats per row of the cross-warp merge buffer
+  static constexpr int kMergeBytes = kWarps * 16 * (kMergeStride + 2) * 4;
+  static_assert(kMergeBytes <= 2 * kStages * kTileBytes, "merge buffer reuses the tiles");
+  // [Q][K stages][V stages][inv_freq D/2]
+  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + (D / 2) * 4;
+};
+
+template <int D, bool kRotateKeys>
+__device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char* smem) {
+  using Cfg = DecodeConfig<D>;
+  constexpr int kBlockN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
+  constexpr int kWarps = Cfg::kWarps;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int t = lane & 3;
+  const SegmentView& v = p.view;
+  const int b = blockIdx.x / p.num_kv_heads;
+  const int kvh = blockIdx.x % p.num_kv_heads;
+  const int split = blockIdx.y;
+  const int group = p.group, H = p.num_heads;
+  const int q_row = v.q_indptr[b];
+  const int pos = v.q_pos[q_row];
+
+  char* q_smem = smem;
+  char* k_smem = smem + Cfg::kQBytes;
+  char* v_smem = k_smem + kStages * Cfg::kTileBytes;
+  float* freq_smem = reinterpret_cast<float*>(v_smem + kStages * Cfg::kTileBytes);
+
+  for (int i = tid; i < D / 2; i += kThreads) freq_smem[i] = p.inv_freq[i];
+  // Raw query rows (row r = head kvh * group + r; rows >= group zero); the cp.async group
+  // completes with the first K/V tile.
+  for (int it = tid; it < 16 * (D / 8); it += kThreads) {
+    const int row = it / (D / 8), chunk = it % (D / 8);
+    const bool ok = row < group;
+    const __nv_bfloat16* src =
+        ok ? p.q + (int64_t(q_row) * H + kvh * group + row) * D + chunk * 8 : p.q;
+    CpAsync16(SmemAddr(q_smem) + TileOffset<D>(row, chunk), src, ok);
+  }
+
+  const int total = RequestKvLen(v, b);
+  const int split_len =
+      ((total + p.num_splits - 1) / p.num_splits + kBlockN - 1) / kBlockN * kBlockN;
+  const int v_begin = split * split_len;
+  const int v_end = min(total, v_begin + split_len);
+
+  TileCursor<kBlockN> cons;
+  cons.Init(v, b, v_begin, v_end, pos);
+  TileCursor<kBlockN> prod = cons;
+  KvTileLoader<D, kBlockN, kThreads> loader;
+  const int64_t token_stride = int64_t(p.num_kv_heads) * D;
+  const int head_off = kvh * D;
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    loader.Prefetch(prod, v, tid);
+    loader.Issue(k_smem + st * Cfg::kTileBytes, v_smem + st * Cfg::kTileBytes, p.k_cache, p.v_cache,
+                 v.page_size, token_stride, head_off, tid);
+    CpAsyncCommit();
+    if (prod.valid) prod.Next(v);
+  }
+  loader.Prefetch(prod, v, tid);
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m_lo = kNegInf, m_hi = kNegInf, l_lo = 0.f, l_hi = 0.f;
+  uint32_t qf[D / 16][4];
+  int q_seg = -1;
+  int stage = 0;
+  const int key0 = warp * 16;  // this warp's keys within every tile
+
+  while (cons.valid) {
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();
+    loader.Issue(k_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes,
+                 v_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes, p.k_cache, p.v_cache,
+                 v.page_size, token_stride, head_off, tid);
+    CpAsyncCommit();
+    if (prod.valid) prod.Next(v);
+    loader.Prefetch(prod, v, tid);
+
+    char* kt = k_smem + stage * Cfg::kTileBytes;
+    char* vt = v_smem + stage * Cfg::kTileBytes;
+    if constexpr (kRotateKeys) {
+      RotateKeyTile<D, kBlockN, kThreads>(kt, cons.start + cons.j, freq_smem, tid);
+      __syncthreads();
+      if (q_seg < 0) {
+        BuildRotatedQ<D>(qf, q_smem, lane >> 2, pos, pos, freq_smem, lane);
+        q_seg = 0;
+      }
+    } else if (cons.s != q_seg) {
+      BuildRotatedQ<D>(qf, q_smem, lane >> 2, pos - cons.start, pos - cons.start, freq_smem, lane);
+      q_seg = cons.s;
+    }
+
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    const uint32_t kt_addr = SmemAddr(kt), vt_addr = SmemAddr(vt);
+#pragma unroll
+    for (int kb = 0; kb < D / 16; ++kb) {
+      uint32_t r[4];
+      const int row = key0 + (lane & 7) + ((lane >> 4) << 3);
+      LdMatrixX4(r, kt_addr + TileOffset<D>(row, kb * 2 + ((lane >> 3) & 1)));
+      MmaBf16(s[0], qf[kb], r[0], r[1]);
+      MmaBf16(s[1], qf[kb], r[2], r[3]);
+    }
+
+    const int lim = min(cons.j_end, pos - cons.start + 1) - cons.j - key0;
+    float mx_lo = kNegInf, mx_hi = kNegInf;
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const bool ok = nb * 8 + 2 * t + e < lim;
+        s[nb][e] = ok ? s[nb][e] * p.scale_log2 : kNegInf;
+        s[nb][2 + e] = ok ? s[nb][2 + e] * p.scale_log2 : kNegInf;
+        mx_lo = fmaxf(mx_lo, s[nb][e]);
+        mx_hi = fmaxf(mx_hi, s[nb][2 + e]);
+      }
+    }
+#pragma unroll
+    for (int off = 1; off <= 2; off *= 2) {
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
+    }
+    const float new_lo = fmaxf(m_lo, mx_lo), new_hi = fmaxf(m_hi, mx_hi);
+    const float use_lo = new_lo == kNegInf ? 0.f : new_lo;
+    const float use_hi = new_hi == kNegInf ? 0.f : new_hi;
+    const float alpha_lo = Exp2(m_lo - use_lo), alpha_hi = Exp2(m_hi - use_hi);
+    m_lo = new_lo;
+    m_hi = new_hi;
+    float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb) {
+      s[nb][0] = Exp2(s[nb][0] - use_lo);
+      s[nb][1] = Exp2(s[nb][1] - use_lo);
+      s[nb][2] = Exp2(s[nb][2] - use_hi);
+      s[nb][3] = Exp2(s[nb][3] - use_hi);
+      sum_lo += s[nb][0] + s[nb][1];
+      sum_hi += s[nb][2] + s[nb][3];
+    }
+    l_lo = l_lo * alpha_lo + sum_lo;
+    l_hi = l_hi * alpha_hi + sum_hi;
+#pragma unroll
+    for (int db = 0; db < D / 8; ++db) {
+      o[db][0] *= alpha_lo;
+      o[db][1] *= alpha_lo;
+      o[db][2] *= alpha_hi;
+      o[db][3] *= alpha_hi;
+    }
+    const uint32_t a[4] = {PackBf16(s[0][0], s[0][1]), PackBf16(s[0][2], s[0][3]),
+                           PackBf16(s[1][0], s[1][1]), PackBf16(s[1][2], s[1][3])};
+    const int vrow = key0 + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t r[4];
+      LdMatrixX4Trans(r, vt_addr + TileOffset<D>(vrow, dp * 2 + (lane >> 4)));
+      MmaBf16(o[2 * dp], a, r[0], r[1]);
+      MmaBf16(o[2 * dp + 1], a, r[2], r[3]);
+    }
+    cons.Next(v);
+    stage = (stage + 1) % kStages;
+  }
+  CpAsyncWait<0>();
+  __syncthreads();  // the tile buffers become the merge buffer
+
+  // Cross-warp merge: [warp][16 rows][kMergeStride] partial O, then m and l per row.
+#pragma unroll
+  for (int off = 1; off <= 2; off *= 2) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
+  }
+  float* mo = reinterpret_cast<float*>(k_smem);
+  float* mm = mo + kWarps * 16 * Cfg::kMergeStride;  // [warp][16]
+  float* ml = mm + kWarps * 16;                      // [warp][16]
+  const int g = lane >> 2;
+#pragma unroll
+  for (int db = 0; db < D / 8; ++db) {
+    *reinterpret_cast<float2*>(mo + (warp * 16 + g) * Cfg::kMergeStride + db * 8 + 2 * t) =
+        make_float2(o[db][0], o[db][1]);
+    *reinterpret_cast<float2*>(mo + (warp * 16 + g + 8) * Cfg::kMergeStride + db * 8 + 2 * t) =
+        make_float2(o[db][2], o[db][3]);
+  }
+  if (t == 0) {
+    mm[warp * 16 + g] = m_lo;
+    mm[warp * 16 + g + 8] = m_hi;
+    ml[warp * 16 + g] = l_lo;
+    ml[warp * 16 + g + 8] = l_hi;
+  }
+  __syncthreads();
+
+  const int64_t rows = int64_t(v.num_q) * H;
+  for (int idx = tid; idx < group * (D / 4); idx += kThreads) {
+    const int r = idx / (D / 4), d = (idx % (D / 4)) * 4;
+    float m = kNegInf;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, mm[w * 16 + r]);
+    float l = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (m != kNegInf) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float wt = Exp2(mm[w * 16 + r] - m);
+        const float4 x =
+            *reinterpret_cast<const float4*>(mo + (w * 16 + r) * Cfg::kMergeStride + d);
+        l += wt * ml[w * 16 + r];
+        acc.x += wt * x.x;
+        acc.y += wt * x.y;
+        acc.z += wt * x.z;
+        acc.w += wt * x.w;
+      }
+    }
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int64_t row_head = int64_t(q_row) * H + kvh * group + r;
+    if (p.num_splits == 1) {
+      uint2 packed;
+      packed.x = PackBf16(acc.x * inv, acc.y * inv);
+      packed.y = PackBf16(acc.z * inv, acc.w * inv);
+      *reinterpret_cast<uint2*>(p.out + row_head * D + d) = packed;
+    } else {
+      *reinterpret_cast<float4*>(p.o_partial + (split * rows + row_head) * D + d) =
+          make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+      if (d == 0) p.lse_partial[split * rows + row_head] = l > 0.f ? m + __log2f(l) : kNegInf;
+    }
+  }
+}
+
+template <int D, bool kRotateKeys>
+__global__ void __launch_bounds__(DecodeConfig<D>::kThreads, 2)
+    LazyDecodeKernel(const __grid_constant__ AttentionKernelParams p) {
+  extern __shared__ __align__(128) char smem[];
+  DecodeBody<D, kRotateKeys>(p, smem);
+}
+
+template <int D, bool kRotateKeys>
+absl::Status LaunchDecode(const AttentionKernelParams& kp, int blocks, cudaStream_t stream) {
+  using Cfg = DecodeConfig<D>;
+  auto* kernel = LazyDecodeKernel<D, kRotateKeys>;
+  static std::atomic<uint64_t> smem_configured{0};
+  RETURN_IF_ERROR(
+      SetSmemLimitOnce(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, &smem_configured));
+  const dim3 grid(blocks, kp.num_splits);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(kp);
+  LAZYRAG_CUDA_CHECK_LAUNCH();
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace detail
+
+absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t stream) {
+  RETURN_IF_ERROR(ValidateLazyAttentionParams(params, /*decode=*/true));
+  const SegmentView& v = params.view;
+  if (v.num_requests == 0) return absl::OkStatus();
+  const int64_t blocks = int64_t(v.num_requests) * params.shape.num_kv_heads;
+  detail::AttentionKernelParams kp;
+  RETURN_IF_ERROR(detail::MakeKernelParams(params, static_cast<int>(blocks), /*blocks_per_sm=*/2,
+                                           /*min_split_keys=*/128, &kp));
+  kp.q_rows_per_block = 1;
+  kp.q_blocks = 1;
+  const bool rotate_keys = params.key_layout == KeyLayout::kUnrotated;
+  const int b = static_cast<int>(blocks);
+  switch (params.shape.head_dim) {
+    case 64:
+      RETURN_IF_ERROR((rotate_keys ? detail::LaunchDecode<64, true>(kp, b, stream)
+                                   : detail::LaunchDecode<64, false>(kp, b, stream)));
+      break;
+    case 128:
+      RETURN_IF_ERROR((rotate_keys ? detail::LaunchDecode<128, true>(kp, b, stream)
+                                   : detail::LaunchDecode<128, false>(kp, b, stream)));
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("head_dim must be 64 or 128, got ", params.shape.head_dim));
+  }
+  return detail::LaunchMergeSplits(kp, v.num_q, params.shape.head_dim, stream);
+}
+
+}  // namespace lazyrag::kernels

@@ -1,0 +1,320 @@
+// LAZY prefill attention: query blocks against their request's segments (DESIGN section 2).
+//
+// Block = 4 warps = 64 packed rows: (query row, group head) pairs of one request and one KV
+// head, so every query head of the GQA group shares each K/V tile the block loads. Each warp
+// owns 16 packed rows and the whole 64-key tile: S = Q K^T and O += P V with mma.sync
+// m16n8k16 (bf16 in, fp32 accumulate), FlashAttention-2 online softmax in registers.
+// K/V tiles are gathered per token from the pages with 16-byte cp.async into a swizzled,
+// double-buffered shared-memory tile. The query is kept un-rotated in shared memory and
+// re-rotated into the warp's mma A fragments once per segment (by p - seg_start). Grid:
+// (request x KV head x query block, KV split); splits are merged by the merge kernel.
+#include "common/status.h"
+#include "worker/kernels/attention_internal.cuh"
+#include "worker/kernels/lazy_attention.h"
+
+namespace lazyrag::kernels {
+namespace detail {
+namespace {
+
+template <int D>
+struct PrefillConfig {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kBlockM = kWarps * 16;  // packed (query row, head) rows
+  static constexpr int kBlockN = 64;           // keys per tile
+  static constexpr int kStages = 2;
+  static constexpr int kTileBytes = kBlockN * D * 2;
+  static constexpr int kQBytes = kBlockM * D * 2;
+  // [Q][K stages][V stages][inv_freq D/2][row positions kBlockM][block max position kWarps]
+  static constexpr int kSmemBytes =
+      kQBytes + 2 * kStages * kTileBytes + (D / 2) * 4 + kBlockM * 4 + kWarps * 4;
+};
+
+template <int D, bool kRotateKeys>
+__device__ __forceinline__ void PrefillBody(const AttentionKernelParams& p, char* smem) {
+  using Cfg = PrefillConfig<D>;
+  constexpr int kBlockN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int t = lane & 3;
+  const SegmentView& v = p.view;
+
+  int bid = blockIdx.x;
+  const int qblock = bid % p.q_blocks;
+  bid /= p.q_blocks;
+  const int kvh = bid % p.num_kv_heads;
+  const int b = bid / p.num_kv_heads;
+  const int split = blockIdx.y;
+  const int q_begin = v.q_indptr[b];
+  const int nq = v.q_indptr[b + 1] - q_begin;
+  const int qi0 = qblock * p.q_rows_per_block;
+  if (qi0 >= nq) return;  // whole block idle (uniform)
+  const int group = p.group, H = p.num_heads;
+  const int packed_rows = p.q_rows_per_block * group;
+
+  char* q_smem = smem;
+  char* k_smem = smem + Cfg::kQBytes;
+  char* v_smem = k_smem + kStages * Cfg::kTileBytes;
+  float* freq_smem = reinterpret_cast<float*>(v_smem + kStages * Cfg::kTileBytes);
+  int* pos_smem = reinterpret_cast<int*>(freq_smem + D / 2);
+  int* max_smem = pos_smem + Cfg::kBlockM;
+
+  // Row positions (-1 = padding row: attends nothing) and the block's largest position.
+  int my_max = -1;
+  if (tid < Cfg::kBlockM) {
+    const int qi = qi0 + tid / group;
+    const bool ok = tid < packed_rows && qi < nq;
+    const int pos = ok ? v.q_pos[q_begin + qi] : -1;
+    pos_smem[tid] = pos;
+    my_max = pos;
+  }
+  for (int i = tid; i < D / 2; i += kThreads) freq_smem[i] = p.inv_freq[i];
+  // Raw query tile; its cp.async group completes with the first K/V tile.
+  for (int it = tid; it < Cfg::kBlockM * (D / 8); it += kThreads) {
+    const int row = it / (D / 8), chunk = it % (D / 8);
+    const int qi = qi0 + row / group;
+    const bool ok = row < packed_rows && qi < nq;
+    const __nv_bfloat16* src =
+        ok ? p.q + (int64_t(q_begin + qi) * H + kvh * group + row % group) * D + chunk * 8 : p.q;
+    CpAsync16(SmemAddr(q_smem) + TileOffset<D>(row, chunk), src, ok);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2)
+    my_max = max(my_max, __shfl_xor_sync(0xffffffffu, my_max, off));
+  if (lane == 0) max_smem[warp] = my_max;
+  __syncthreads();
+  int max_pos = max_smem[0];
+#pragma unroll
+  for (int w = 1; w < Cfg::kWarps; ++w) max_pos = max(max_pos, max_smem[w]);
+
+  // This block's share of the request's keys.
+  const int total = RequestKvLen(v, b);
+  const int split_len =
+      ((total + p.num_splits - 1) / p.num_splits + kBlockN - 1) / kBlockN * kBlockN;
+  const int v_begin = split * split_len;
+  const int v_end = min(total, v_begin + split_len);
+
+  TileCursor<kBlockN> cons;
+  cons.Init(v, b, v_begin, v_end, max_pos);
+  TileCursor<kBlockN> prod = cons;
+  KvTileLoader<D, kBlockN, kThreads> loader;
+  const int64_t token_stride = int64_t(p.num_kv_heads) * D;
+  const int head_off = kvh * D;
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    loader.Prefetch(prod, v, tid);
+    loader.Issue(k_smem + st * Cfg::kTileBytes, v_smem + st * Cfg::kTileBytes, p.k_cache, p.v_cache,
+                 v.page_size, token_stride, head_off, tid);
+    CpAsyncCommit();
+    if (prod.valid) prod.Next(v);
+  }
+  loader.Prefetch(prod, v, tid);
+
+  const int r_lo = warp * 16 + (lane >> 2);  // this thread's packed rows: r_lo, r_lo + 8
+  const int pos_lo = pos_smem[r_lo], pos_hi = pos_smem[r_lo + 8];
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m_lo = kNegInf, m_hi = kNegInf, l_lo = 0.f, l_hi = 0.f;
+  uint32_t qf[D / 16][4];
+  int q_seg = -1;
+  int stage = 0;
+
+  while (cons.valid) {
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();  // tile `stage` landed for all; everyone is done with the previous one
+    loader.Issue(k_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes,
+                 v_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes, p.k_cache, p.v_cache,
+                 v.page_size, token_stride, head_off, tid);
+    CpAsyncCommit();
+    if (prod.valid) prod.Next(v);
+    loader.Prefetch(prod, v, tid);
+
+    char* kt = k_smem + stage * Cfg::kTileBytes;
+    char* vt = v_smem + stage * Cfg::kTileBytes;
+    if constexpr (kRotateKeys) {
+      RotateKeyTile<D, kBlockN, kThreads>(kt, cons.start + cons.j, freq_smem, tid);
+      __syncthreads();
+      if (q_seg < 0) {  // query rotated once, at its absolute position
+        BuildRotatedQ<D>(qf, q_smem, r_lo, pos_lo, pos_hi, freq_smem, lane);
+        q_seg = 0;
+      }
+    } else if (cons.s != q_seg) {  // LAZY: re-rotate by p - seg_start once per segment
+      BuildRotatedQ<D>(qf, q_smem, r_lo, pos_lo - cons.start, pos_hi - cons.start, freq_smem, lane);
+      q_seg = cons.s;
+    }
+
+    // S = Q K^T over the 64-key tile.
+    float s[kBlockN / 8][4];
+#pragma unroll
+    for (int i = 0; i < kBlockN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+    const uint32_t kt_addr = SmemAddr(kt), vt_addr = SmemAddr(vt);
+#pragma unroll
+    for (int kb = 0; kb < D / 16; ++kb) {
+#pragma unroll
+      for (int np = 0; np < kBlockN / 16; ++np) {
+        uint32_t r[4];
+        const int row = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+        LdMatrixX4(r, kt_addr + TileOffset<D>(row, kb * 2 + ((lane >> 3) & 1)));
+        MmaBf16(s[2 * np], qf[kb], r[0], r[1]);
+        MmaBf16(s[2 * np + 1], qf[kb], r[2], r[3]);
+      }
+    }
+
+    // Mask (segment tail, split end, causality) and online softmax in the log2 domain.
+    const int lim_lo = min(cons.j_end, pos_lo - cons.start + 1) - cons.j;
+    const int lim_hi = min(cons.j_end, pos_hi - cons.start + 1) - cons.j;
+    float mx_lo = kNegInf, mx_hi = kNegInf;
+#pragma unroll
+    for (int nb = 0; nb < kBlockN / 8; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = nb * 8 + 2 * t + e;
+        s[nb][e] = key < lim_lo ? s[nb][e] * p.scale_log2 : kNegInf;
+        s[nb][2 + e] = key < lim_hi ? s[nb][2 + e] * p.scale_log2 : kNegInf;
+        mx_lo = fmaxf(mx_lo, s[nb][e]);
+        mx_hi = fmaxf(mx_hi, s[nb][2 + e]);
+      }
+    }
+#pragma unroll
+    for (int off = 1; off <= 2; off *= 2) {
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
+    }
+    const float new_lo = fmaxf(m_lo, mx_lo), new_hi = fmaxf(m_hi, mx_hi);
+    const float use_lo = new_lo == kNegInf ? 0.f : new_lo;
+    const float use_hi = new_hi == kNegInf ? 0.f : new_hi;
+    const float alpha_lo = Exp2(m_lo - use_lo), alpha_hi = Exp2(m_hi - use_hi);
+    m_lo = new_lo;
+    m_hi = new_hi;
+    float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+    for (int nb = 0; nb < kBlockN / 8; ++nb) {
+      s[nb][0] = Exp2(s[nb][0] - use_lo);
+      s[nb][1] = Exp2(s[nb][1] - use_lo);
+      s[nb][2] = Exp2(s[nb][2] - use_hi);
+      s[nb][3] = Exp2(s[nb][3] - use_hi);
+      sum_lo += s[nb][0] + s[nb][1];
+      sum_hi += s[nb][2] + s[nb][3];
+    }
+    l_lo = l_lo * alpha_lo + sum_lo;
+    l_hi = l_hi * alpha_hi + sum_hi;
+#pragma unroll
+    for (int db = 0; db < D / 8; ++db) {
+      o[db][0] *= alpha_lo;
+      o[db][1] *= alpha_lo;
+      o[db][2] *= alpha_hi;
+      o[db][3] *= alpha_hi;
+    }
+
+    // O += P V: the S accumulators re-packed as bf16 A fragments.
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint32_t a[4] = {PackBf16(s[2 * kk][0], s[2 * kk][1]),
+                             PackBf16(s[2 * kk][2], s[2 * kk][3]),
+                             PackBf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             PackBf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      const int row = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t r[4];
+        LdMatrixX4Trans(r, vt_addr + TileOffset<D>(row, dp * 2 + (lane >> 4)));
+        MmaBf16(o[2 * dp], a, r[0], r[1]);
+        MmaBf16(o[2 * dp + 1], a, r[2], r[3]);
+      }
+    }
+    cons.Next(v);
+    stage = (stage + 1) % kStages;
+  }
+  CpAsyncWait<0>();  // nothing may land in shared memory after the block exits
+
+  // Finalize: row sums across the quad, then the output (or this split's partial result).
+#pragma unroll
+  for (int off = 1; off <= 2; off *= 2) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
+  }
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    const int r = r_lo + hi * 8;
+    const int qi = qi0 + r / group;
+    if (r >= packed_rows || qi >= nq) continue;
+    const int64_t row_head = int64_t(q_begin + qi) * H + kvh * group + r % group;
+    const float l = hi ? l_hi : l_lo;
+    const float m = hi ? m_hi : m_lo;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    if (p.num_splits == 1) {
+      __nv_bfloat16* dst = p.out + row_head * D + 2 * t;
+#pragma unroll
+      for (int db = 0; db < D / 8; ++db) {
+        *reinterpret_cast<uint32_t*>(dst + db * 8) =
+            PackBf16(o[db][2 * hi] * inv, o[db][2 * hi + 1] * inv);
+      }
+    } else {
+      const int64_t rows = int64_t(v.num_q) * H;
+      float* dst = p.o_partial + (split * rows + row_head) * D + 2 * t;
+#pragma unroll
+      for (int db = 0; db < D / 8; ++db) {
+        *reinterpret_cast<float2*>(dst + db * 8) =
+            make_float2(o[db][2 * hi] * inv, o[db][2 * hi + 1] * inv);
+      }
+      if (t == 0) p.lse_partial[split * rows + row_head] = l > 0.f ? m + __log2f(l) : kNegInf;
+    }
+  }
+}
+
+template <int D, bool kRotateKeys>
+__global__ void __launch_bounds__(PrefillConfig<D>::kThreads, 2)
+    LazyPrefillKernel(const __grid_constant__ AttentionKernelParams p) {
+  extern __shared__ __align__(128) char smem[];
+  PrefillBody<D, kRotateKeys>(p, smem);
+}
+
+template <int D, bool kRotateKeys>
+absl::Status LaunchPrefill(const AttentionKernelParams& kp, int blocks, cudaStream_t stream) {
+  using Cfg = PrefillConfig<D>;
+  auto* kernel = LazyPrefillKernel<D, kRotateKeys>;
+  static std::atomic<uint64_t> smem_configured{0};
+  RETURN_IF_ERROR(
+      SetSmemLimitOnce(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, &smem_configured));
+  const dim3 grid(blocks, kp.num_splits);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(kp);
+  LAZYRAG_CUDA_CHECK_LAUNCH();
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace detail
+
+absl::Status LazyAttentionPrefill(const LazyAttentionParams& params, cudaStream_t stream) {
+  RETURN_IF_ERROR(ValidateLazyAttentionParams(params, /*decode=*/false));
+  const SegmentView& v = params.view;
+  if (v.num_requests == 0 || v.num_q == 0) return absl::OkStatus();
+  const int group = params.shape.num_heads / params.shape.num_kv_heads;
+  const int rows_per_block = detail::PrefillConfig<64>::kBlockM / group;
+  const int q_blocks = (params.max_q_len + rows_per_block - 1) / rows_per_block;
+  const int64_t blocks = int64_t(v.num_requests) * params.shape.num_kv_heads * q_blocks;
+  detail::AttentionKernelParams kp;
+  RETURN_IF_ERROR(detail::MakeKernelParams(params, static_cast<int>(blocks), /*blocks_per_sm=*/2,
+                                           /*min_split_keys=*/256, &kp));
+  kp.q_rows_per_block = rows_per_block;
+  kp.q_blocks = q_blocks;
+  const bool rotate_keys = params.key_layout == KeyLayout::kUnrotated;
+  const int b = static_cast<int>(blocks);
+  switch (params.shape.head_dim) {
+    case 64:
+      RETURN_IF_ERROR((rotate_keys ? detail::LaunchPrefill<64, true>(kp, b, stream)
+                                   : detail::LaunchPrefill<64, false>(kp, b, stream)));
+      break;
+    case 128:
+      RETURN_IF_ERROR((rotate_keys ? detail::LaunchPrefill<128, true>(kp, b, stream)
+                                   : detail::LaunchPrefill<128, false>(kp, b, stream)));
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("head_dim must be 64 or 128, got ", params.shape.head_dim));
+  }
+  return detail::LaunchMergeSplits(kp, v.num_q, params.shape.head_dim, stream);
+}
+
+}  // namespace lazyrag::kernels
