@@ -4,10 +4,17 @@
 //   [--shuffle_docs] [--page_size N] [--kv_pool_bytes N] [--json]
 // Several --query flags run several requests on one engine (documents computed once; with
 // --shuffle_docs each request sees the documents in another order).
+// With --server HOST:PORT the requests go to a lazyrag-worker (or router) over gRPC instead
+// (--model, --page_size and --kv_pool_bytes are then ignored); output and --json are the same.
+// --timeout_s S sets the call deadline in server mode.
 #include "cli/generate_command.h"
 
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <random>
@@ -15,7 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "cli/json_writer.h"
+#include "common/grpc_status.h"
+#include "common/json_writer.h"
+#include "lazyrag/v1/inference.grpc.pb.h"
 #include "worker/engine/runtime.h"
 
 namespace lazyrag {
@@ -38,7 +47,8 @@ constexpr const char* kUsage =
     "usage: lazyrag-cli generate --model PATH|synthetic:NAME [--doc FILE]... --query TEXT\n"
     "  [--query TEXT]... [--system TEXT] [--mode lazy|materialize|prefix|full]\n"
     "  [--max_tokens N] [--temperature T] [--top_p P] [--top_k K] [--seed S] [--stop STR]...\n"
-    "  [--ignore_eos] [--shuffle_docs] [--page_size N] [--kv_pool_bytes N] [--json]\n";
+    "  [--ignore_eos] [--shuffle_docs] [--page_size N] [--kv_pool_bytes N] [--json]\n"
+    "  [--server HOST:PORT [--timeout_s S]]   (send to a worker instead of running locally)\n";
 
 bool Parse(int argc, char** argv, Args* a, std::string* err) {
   static const char* kBool[] = {"--json", "--ignore_eos", "--shuffle_docs", "--help"};
@@ -68,7 +78,7 @@ bool Parse(int argc, char** argv, Args* a, std::string* err) {
   }
   static const char* kKnown[] = {"model", "doc", "query", "system", "mode", "max_tokens",
                                  "temperature", "top_p", "top_k", "seed", "stop", "page_size",
-                                 "kv_pool_bytes", "namespace"};
+                                 "kv_pool_bytes", "namespace", "server", "timeout_s"};
   for (const auto& [k, v] : a->values) {
     bool known = false;
     for (const char* n : kKnown) known |= k == n;
@@ -87,6 +97,83 @@ bool ParseNumber(const std::string& s, T* out) {
   return !in.fail() && in.eof();
 }
 
+
+v1::AttentionMode ModeToProto(AttentionMode m) {
+  switch (m) {
+    case AttentionMode::kLazy: return v1::ATTENTION_MODE_LAZY;
+    case AttentionMode::kMaterialize: return v1::ATTENTION_MODE_MATERIALIZE;
+    case AttentionMode::kPrefix: return v1::ATTENTION_MODE_PREFIX;
+    case AttentionMode::kFull: return v1::ATTENTION_MODE_FULL;
+  }
+  return v1::ATTENTION_MODE_LAZY;
+}
+
+FinishReason FinishFromProto(v1::FinishReason r) {
+  switch (r) {
+    case v1::FINISH_REASON_STOP: return FinishReason::kStop;
+    case v1::FINISH_REASON_EOS: return FinishReason::kEos;
+    case v1::FINISH_REASON_CANCELLED: return FinishReason::kCancelled;
+    default: return FinishReason::kLength;
+  }
+}
+
+// Runs one request on a server, streaming deltas to `on_delta`; same result shape as local.
+absl::StatusOr<GenerateResult> GenerateRemote(v1::Inference::Stub& stub, const GenerateRequest& r,
+                                              double timeout_s,
+                                              const std::function<void(std::string_view)>& on_delta) {
+  v1::GenerateRequest req;
+  req.set_request_id(r.request_id);
+  req.set_system_prompt(r.system_prompt);
+  for (const DocumentInput& d : r.documents) {
+    if (!d.id.empty()) {
+      req.add_documents()->set_id(d.id);
+    } else {
+      req.add_documents()->set_text(d.text);
+    }
+  }
+  req.set_query(r.query);
+  req.mutable_sampling()->set_temperature(r.sampling.temperature);
+  req.mutable_sampling()->set_top_p(r.sampling.top_p);
+  req.mutable_sampling()->set_top_k(r.sampling.top_k);
+  req.mutable_sampling()->set_seed(r.sampling.seed);
+  req.set_max_tokens(r.max_tokens);
+  for (const auto& s : r.stop) req.add_stop(s);
+  req.set_ignore_eos(r.ignore_eos);
+  req.set_mode(ModeToProto(r.mode));
+  req.set_cache_namespace(r.cache_namespace);
+  grpc::ClientContext ctx;
+  if (timeout_s > 0) {
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::microseconds(int64_t(timeout_s * 1e6)));
+  }
+  auto reader = stub.Generate(&ctx, req);
+  GenerateResult res;
+  v1::GenerateResponse m;
+  while (reader->Read(&m)) {
+    res.text += m.text();
+    if (on_delta && !m.text().empty()) on_delta(m.text());
+    res.token_ids.insert(res.token_ids.end(), m.token_ids().begin(), m.token_ids().end());
+    if (m.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      res.finish_reason = FinishFromProto(m.finish_reason());
+      const v1::Usage& u = m.usage();
+      res.usage.prompt_tokens = u.prompt_tokens();
+      res.usage.document_tokens = u.document_tokens();
+      res.usage.cached_document_tokens = u.cached_document_tokens();
+      res.usage.pool_document_tokens = u.pool_document_tokens();
+      res.usage.store_document_tokens = u.store_document_tokens();
+      res.usage.computed_tokens = u.computed_tokens();
+      res.usage.completion_tokens = u.completion_tokens();
+      res.timings.queue_ms = m.timings().queue_ms();
+      res.timings.ttft_ms = m.timings().ttft_ms();
+      res.timings.total_ms = m.timings().total_ms();
+      res.document_ids.assign(m.document_ids().begin(), m.document_ids().end());
+    }
+  }
+  grpc::Status st = reader->Finish();
+  if (!st.ok()) return FromGrpcStatus(st);
+  return res;
+}
+
 }  // namespace
 
 int RunGenerateCommand(int argc, char** argv) {
@@ -99,10 +186,13 @@ int RunGenerateCommand(int argc, char** argv) {
   }
   RuntimeOptions ro;
   ro.model = a.Get("model", "");
-  if (ro.model.empty() || a.values["query"].empty()) {
-    std::cerr << "lazyrag-cli generate: --model and --query are required\n" << kUsage;
+  const std::string server = a.Get("server", "");
+  if ((ro.model.empty() && server.empty()) || a.values["query"].empty()) {
+    std::cerr << "lazyrag-cli generate: --model (or --server) and --query are required\n"
+              << kUsage;
     return 2;
   }
+  double timeout_s = 0;
   GenerateRequest base;
   auto mode = ParseAttentionMode(a.Get("mode", "lazy"));
   bool ok = mode.ok();
@@ -114,6 +204,7 @@ int RunGenerateCommand(int argc, char** argv) {
   ok = ok && ParseNumber(a.Get("seed", "0"), &base.sampling.seed);
   ok = ok && ParseNumber(a.Get("page_size", "16"), &ro.page_size);
   ok = ok && ParseNumber(a.Get("kv_pool_bytes", "0"), &ro.kv_pool_bytes);
+  ok = ok && ParseNumber(a.Get("timeout_s", "0"), &timeout_s);
   if (!ok) {
     std::cerr << "lazyrag-cli generate: bad value: "
               << (mode.ok() ? "a numeric flag is not a number" : mode.status().ToString()) << "\n";
@@ -133,10 +224,18 @@ int RunGenerateCommand(int argc, char** argv) {
     ss << in.rdbuf();
     base.documents.push_back({ss.str(), ""});
   }
-  auto rt = CreateRuntime(ro);
-  if (!rt.ok()) {
-    std::cerr << "lazyrag-cli generate: " << rt.status() << "\n";
-    return 1;
+  std::unique_ptr<Runtime> runtime;
+  std::unique_ptr<v1::Inference::Stub> stub;
+  if (!server.empty()) {
+    stub = v1::Inference::NewStub(
+        grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
+  } else {
+    auto rt = CreateRuntime(ro);
+    if (!rt.ok()) {
+      std::cerr << "lazyrag-cli generate: " << rt.status() << "\n";
+      return 1;
+    }
+    runtime = std::move(*rt);
   }
   const bool json = a.Has("--json");
   std::mt19937 rng(base.sampling.seed);
@@ -145,13 +244,18 @@ int RunGenerateCommand(int argc, char** argv) {
     GenerateRequest r = base;
     r.query = query;
     if (a.Has("--shuffle_docs") && index > 0) std::shuffle(r.documents.begin(), r.documents.end(), rng);
-    auto res = (*rt)->generator->Generate(r, [&](std::string_view delta, int32_t) {
+    auto print = [&](std::string_view delta) {
       if (!json) {
         std::fwrite(delta.data(), 1, delta.size(), stdout);
         std::fflush(stdout);
       }
-      return true;
-    });
+    };
+    absl::StatusOr<GenerateResult> res =
+        stub ? GenerateRemote(*stub, r, timeout_s, print)
+             : runtime->generator->Generate(r, [&](std::string_view delta, int32_t) {
+                 print(delta);
+                 return true;
+               });
     if (!res.ok()) {
       std::cerr << "lazyrag-cli generate: " << res.status() << "\n";
       return 1;
