@@ -83,7 +83,10 @@ TEST_P(ModelFixtureTest, LogitsAndGreedyContinuationsMatch) {
 INSTANTIATE_TEST_SUITE_P(
     Fixtures, ModelFixtureTest,
     testing::Values(Tolerance{"smollm2_logits_transformers.json", 1e-4, 32},
-                    Tolerance{"smollm2_logits_llamacpp.json", 6e-2, 0}));
+                    Tolerance{"smollm2_logits_llamacpp.json", 6e-2, 0}),
+    [](const testing::TestParamInfo<Tolerance>& info) {
+      return std::string(info.index == 0 ? "transformers" : "llamacpp");
+    });
 
 }  // namespace
 }  // namespace lazyrag
