@@ -1,0 +1,247 @@
+{{/*
+Helpers of the lazyrag chart. They use only Go template built-ins, Helm's include, required,
+toYaml and fromYaml, and a few sprig functions (default, trunc, trimSuffix, contains, quote, nindent,
+int, int64, toString, add, div, until, list, append, has, join, dict, set, deepCopy, b64enc,
+fail), so that tests/deploy/helmrender can render the chart without Helm.
+
+Context conventions: helpers named *.component take (dict "root" $ "component" NAME), where
+NAME is kvstore, worker or router; the others take the root context $.
+*/}}
+
+{{/* Chart name, possibly overridden. */}}
+{{- define "lazyrag.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+Prefix of every resource name. 40 characters at most, so that "PREFIX-kvstore" stays under
+the 52 characters a StatefulSet name may have (its pods get a 63-character
+controller-revision-hash label).
+*/}}
+{{- define "lazyrag.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Name of a component's workload and of its Service: PREFIX-COMPONENT. */}}
+{{- define "lazyrag.component.name" -}}
+{{- printf "%s-%s" (include "lazyrag.fullname" .root) .component -}}
+{{- end -}}
+
+{{/* Labels that select a component's pods (stable: never change them on upgrade). */}}
+{{- define "lazyrag.component.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "lazyrag.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* All labels of a component's resources and pods. */}}
+{{- define "lazyrag.component.labels" -}}
+{{ include "lazyrag.component.selectorLabels" . }}
+app.kubernetes.io/part-of: lazyrag
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Image reference REGISTRY/REPOSITORY:TAG of a component. */}}
+{{- define "lazyrag.component.image" -}}
+{{- $image := index .root.Values .component "image" -}}
+{{- $tag := default (default .root.Chart.AppVersion .root.Values.image.tag) $image.tag -}}
+{{- printf "%s%s:%s" .root.Values.image.registry $image.repository $tag -}}
+{{- end -}}
+
+{{/*
+Pod annotations: the Prometheus scrape annotations (metrics.podAnnotations) and the
+component's podAnnotations. Takes (dict "root" $ "component" NAME).
+*/}}
+{{- define "lazyrag.component.podAnnotations" -}}
+{{- $values := index .root.Values .component -}}
+{{- $annotations := dict -}}
+{{- if .root.Values.metrics.podAnnotations -}}
+{{- $_ := set $annotations "prometheus.io/scrape" "true" -}}
+{{- $_ := set $annotations "prometheus.io/port" (toString (int $values.metricsPort)) -}}
+{{- $_ := set $annotations "prometheus.io/path" "/metrics" -}}
+{{- end -}}
+{{- range $key, $value := $values.podAnnotations -}}
+{{- $_ := set $annotations $key $value -}}
+{{- end -}}
+{{- toYaml $annotations -}}
+{{- end -}}
+
+{{/*
+Scheduling and pod-level settings shared by every pod spec: pull secrets, security context,
+node selector, tolerations, affinity. Takes (dict "root" $ "component" NAME "affinity" MAP),
+where affinity is used when the component's own affinity value is empty.
+*/}}
+{{- define "lazyrag.component.podSettings" -}}
+{{- $values := index .root.Values .component -}}
+automountServiceAccountToken: false
+enableServiceLinks: false
+{{- with .root.Values.image.pullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .root.Values.podSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with (default .affinity $values.affinity) }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Soft anti-affinity that spreads a component's pods over nodes. */}}
+{{- define "lazyrag.component.spreadAffinity" -}}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "lazyrag.component.selectorLabels" . | nindent 12 }}
+{{- end -}}
+
+{{/*
+Readiness, liveness and (with startupSeconds) startup probes on a gRPC port. The servers
+implement grpc.health.v1.Health; the kubelet's gRPC probe cannot use TLS, so with
+tls.enabled the probes only check that the port accepts connections.
+Takes (dict "root" $ "port" GRPC_PORT "startupSeconds" N).
+*/}}
+{{- define "lazyrag.probes" -}}
+{{- $p := .root.Values.probes -}}
+{{- $check := printf "grpc:\n  port: %d\n  service: \"\"" (int .port) -}}
+{{- if .root.Values.tls.enabled -}}
+{{- $check = printf "tcpSocket:\n  port: %d" (int .port) -}}
+{{- end -}}
+readinessProbe:
+  {{- $check | nindent 2 }}
+  periodSeconds: {{ int $p.readinessPeriodSeconds }}
+  timeoutSeconds: {{ int $p.timeoutSeconds }}
+livenessProbe:
+  {{- $check | nindent 2 }}
+  periodSeconds: {{ int $p.livenessPeriodSeconds }}
+  timeoutSeconds: {{ int $p.timeoutSeconds }}
+  failureThreshold: {{ int $p.livenessFailureThreshold }}
+{{- if .startupSeconds }}
+startupProbe:
+  {{- $check | nindent 2 }}
+  periodSeconds: 10
+  timeoutSeconds: {{ int $p.timeoutSeconds }}
+  failureThreshold: {{ add 1 (div (int .startupSeconds) 10) }}
+{{- end }}
+{{- end -}}
+
+{{/* Name of the Secret that holds tls.crt, tls.key and ca.crt. */}}
+{{- define "lazyrag.tlsSecretName" -}}
+{{- default (printf "%s-tls" (include "lazyrag.fullname" .)) .Values.tls.existingSecret -}}
+{{- end -}}
+
+{{/* Flags that make a binary serve and dial gRPC over TLS (a YAML list, maybe empty). */}}
+{{- define "lazyrag.tlsArgs" -}}
+{{- if .Values.tls.enabled -}}
+- --tls_cert={{ .Values.tls.mountPath }}/tls.crt
+- --tls_key={{ .Values.tls.mountPath }}/tls.key
+- --tls_ca={{ .Values.tls.mountPath }}/ca.crt
+{{- end -}}
+{{- end -}}
+
+{{/* volumeMounts entry of the TLS Secret (empty without TLS). */}}
+{{- define "lazyrag.tlsVolumeMount" -}}
+{{- if .Values.tls.enabled -}}
+- name: tls
+  mountPath: {{ .Values.tls.mountPath }}
+  readOnly: true
+{{- end -}}
+{{- end -}}
+
+{{/* volumes entry of the TLS Secret (empty without TLS). */}}
+{{- define "lazyrag.tlsVolume" -}}
+{{- if .Values.tls.enabled -}}
+- name: tls
+  secret:
+    secretName: {{ include "lazyrag.tlsSecretName" . }}
+    defaultMode: 0440
+{{- end -}}
+{{- end -}}
+
+{{/*
+Comma-separated gRPC addresses of every kvstore shard, by its stable StatefulSet pod name
+under the headless Service: PREFIX-kvstore-I.PREFIX-kvstore.NAMESPACE.svc.DOMAIN:PORT.
+*/}}
+{{- define "lazyrag.kvstoreAddresses" -}}
+{{- $name := include "lazyrag.component.name" (dict "root" . "component" "kvstore") -}}
+{{- $addresses := list -}}
+{{- range $i := until (int .Values.kvstore.shards) -}}
+{{- $addresses = append $addresses (printf "%s-%d.%s.%s.svc.%s:%d" $name $i $name $.Release.Namespace $.Values.clusterDomain (int $.Values.kvstore.grpcPort)) -}}
+{{- end -}}
+{{- join "," $addresses -}}
+{{- end -}}
+
+{{/* Comma-separated gRPC addresses of every worker, as for the kvstore shards. */}}
+{{- define "lazyrag.workerAddresses" -}}
+{{- $name := include "lazyrag.component.name" (dict "root" . "component" "worker") -}}
+{{- $addresses := list -}}
+{{- range $i := until (int .Values.worker.replicas) -}}
+{{- $addresses = append $addresses (printf "%s-%d.%s.%s.svc.%s:%d" $name $i $name $.Release.Namespace $.Values.clusterDomain (int $.Values.worker.grpcPort)) -}}
+{{- end -}}
+{{- join "," $addresses -}}
+{{- end -}}
+
+{{/* Fails the render, with a message naming the value, on values the chart cannot serve. */}}
+{{- define "lazyrag.validate" -}}
+{{- if lt (int .Values.kvstore.shards) 1 -}}
+{{- fail "kvstore.shards must be at least 1" -}}
+{{- end -}}
+{{- if or (lt (int .Values.kvstore.replication) 0) (gt (int .Values.kvstore.replication) (int .Values.kvstore.shards)) -}}
+{{- fail (printf "kvstore.replication must be between 0 and kvstore.shards (%d), got %d" (int .Values.kvstore.shards) (int .Values.kvstore.replication)) -}}
+{{- end -}}
+{{- if lt (int .Values.worker.replicas) 1 -}}
+{{- fail "worker.replicas must be at least 1" -}}
+{{- end -}}
+{{- if lt (int .Values.router.replicas) 1 -}}
+{{- fail "router.replicas must be at least 1" -}}
+{{- end -}}
+{{- if not (has .Values.worker.device (list "cuda" "cpu")) -}}
+{{- fail (printf "worker.device must be cuda or cpu, got %q" (toString .Values.worker.device)) -}}
+{{- end -}}
+{{- if and (eq .Values.worker.device "cuda") (lt (int .Values.worker.gpus) 1) -}}
+{{- fail "worker.gpus must be at least 1 with worker.device cuda" -}}
+{{- end -}}
+{{- if not (has .Values.worker.model.source (list "volume" "image")) -}}
+{{- fail (printf "worker.model.source must be volume or image, got %q" (toString .Values.worker.model.source)) -}}
+{{- end -}}
+{{- $_ := required "worker.model.path is required" .Values.worker.model.path -}}
+{{- if eq .Values.worker.model.source "volume" -}}
+{{- $_ := required "worker.model.volume is required with worker.model.source volume" .Values.worker.model.volume -}}
+{{- end -}}
+{{- if lt (int .Values.worker.pageSize) 1 -}}
+{{- fail "worker.pageSize must be at least 1" -}}
+{{- end -}}
+{{- if and .Values.tls.enabled (not .Values.tls.existingSecret) -}}
+{{- $_ := required "tls.cert is required with tls.enabled and no tls.existingSecret" .Values.tls.cert -}}
+{{- $_ := required "tls.key is required with tls.enabled and no tls.existingSecret" .Values.tls.key -}}
+{{- $_ := required "tls.ca is required with tls.enabled and no tls.existingSecret" .Values.tls.ca -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,615 @@
+// Tests of the lazyrag Helm chart (deploy/helm/lazyrag).
+//
+// Helm itself is not available here (it is not in the Debian or PyPI registries this project
+// installs from), so these tests render the chart with helmrender: Go's text/template plus
+// sprig (Debian's golang-github-masterminds-sprig-dev, the function library Helm uses) and the
+// Helm functions the chart calls (include, required, toYaml, fromYaml), with Helm's value
+// semantics (numbers are float64). What that does not cover: Helm's own template engine
+// quirks beyond these, subcharts, hooks, schema validation, and the API server's validation of
+// the manifests (no cluster here). The checks below parse every manifest as YAML and look for
+// the kinds and fields DESIGN.md section 3 and issue 8 need.
+package main
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	yaml "gopkg.in/yaml.v3"
+)
+
+var (
+	chartDir    = flag.String("chart", "../../../deploy/helm/lazyrag", "chart folder")
+	testdataDir = flag.String("testdata", "../testdata", "folder with values-multi.yaml")
+)
+
+type obj = map[string]interface{}
+
+// get walks maps by key and lists by integer index; nil when a step is missing.
+func get(v interface{}, path ...interface{}) interface{} {
+	for _, p := range path {
+		switch k := p.(type) {
+		case string:
+			m, ok := v.(obj)
+			if !ok {
+				return nil
+			}
+			v = m[k]
+		case int:
+			l, ok := v.([]interface{})
+			if !ok || k >= len(l) {
+				return nil
+			}
+			v = l[k]
+		}
+	}
+	return v
+}
+
+func str(v interface{}) string {
+	if v == nil {
+		return ""
+	}
+	return fmt.Sprint(v)
+}
+
+func num(t *testing.T, v interface{}) int64 {
+	t.Helper()
+	switch n := v.(type) {
+	case int:
+		return int64(n)
+	case int64:
+		return n
+	case float64:
+		return int64(n)
+	case string:
+		i, err := strconv.ParseInt(n, 10, 64)
+		if err != nil {
+			t.Fatalf("%q is not an integer", n)
+		}
+		return i
+	}
+	t.Fatalf("%v (%T) is not a number", v, v)
+	return 0
+}
+
+type rendered struct {
+	values obj
+	docs   []obj
+	byKey  map[string]obj // "Kind/name"
+}
+
+func render(t *testing.T, release string, valuesFiles ...string) *rendered {
+	t.Helper()
+	res, err := Render(Options{ChartDir: *chartDir, ValuesFiles: valuesFiles, ReleaseName: release, Namespace: "rag"})
+	if err != nil {
+		t.Fatalf("render: %v", err)
+	}
+	r := &rendered{values: res.Values, byKey: map[string]obj{}}
+	for _, m := range res.Manifests {
+		dec := yaml.NewDecoder(strings.NewReader(m.Content))
+		for {
+			var doc obj
+			err := dec.Decode(&doc)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s does not parse as YAML: %v\n%s", m.Source, err, m.Content)
+			}
+			if doc == nil {
+				continue
+			}
+			kind, name := str(doc["kind"]), str(get(doc, "metadata", "name"))
+			if str(doc["apiVersion"]) == "" || kind == "" || name == "" {
+				t.Errorf("%s: a manifest without apiVersion, kind or metadata.name", m.Source)
+			}
+			key := kind + "/" + name
+			if _, dup := r.byKey[key]; dup {
+				t.Errorf("%s rendered twice", key)
+			}
+			r.byKey[key] = doc
+			r.docs = append(r.docs, doc)
+		}
+	}
+	if res.Notes == "" {
+		t.Errorf("NOTES.txt rendered empty")
+	}
+	return r
+}
+
+func (r *rendered) value(path ...interface{}) interface{} { return get(r.values, path...) }
+
+// workload finds the StatefulSet or Deployment of a component.
+func (r *rendered) workload(t *testing.T, kind, component string) obj {
+	t.Helper()
+	for _, d := range r.docs {
+		if str(d["kind"]) == kind && str(get(d, "metadata", "labels", "app.kubernetes.io/component")) == component {
+			return d
+		}
+	}
+	t.Fatalf("no %s for component %s", kind, component)
+	return nil
+}
+
+func (r *rendered) ofKind(kind string) []obj {
+	var out []obj
+	for _, d := range r.docs {
+		if str(d["kind"]) == kind {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// selects: every label of the selector is on the pod with the same value.
+func selects(selector, podLabels interface{}) bool {
+	sel, ok := selector.(obj)
+	if !ok || len(sel) == 0 {
+		return false
+	}
+	pl, _ := podLabels.(obj)
+	for k, v := range sel {
+		if str(pl[k]) != str(v) {
+			return false
+		}
+	}
+	return true
+}
+
+func args(w obj) map[string]string {
+	out := map[string]string{}
+	for _, a := range get(w, "spec", "template", "spec", "containers", 0, "args").([]interface{}) {
+		s := str(a)
+		if k, v, ok := strings.Cut(s, "="); ok {
+			out[k] = v
+		} else {
+			out[s] = ""
+		}
+	}
+	return out
+}
+
+func containerPort(t *testing.T, w obj, name string) int64 {
+	t.Helper()
+	for _, p := range get(w, "spec", "template", "spec", "containers", 0, "ports").([]interface{}) {
+		if str(get(p, "name")) == name {
+			return num(t, get(p, "containerPort"))
+		}
+	}
+	t.Fatalf("%s has no container port %q", get(w, "metadata", "name"), name)
+	return 0
+}
+
+// headlessServiceOf returns the headless Service named by a StatefulSet's serviceName and
+// checks that it selects the StatefulSet's pods.
+func (r *rendered) headlessServiceOf(t *testing.T, sts obj) obj {
+	t.Helper()
+	name := str(get(sts, "spec", "serviceName"))
+	svc := r.byKey["Service/"+name]
+	if svc == nil {
+		t.Fatalf("StatefulSet %s: its serviceName %q is not a rendered Service", get(sts, "metadata", "name"), name)
+	}
+	if str(get(svc, "spec", "clusterIP")) != "None" {
+		t.Errorf("Service %s must be headless (clusterIP: None)", name)
+	}
+	if get(svc, "spec", "publishNotReadyAddresses") != true {
+		t.Errorf("Service %s must publish not-ready addresses (stable membership)", name)
+	}
+	if !selects(get(svc, "spec", "selector"), get(sts, "spec", "template", "metadata", "labels")) {
+		t.Errorf("Service %s does not select the pods of its StatefulSet", name)
+	}
+	return svc
+}
+
+// addressList checks a comma-separated --kvstore/--workers list: n addresses
+// STS-I.SERVICE.rag.svc.DOMAIN:PORT for I = 0..n-1.
+func addressList(t *testing.T, flagName, list string, sts, svc obj, n, port int64, domain string) {
+	t.Helper()
+	addrs := strings.Split(list, ",")
+	if int64(len(addrs)) != n {
+		t.Fatalf("%s lists %d addresses, want %d: %s", flagName, len(addrs), n, list)
+	}
+	for i, a := range addrs {
+		want := fmt.Sprintf("%s-%d.%s.rag.svc.%s:%d", get(sts, "metadata", "name"), i, get(svc, "metadata", "name"), domain, port)
+		if a != want {
+			t.Errorf("%s[%d] = %q, want %q", flagName, i, a, want)
+		}
+	}
+}
+
+// checkDesign checks what every values file must give: the kinds and fields the design needs,
+// with the numbers taken from the merged values.
+func checkDesign(t *testing.T, r *rendered) {
+	tlsOn := r.value("tls", "enabled") == true
+	domain := str(r.value("clusterDomain"))
+
+	// kvstore: StatefulSet with one PVC per shard and a headless Service.
+	kv := r.workload(t, "StatefulSet", "kvstore")
+	if got, want := num(t, get(kv, "spec", "replicas")), num(t, r.value("kvstore", "shards")); got != want {
+		t.Errorf("kvstore replicas %d, want kvstore.shards %d", got, want)
+	}
+	kvSvc := r.headlessServiceOf(t, kv)
+	claim := get(kv, "spec", "volumeClaimTemplates", 0)
+	if claim == nil {
+		t.Fatalf("kvstore StatefulSet has no volumeClaimTemplates")
+	}
+	if got, want := str(get(claim, "spec", "resources", "requests", "storage")), str(r.value("kvstore", "persistence", "size")); got != want {
+		t.Errorf("kvstore claim size %q, want %q", got, want)
+	}
+	if !reflect.DeepEqual(get(claim, "spec", "accessModes"), r.value("kvstore", "persistence", "accessModes")) {
+		t.Errorf("kvstore claim accessModes %v", get(claim, "spec", "accessModes"))
+	}
+	if sc := str(r.value("kvstore", "persistence", "storageClass")); sc != str(get(claim, "spec", "storageClassName")) {
+		t.Errorf("kvstore storageClassName %v, want %q", get(claim, "spec", "storageClassName"), sc)
+	}
+	mount := str(r.value("kvstore", "persistence", "mountPath"))
+	foundMount := false
+	for _, m := range get(kv, "spec", "template", "spec", "containers", 0, "volumeMounts").([]interface{}) {
+		if str(get(m, "name")) == str(get(claim, "metadata", "name")) && str(get(m, "mountPath")) == mount {
+			foundMount = true
+		}
+	}
+	if !foundMount {
+		t.Errorf("kvstore container does not mount its claim at %s", mount)
+	}
+	kvArgs := args(kv)
+	if kvArgs["--data_dir"] != mount {
+		t.Errorf("kvstore --data_dir=%q, want %q", kvArgs["--data_dir"], mount)
+	}
+	if got, want := kvArgs["--capacity_bytes"], fmt.Sprint(num(t, r.value("kvstore", "capacityBytes"))); got != want {
+		t.Errorf("kvstore --capacity_bytes=%q, want %q", got, want)
+	}
+	kvGrpc := containerPort(t, kv, "grpc")
+	if kvGrpc != num(t, r.value("kvstore", "grpcPort")) || containerPort(t, kv, "metrics") != num(t, r.value("kvstore", "metricsPort")) {
+		t.Errorf("kvstore container ports do not follow kvstore.grpcPort / metricsPort")
+	}
+
+	// worker: GPU pods, model source, pool and page size, shards found through the headless
+	// Service, replication factor.
+	wk := r.workload(t, "StatefulSet", "worker")
+	if got, want := num(t, get(wk, "spec", "replicas")), num(t, r.value("worker", "replicas")); got != want {
+		t.Errorf("worker replicas %d, want %d", got, want)
+	}
+	wkSvc := r.headlessServiceOf(t, wk)
+	wkArgs := args(wk)
+	addressList(t, "--kvstore", wkArgs["--kvstore"], kv, kvSvc, num(t, r.value("kvstore", "shards")), kvGrpc, domain)
+	// replication 0 keeps the kvstore client's default: no flag.
+	if replication := num(t, r.value("kvstore", "replication")); replication > 0 {
+		if got := wkArgs["--kvstore_replication"]; got != fmt.Sprint(replication) {
+			t.Errorf("worker --kvstore_replication=%q, want %d", got, replication)
+		}
+	} else if _, ok := wkArgs["--kvstore_replication"]; ok {
+		t.Errorf("worker gets --kvstore_replication with kvstore.replication 0")
+	}
+	for flagName, key := range map[string]string{"--kv_pool_bytes": "kvPoolBytes", "--page_size": "pageSize", "--max_batch_tokens": "maxBatchTokens"} {
+		if got, want := wkArgs[flagName], fmt.Sprint(num(t, r.value("worker", key))); got != want {
+			t.Errorf("worker %s=%q, want %q", flagName, got, want)
+		}
+	}
+	if wkArgs["--model"] != str(r.value("worker", "model", "path")) || wkArgs["--device"] != str(r.value("worker", "device")) {
+		t.Errorf("worker --model/--device do not follow worker.model.path / worker.device: %v", wkArgs)
+	}
+	podSpec := get(wk, "spec", "template", "spec")
+	hasModelVolume := false
+	for _, v := range get(podSpec, "volumes").([]interface{}) {
+		if str(get(v, "name")) == "model" {
+			hasModelVolume = true
+			src := obj{}
+			for k, x := range v.(obj) {
+				if k != "name" {
+					src[k] = x
+				}
+			}
+			if !reflect.DeepEqual(jsonish(src), jsonish(r.value("worker", "model", "volume"))) {
+				t.Errorf("model volume %v, want worker.model.volume %v", src, r.value("worker", "model", "volume"))
+			}
+		}
+	}
+	if wantVolume := r.value("worker", "model", "source") == "volume"; hasModelVolume != wantVolume {
+		t.Errorf("model volume present=%v with worker.model.source=%v", hasModelVolume, r.value("worker", "model", "source"))
+	}
+	gpuName := str(r.value("worker", "gpuResourceName"))
+	limits := get(podSpec, "containers", 0, "resources", "limits")
+	requests := get(podSpec, "containers", 0, "resources", "requests")
+	if r.value("worker", "device") == "cuda" {
+		want := num(t, r.value("worker", "gpus"))
+		if get(limits, gpuName) == nil || num(t, get(limits, gpuName)) != want || get(requests, gpuName) == nil || num(t, get(requests, gpuName)) != want {
+			t.Errorf("worker %s limits/requests %v/%v, want %d", gpuName, get(limits, gpuName), get(requests, gpuName), want)
+		}
+	} else if get(limits, gpuName) != nil || get(requests, gpuName) != nil {
+		t.Errorf("a cpu worker requests %s", gpuName)
+	}
+	if !reflect.DeepEqual(jsonish(get(podSpec, "nodeSelector")), jsonish(r.value("worker", "nodeSelector"))) {
+		t.Errorf("worker nodeSelector %v, want %v", get(podSpec, "nodeSelector"), r.value("worker", "nodeSelector"))
+	}
+	if !reflect.DeepEqual(jsonish(get(podSpec, "tolerations")), jsonish(r.value("worker", "tolerations"))) {
+		t.Errorf("worker tolerations %v, want %v", get(podSpec, "tolerations"), r.value("worker", "tolerations"))
+	}
+
+	// router: Deployment + client Service; workers found through their headless Service.
+	rt := r.workload(t, "Deployment", "router")
+	if got, want := num(t, get(rt, "spec", "replicas")), num(t, r.value("router", "replicas")); got != want {
+		t.Errorf("router replicas %d, want %d", got, want)
+	}
+	addressList(t, "--workers", args(rt)["--workers"], wk, wkSvc, num(t, r.value("worker", "replicas")), containerPort(t, wk, "grpc"), domain)
+	clientSvc := r.byKey["Service/"+str(get(rt, "metadata", "name"))]
+	if clientSvc == nil || str(get(clientSvc, "spec", "type")) != str(r.value("router", "service", "type")) ||
+		!selects(get(clientSvc, "spec", "selector"), get(rt, "spec", "template", "metadata", "labels")) {
+		t.Errorf("router client Service missing, of the wrong type or not selecting the routers: %v", clientSvc)
+	} else if p := get(clientSvc, "spec", "ports", 0); num(t, get(p, "port")) != num(t, r.value("router", "service", "port")) || str(get(p, "targetPort")) != "grpc" {
+		t.Errorf("router Service port %v", p)
+	}
+
+	// Every workload: gRPC probes on its gRPC port (TCP with TLS), resources, metrics port,
+	// scrape annotations, a PDB that selects its pods.
+	pdbs := r.ofKind("PodDisruptionBudget")
+	for _, w := range []obj{kv, wk, rt} {
+		name := str(get(w, "metadata", "name"))
+		c := get(w, "spec", "template", "spec", "containers", 0)
+		grpcPort := containerPort(t, w, "grpc")
+		for _, probe := range []string{"readinessProbe", "livenessProbe"} {
+			p := get(c, probe)
+			if tlsOn {
+				if get(p, "tcpSocket", "port") == nil || num(t, get(p, "tcpSocket", "port")) != grpcPort {
+					t.Errorf("%s %s: want a tcpSocket probe on %d with TLS, got %v", name, probe, grpcPort, p)
+				}
+			} else if get(p, "grpc", "port") == nil || num(t, get(p, "grpc", "port")) != grpcPort {
+				t.Errorf("%s %s: want a grpc probe on port %d, got %v", name, probe, grpcPort, p)
+			}
+		}
+		for _, part := range []string{"requests", "limits"} {
+			if m, _ := get(c, "resources", part).(obj); len(m) == 0 {
+				t.Errorf("%s has no resource %s", name, part)
+			}
+		}
+		metricsPort := containerPort(t, w, "metrics")
+		if args(w)["--metrics_port"] != fmt.Sprint(metricsPort) {
+			t.Errorf("%s --metrics_port=%q, container port metrics %d", name, args(w)["--metrics_port"], metricsPort)
+		}
+		if r.value("metrics", "podAnnotations") == true {
+			ann := get(w, "spec", "template", "metadata", "annotations")
+			if str(get(ann, "prometheus.io/scrape")) != "true" || str(get(ann, "prometheus.io/port")) != fmt.Sprint(metricsPort) {
+				t.Errorf("%s scrape annotations %v", name, ann)
+			}
+		}
+		if tlsOn {
+			a := args(w)
+			if a["--tls_cert"] == "" || a["--tls_key"] == "" || a["--tls_ca"] == "" {
+				t.Errorf("%s: TLS on but no --tls_cert/--tls_key/--tls_ca", name)
+			}
+			mounted := false
+			for _, m := range get(c, "volumeMounts").([]interface{}) {
+				mounted = mounted || str(get(m, "name")) == "tls"
+			}
+			if !mounted {
+				t.Errorf("%s: TLS secret not mounted", name)
+			}
+		}
+		covered := 0
+		for _, p := range pdbs {
+			if selects(get(p, "spec", "selector", "matchLabels"), get(w, "spec", "template", "metadata", "labels")) {
+				covered++
+			}
+		}
+		if covered != 1 {
+			t.Errorf("%s is covered by %d PodDisruptionBudgets, want 1", name, covered)
+		}
+		for _, s := range []string{"spec.selector.matchLabels"} {
+			if !selects(get(w, "spec", "selector", "matchLabels"), get(w, "spec", "template", "metadata", "labels")) {
+				t.Errorf("%s: %s does not match its pod labels", name, s)
+			}
+		}
+	}
+	if len(pdbs) != 3 {
+		t.Errorf("%d PodDisruptionBudgets, want 3", len(pdbs))
+	}
+
+	// Every Service selects some pods and targets named ports those pods have.
+	for _, svc := range r.ofKind("Service") {
+		var target obj
+		for _, w := range []obj{kv, wk, rt} {
+			if selects(get(svc, "spec", "selector"), get(w, "spec", "template", "metadata", "labels")) {
+				target = w
+			}
+		}
+		if target == nil {
+			t.Errorf("Service %s selects no workload", get(svc, "metadata", "name"))
+			continue
+		}
+		for _, p := range get(svc, "spec", "ports").([]interface{}) {
+			containerPort(t, target, str(get(p, "targetPort")))
+		}
+	}
+
+	// Numbers print as digits (Helm's float64 values would otherwise show 1e+10).
+	scientific := regexp.MustCompile(`^[0-9.]+e[+-][0-9]+$`)
+	for _, w := range []obj{kv, wk, rt} {
+		for k, v := range args(w) {
+			if scientific.MatchString(v) {
+				t.Errorf("%s %s=%s is in scientific notation", get(w, "metadata", "name"), k, v)
+			}
+		}
+	}
+	for _, d := range r.docs {
+		name := str(get(d, "metadata", "name"))
+		limit := 63
+		if str(d["kind"]) == "StatefulSet" {
+			limit = 52 // its pods carry a controller-revision-hash label of NAME-HASH
+		}
+		if len(name) > limit {
+			t.Errorf("%s %s is longer than %d characters", d["kind"], name, limit)
+		}
+	}
+}
+
+// jsonish makes rendered YAML (ints) and values (float64) comparable.
+func jsonish(v interface{}) interface{} {
+	switch t := v.(type) {
+	case obj:
+		m := obj{}
+		for k, x := range t {
+			m[k] = jsonish(x)
+		}
+		return m
+	case []interface{}:
+		s := make([]interface{}, len(t))
+		for i, x := range t {
+			s[i] = jsonish(x)
+		}
+		return s
+	case int:
+		return float64(t)
+	case int64:
+		return float64(t)
+	case nil:
+		return obj{}
+	}
+	return v
+}
+
+func TestDefaultValues(t *testing.T) {
+	r := render(t, "lr")
+	checkDesign(t, r)
+	if len(r.ofKind("ServiceMonitor")) != 0 || len(r.ofKind("Secret")) != 0 {
+		t.Errorf("ServiceMonitor and TLS Secret must be off by default")
+	}
+	if got := len(r.docs); got != 10 {
+		t.Errorf("%d manifests for default values, want 10 (3 workloads, 4 Services, 3 PDBs)", got)
+	}
+}
+
+func TestMultiShardMultiWorkerValues(t *testing.T) {
+	r := render(t, "prod", filepath.Join(*testdataDir, "values-multi.yaml"))
+	checkDesign(t, r)
+	if num(t, r.value("kvstore", "shards")) != 5 || num(t, r.value("worker", "replicas")) != 4 {
+		t.Fatalf("values-multi.yaml was not applied: %v", r.value("kvstore"))
+	}
+	sms := r.ofKind("ServiceMonitor")
+	if len(sms) != 1 {
+		t.Fatalf("%d ServiceMonitors, want 1", len(sms))
+	}
+	sm := sms[0]
+	if str(get(sm, "metadata", "labels", "release")) != "kube-prometheus-stack" || str(get(sm, "spec", "endpoints", 0, "port")) != "metrics" {
+		t.Errorf("ServiceMonitor %v", sm)
+	}
+	scraped := 0
+	for _, svc := range r.ofKind("Service") {
+		if selects(get(sm, "spec", "selector", "matchLabels"), get(svc, "metadata", "labels")) {
+			scraped++
+			hasMetrics := false
+			for _, p := range get(svc, "spec", "ports").([]interface{}) {
+				hasMetrics = hasMetrics || str(get(p, "name")) == "metrics"
+			}
+			if !hasMetrics || !strings.HasPrefix(str(get(svc, "metadata", "labels", str(get(sm, "spec", "jobLabel")))), "lazyrag-") {
+				t.Errorf("ServiceMonitor selects Service %s without a metrics port or job label", get(svc, "metadata", "name"))
+			}
+		}
+	}
+	if scraped != 3 {
+		t.Errorf("ServiceMonitor selects %d Services, want 3 (kvstore, worker, router-metrics)", scraped)
+	}
+	secret := r.byKey["Secret/prod-lazyrag-tls"]
+	if secret == nil || str(secret["type"]) != "kubernetes.io/tls" {
+		t.Fatalf("TLS Secret missing: %v", r.byKey)
+	}
+	for _, k := range []string{"tls.crt", "tls.key", "ca.crt"} {
+		if str(get(secret, "data", k)) == "" {
+			t.Errorf("TLS Secret has no %s", k)
+		}
+	}
+	wk := r.workload(t, "StatefulSet", "worker")
+	if img := str(get(wk, "spec", "template", "spec", "containers", 0, "image")); img != "registry.example.invalid/lazyrag/worker:1.2.3" {
+		t.Errorf("worker image %q", img)
+	}
+	if _, ok := args(wk)["--v"]; !ok {
+		t.Errorf("worker extraArgs not passed: %v", args(wk))
+	}
+	if str(get(wk, "spec", "template", "metadata", "labels", "team")) != "rag" {
+		t.Errorf("commonLabels not on the worker pods")
+	}
+}
+
+func TestCpuWorkerRequestsNoGPU(t *testing.T) {
+	dir := t.TempDir()
+	f := filepath.Join(dir, "cpu.yaml")
+	os.WriteFile(f, []byte("worker:\n  device: cpu\n  nodeSelector: null\n  tolerations: null\n  model:\n    source: image\n    path: synthetic:tiny\n"), 0o644)
+	r := render(t, "cpu", f)
+	checkDesign(t, r)
+}
+
+func TestLongReleaseNameKeepsNamesShort(t *testing.T) {
+	checkDesign(t, render(t, strings.Repeat("a", 60)))
+}
+
+func TestInvalidValuesFailWithMessage(t *testing.T) {
+	cases := map[string]string{
+		"kvstore:\n  shards: 2\n  replication: 3\n":                 "kvstore.replication must be between 0 and kvstore.shards (2), got 3",
+		"kvstore:\n  shards: 0\n":                                   "kvstore.shards must be at least 1",
+		"worker:\n  model:\n    source: s3\n":                       `worker.model.source must be volume or image, got "s3"`,
+		"worker:\n  device: tpu\n":                                  `worker.device must be cuda or cpu, got "tpu"`,
+		"worker:\n  model:\n    path: \"\"\n":                       "worker.model.path is required",
+		"tls:\n  enabled: true\n":                                   "tls.cert is required",
+		"worker:\n  model:\n    source: volume\n    volume: null\n": "worker.model.volume is required",
+	}
+	for values, want := range cases {
+		f := filepath.Join(t.TempDir(), "bad.yaml")
+		os.WriteFile(f, []byte(values), 0o644)
+		_, err := Render(Options{ChartDir: *chartDir, ValuesFiles: []string{f}})
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("values %q: error %v, want one containing %q", values, err, want)
+		}
+	}
+}
+
+// Every value is documented: each key whose value is a scalar, a list or a free-form
+// Kubernetes map has a comment on it; structural maps are documented through their keys.
+func TestValuesDocumented(t *testing.T) {
+	text, err := os.ReadFile(filepath.Join(*chartDir, "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(text, &doc); err != nil {
+		t.Fatal(err)
+	}
+	freeForm := map[string]bool{"resources": true, "nodeSelector": true, "tolerations": true, "affinity": true,
+		"podAnnotations": true, "commonLabels": true, "labels": true, "annotations": true, "volume": true,
+		"podSecurityContext": true, "securityContext": true}
+	var walk func(n *yaml.Node, path string)
+	walk = func(n *yaml.Node, path string) {
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			p := strings.TrimPrefix(path+"."+k.Value, ".")
+			if v.Kind == yaml.MappingNode && !freeForm[k.Value] {
+				walk(v, p)
+				continue
+			}
+			if k.HeadComment == "" && k.LineComment == "" && v.LineComment == "" {
+				t.Errorf("values.yaml: %s has no comment", p)
+			}
+		}
+	}
+	walk(doc.Content[0], "")
+}
+
+// The renderer prints what `helm template` prints: one "# Source:" header per document.
+func TestFormat(t *testing.T) {
+	res, err := Render(Options{ChartDir: *chartDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := res.Format()
+	if n := strings.Count(out, "\n# Source: lazyrag/templates/"); n != len(res.Manifests) || !bytes.HasPrefix([]byte(out), []byte("---\n")) {
+		t.Errorf("%d Source headers for %d manifests", n, len(res.Manifests))
+	}
+}
