@@ -1,11 +1,17 @@
-// lazyrag-cli generate --model PATH|synthetic:NAME --doc FILE [--doc FILE ...] --query TEXT
-//   [--query TEXT ...] [--system TEXT] [--mode lazy|materialize|prefix|full] [--max_tokens N]
-//   [--temperature T] [--top_p P] [--top_k K] [--seed S] [--stop STR ...] [--ignore_eos]
+// lazyrag-cli generate --model PATH|synthetic:NAME --doc FILE [--doc FILE ...]
+// --query TEXT
+//   [--query TEXT ...] [--system TEXT] [--mode lazy|materialize|prefix|full]
+//   [--max_tokens N]
+//   [--temperature T] [--top_p P] [--top_k K] [--seed S] [--stop STR ...]
+//   [--ignore_eos]
 //   [--shuffle_docs] [--page_size N] [--kv_pool_bytes N] [--json]
-// Several --query flags run several requests on one engine (documents computed once; with
+// Several --query flags run several requests on one engine (documents computed
+// once; with
 // --shuffle_docs each request sees the documents in another order).
-// With --server HOST:PORT the requests go to a lazyrag-worker (or router) over gRPC instead
-// (--model, --page_size and --kv_pool_bytes are then ignored); output and --json are the same.
+// With --server HOST:PORT the requests go to a lazyrag-worker (or router) over
+// gRPC instead
+// (--model, --page_size and --kv_pool_bytes are then ignored); output and
+// --json are the same.
 // --timeout_s S sets the call deadline in server mode.
 #include "cli/generate_command.h"
 
@@ -33,29 +39,35 @@ namespace {
 struct Args {
   std::map<std::string, std::vector<std::string>> values;
   std::vector<std::string> flags;
-  bool Has(const std::string& f) const {
-    for (const auto& x : flags) if (x == f) return true;
+  bool Has(const std::string &f) const {
+    for (const auto &x : flags)
+      if (x == f) return true;
     return false;
   }
-  std::string Get(const std::string& k, const std::string& def) const {
+  std::string Get(const std::string &k, const std::string &def) const {
     auto it = values.find(k);
     return it == values.end() ? def : it->second.back();
   }
 };
 
-constexpr const char* kUsage =
-    "usage: lazyrag-cli generate --model PATH|synthetic:NAME [--doc FILE]... --query TEXT\n"
-    "  [--query TEXT]... [--system TEXT] [--mode lazy|materialize|prefix|full]\n"
-    "  [--max_tokens N] [--temperature T] [--top_p P] [--top_k K] [--seed S] [--stop STR]...\n"
-    "  [--ignore_eos] [--shuffle_docs] [--page_size N] [--kv_pool_bytes N] [--json]\n"
-    "  [--server HOST:PORT [--timeout_s S]]   (send to a worker instead of running locally)\n";
+constexpr const char *kUsage =
+    "usage: lazyrag-cli generate --model PATH|synthetic:NAME [--doc FILE]... "
+    "--query TEXT\n"
+    "  [--query TEXT]... [--system TEXT] [--mode "
+    "lazy|materialize|prefix|full]\n"
+    "  [--max_tokens N] [--temperature T] [--top_p P] [--top_k K] [--seed S] "
+    "[--stop STR]...\n"
+    "  [--ignore_eos] [--shuffle_docs] [--page_size N] [--kv_pool_bytes N] "
+    "[--json]\n"
+    "  [--server HOST:PORT [--timeout_s S]]   (send to a worker instead of "
+    "running locally)\n";
 
-bool Parse(int argc, char** argv, Args* a, std::string* err) {
-  static const char* kBool[] = {"--json", "--ignore_eos", "--shuffle_docs", "--help"};
+bool Parse(int argc, char **argv, Args *a, std::string *err) {
+  static const char *kBool[] = {"--json", "--ignore_eos", "--shuffle_docs", "--help"};
   for (int i = 1; i < argc; ++i) {
     std::string s = argv[i];
     bool is_bool = false;
-    for (const char* b : kBool) is_bool |= s == b;
+    for (const char *b : kBool) is_bool |= s == b;
     if (is_bool) {
       a->flags.push_back(s);
       continue;
@@ -76,12 +88,13 @@ bool Parse(int argc, char** argv, Args* a, std::string* err) {
     }
     a->values[key].push_back(val);
   }
-  static const char* kKnown[] = {"model", "doc", "query", "system", "mode", "max_tokens",
-                                 "temperature", "top_p", "top_k", "seed", "stop", "page_size",
-                                 "kv_pool_bytes", "namespace", "server", "timeout_s"};
-  for (const auto& [k, v] : a->values) {
+  static const char *kKnown[] = {"model",         "doc",        "query",       "system",
+                                 "mode",          "max_tokens", "temperature", "top_p",
+                                 "top_k",         "seed",       "stop",        "page_size",
+                                 "kv_pool_bytes", "namespace",  "server",      "timeout_s"};
+  for (const auto &[k, v] : a->values) {
     bool known = false;
-    for (const char* n : kKnown) known |= k == n;
+    for (const char *n : kKnown) known |= k == n;
     if (!known) {
       *err = "unknown flag --" + k;
       return false;
@@ -91,40 +104,48 @@ bool Parse(int argc, char** argv, Args* a, std::string* err) {
 }
 
 template <typename T>
-bool ParseNumber(const std::string& s, T* out) {
+bool ParseNumber(const std::string &s, T *out) {
   std::istringstream in(s);
   in >> *out;
   return !in.fail() && in.eof();
 }
 
-
 v1::AttentionMode ModeToProto(AttentionMode m) {
   switch (m) {
-    case AttentionMode::kLazy: return v1::ATTENTION_MODE_LAZY;
-    case AttentionMode::kMaterialize: return v1::ATTENTION_MODE_MATERIALIZE;
-    case AttentionMode::kPrefix: return v1::ATTENTION_MODE_PREFIX;
-    case AttentionMode::kFull: return v1::ATTENTION_MODE_FULL;
+    case AttentionMode::kLazy:
+      return v1::ATTENTION_MODE_LAZY;
+    case AttentionMode::kMaterialize:
+      return v1::ATTENTION_MODE_MATERIALIZE;
+    case AttentionMode::kPrefix:
+      return v1::ATTENTION_MODE_PREFIX;
+    case AttentionMode::kFull:
+      return v1::ATTENTION_MODE_FULL;
   }
   return v1::ATTENTION_MODE_LAZY;
 }
 
 FinishReason FinishFromProto(v1::FinishReason r) {
   switch (r) {
-    case v1::FINISH_REASON_STOP: return FinishReason::kStop;
-    case v1::FINISH_REASON_EOS: return FinishReason::kEos;
-    case v1::FINISH_REASON_CANCELLED: return FinishReason::kCancelled;
-    default: return FinishReason::kLength;
+    case v1::FINISH_REASON_STOP:
+      return FinishReason::kStop;
+    case v1::FINISH_REASON_EOS:
+      return FinishReason::kEos;
+    case v1::FINISH_REASON_CANCELLED:
+      return FinishReason::kCancelled;
+    default:
+      return FinishReason::kLength;
   }
 }
 
-// Runs one request on a server, streaming deltas to `on_delta`; same result shape as local.
-absl::StatusOr<GenerateResult> GenerateRemote(v1::Inference::Stub& stub, const GenerateRequest& r,
-                                              double timeout_s,
-                                              const std::function<void(std::string_view)>& on_delta) {
+// Runs one request on a server, streaming deltas to `on_delta`; same result
+// shape as local.
+absl::StatusOr<GenerateResult> GenerateRemote(
+    v1::Inference::Stub &stub, const GenerateRequest &r, double timeout_s,
+    const std::function<void(std::string_view)> &on_delta) {
   v1::GenerateRequest req;
   req.set_request_id(r.request_id);
   req.set_system_prompt(r.system_prompt);
-  for (const DocumentInput& d : r.documents) {
+  for (const DocumentInput &d : r.documents) {
     if (!d.id.empty()) {
       req.add_documents()->set_id(d.id);
     } else {
@@ -137,7 +158,7 @@ absl::StatusOr<GenerateResult> GenerateRemote(v1::Inference::Stub& stub, const G
   req.mutable_sampling()->set_top_k(r.sampling.top_k);
   req.mutable_sampling()->set_seed(r.sampling.seed);
   req.set_max_tokens(r.max_tokens);
-  for (const auto& s : r.stop) req.add_stop(s);
+  for (const auto &s : r.stop) req.add_stop(s);
   req.set_ignore_eos(r.ignore_eos);
   req.set_mode(ModeToProto(r.mode));
   req.set_cache_namespace(r.cache_namespace);
@@ -155,7 +176,7 @@ absl::StatusOr<GenerateResult> GenerateRemote(v1::Inference::Stub& stub, const G
     res.token_ids.insert(res.token_ids.end(), m.token_ids().begin(), m.token_ids().end());
     if (m.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
       res.finish_reason = FinishFromProto(m.finish_reason());
-      const v1::Usage& u = m.usage();
+      const v1::Usage &u = m.usage();
       res.usage.prompt_tokens = u.prompt_tokens();
       res.usage.document_tokens = u.document_tokens();
       res.usage.cached_document_tokens = u.cached_document_tokens();
@@ -176,7 +197,7 @@ absl::StatusOr<GenerateResult> GenerateRemote(v1::Inference::Stub& stub, const G
 
 }  // namespace
 
-int RunGenerateCommand(int argc, char** argv) {
+int RunGenerateCommand(int argc, char **argv) {
   Args a;
   std::string err;
   if (!Parse(argc, argv, &a, &err) || a.Has("--help")) {
@@ -188,7 +209,8 @@ int RunGenerateCommand(int argc, char** argv) {
   ro.model = a.Get("model", "");
   const std::string server = a.Get("server", "");
   if ((ro.model.empty() && server.empty()) || a.values["query"].empty()) {
-    std::cerr << "lazyrag-cli generate: --model (or --server) and --query are required\n"
+    std::cerr << "lazyrag-cli generate: --model (or --server) and --query are "
+                 "required\n"
               << kUsage;
     return 2;
   }
@@ -214,7 +236,7 @@ int RunGenerateCommand(int argc, char** argv) {
   base.ignore_eos = a.Has("--ignore_eos");
   base.cache_namespace = a.Get("namespace", "");
   if (a.values.count("stop")) base.stop = a.values["stop"];
-  for (const std::string& path : a.values["doc"]) {
+  for (const std::string &path : a.values["doc"]) {
     std::ifstream in(path, std::ios::binary);
     if (!in) {
       std::cerr << "lazyrag-cli generate: cannot read document " << path << "\n";
@@ -227,8 +249,7 @@ int RunGenerateCommand(int argc, char** argv) {
   std::unique_ptr<Runtime> runtime;
   std::unique_ptr<v1::Inference::Stub> stub;
   if (!server.empty()) {
-    stub = v1::Inference::NewStub(
-        grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
+    stub = v1::Inference::NewStub(grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
   } else {
     auto rt = CreateRuntime(ro);
     if (!rt.ok()) {
@@ -240,10 +261,11 @@ int RunGenerateCommand(int argc, char** argv) {
   const bool json = a.Has("--json");
   std::mt19937 rng(base.sampling.seed);
   int index = 0;
-  for (const std::string& query : a.values["query"]) {
+  for (const std::string &query : a.values["query"]) {
     GenerateRequest r = base;
     r.query = query;
-    if (a.Has("--shuffle_docs") && index > 0) std::shuffle(r.documents.begin(), r.documents.end(), rng);
+    if (a.Has("--shuffle_docs") && index > 0)
+      std::shuffle(r.documents.begin(), r.documents.end(), rng);
     auto print = [&](std::string_view delta) {
       if (!json) {
         std::fwrite(delta.data(), 1, delta.size(), stdout);
@@ -270,7 +292,7 @@ int RunGenerateCommand(int argc, char** argv) {
       w.Key("finish_reason").String(std::string(FinishReasonName(res->finish_reason)));
       w.Key("mode").String(std::string(AttentionModeName(r.mode)));
       w.Key("document_ids").BeginArray();
-      for (const auto& id : res->document_ids) w.String(id);
+      for (const auto &id : res->document_ids) w.String(id);
       w.EndArray();
       w.Key("usage").BeginObject();
       w.Key("prompt_tokens").Int(res->usage.prompt_tokens);
@@ -286,11 +308,13 @@ int RunGenerateCommand(int argc, char** argv) {
       w.EndObject();
       std::cout << w.str() << "\n";
     } else {
-      std::printf("\n[%s] ttft %.1f ms, total %.1f ms, documents %lld tokens (%lld cached), computed %lld, generated %lld\n",
-                  std::string(AttentionModeName(r.mode)).c_str(), res->timings.ttft_ms,
-                  res->timings.total_ms, (long long)res->usage.document_tokens,
-                  (long long)res->usage.cached_document_tokens,
-                  (long long)res->usage.computed_tokens, (long long)res->usage.completion_tokens);
+      std::printf(
+          "\n[%s] ttft %.1f ms, total %.1f ms, documents %lld tokens "
+          "(%lld cached), computed %lld, generated %lld\n",
+          std::string(AttentionModeName(r.mode)).c_str(), res->timings.ttft_ms,
+          res->timings.total_ms, (long long)res->usage.document_tokens,
+          (long long)res->usage.cached_document_tokens, (long long)res->usage.computed_tokens,
+          (long long)res->usage.completion_tokens);
     }
     ++index;
   }

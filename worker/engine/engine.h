@@ -1,93 +1,133 @@
-// The generation engine over one backend: document blocks cached once in the paged pool and
-// referenced by any number of requests (LAZY), copied and re-rotated per request
-// (MATERIALIZE), reused only on identical prefixes (PREFIX), or not at all (FULL).
-// Knows nothing of gRPC (DESIGN section 9).
+// The generation engine over one backend: document blocks cached once in the
+// paged pool and referenced by any number of requests (LAZY), copied and
+// re-rotated per request (MATERIALIZE), reused only on identical prefixes
+// (PREFIX), or not at all (FULL). Knows nothing of gRPC (DESIGN section 9).
 //
-// Thread safety: RunTokens may be called from many threads; requests currently run one at a
-// time (the continuous-batching scheduler of worker/engine replaces this lock).
+// Requests run under a continuous-batching scheduler
+// (worker/engine/scheduler.h): every step packs the decode tokens of running
+// requests and prefill chunks of new requests and of documents being computed
+// into one ForwardBatch. Documents are looked up in the pool, then in the
+// DocumentStore (when one is given), then computed, once however many requests
+// want them (singleflight); computed documents are written back to the store in
+// the background.
+//
+// Thread safety: every public method may be called from any thread.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "worker/backend/backend.h"
+#include "worker/cache/document_store.h"
 #include "worker/cache/document_table.h"
 #include "worker/engine/request.h"
 
 namespace lazyrag {
 
+namespace metrics {
+class Registry;
+}
+
 struct EngineOptions {
-  int num_pages = 4096;      // KV pool pages
-  int page_size = 16;        // tokens per page
-  int prefill_chunk = 512;   // query rows per forward step during prefill
-  std::string fingerprint;   // model fingerprint, part of every document id
+  int num_pages = 4096;         // KV pool pages
+  int page_size = 16;           // tokens per page
+  int prefill_chunk = 512;      // most query rows one sequence feeds in one step
+  int max_batch_tokens = 2048;  // per-step token budget (decode + prefill rows)
+  int max_running = 64;         // requests admitted at once
+  int max_waiting = 256;        // queued beyond that: RESOURCE_EXHAUSTED
+  std::string fingerprint;      // model fingerprint, part of every document id
+  std::string model_name;       // `model` label of the metrics
+  // Optional, not owned, must outlive the engine: the store tier (pool -> store
+  // -> compute).
+  DocumentStore *store = nullptr;
+  // Optional, not owned, must outlive the engine: where the engine's metrics
+  // are exported.
+  metrics::Registry *registry = nullptr;
 };
 
 struct TokenRunOptions {
   AttentionMode mode = AttentionMode::kLazy;
   int max_tokens = 16;
   SamplingParams sampling;
-  bool ignore_eos = false;               // generate max_tokens whatever is sampled
-  std::vector<int32_t> stop_token_ids;   // EOS and the template's end-of-turn tokens
+  bool ignore_eos = false;              // generate max_tokens whatever is sampled
+  std::vector<int32_t> stop_token_ids;  // EOS and the template's end-of-turn tokens
   std::string cache_namespace;
-  // When set, receives the logits of every step: after the prompt, then after each
-  // generated token ([max_tokens][vocab] at most). For tests and fixtures.
-  std::vector<std::vector<float>>* step_logits = nullptr;
+  // DEADLINE_EXCEEDED once it passes (already past: at once, nothing runs).
+  absl::Time deadline = absl::InfiniteFuture();
+  // Polled while the request runs (about every 20 ms and at every token); true
+  // cancels it (CANCELLED) and frees its pages at once. For a client that went
+  // away.
+  std::function<bool()> is_cancelled;
+  // When set, receives the logits of every step: after the prompt, then after
+  // each generated token ([max_tokens][vocab] at most). Written by the
+  // scheduler thread, read by the caller after RunTokens returns. For tests and
+  // fixtures.
+  std::vector<std::vector<float>> *step_logits = nullptr;
 };
 
-// Called with each generated token; return false to stop (stop string, client gone).
+// Called with each generated token, on the caller's thread; return false to
+// stop (stop string): the request ends with what was delivered and its pages
+// are freed.
 using TokenCallback = std::function<bool(int32_t token)>;
+
+struct EngineStats {
+  int running = 0;  // admitted requests (computing documents, prefilling or decoding)
+  int waiting = 0;  // queued for admission
+  int pages_total = 0;
+  int pages_free = 0;
+  int64_t pages_pinned = 0;  // document pages referenced by running requests
+  int64_t evictions = 0;
+  int64_t preemptions = 0;
+  std::vector<std::string> resident_ids;  // documents (and PREFIX pages) in the pool
+};
+
+class Scheduler;
+class EngineMetrics;
 
 class Engine {
  public:
   static absl::StatusOr<std::unique_ptr<Engine>> Create(std::unique_ptr<Backend> backend,
-                                                        const EngineOptions& options);
+                                                        const EngineOptions &options);
+  ~Engine();  // fails requests still queued or running (UNAVAILABLE) and joins
+              // the threads
 
-  absl::StatusOr<TokenResult> RunTokens(const TokenPrompt& prompt, const TokenRunOptions& options,
-                                        const TokenCallback& on_token = {});
+  // Runs one request to the end, streaming tokens to `on_token` on this thread.
+  // Blocks.
+  absl::StatusOr<TokenResult> RunTokens(const TokenPrompt &prompt, const TokenRunOptions &options,
+                                        const TokenCallback &on_token = {});
 
   // The id under which a block of tokens is cached (common/document_id.h).
-  std::string BlockId(const std::vector<int32_t>& tokens, const std::string& cache_namespace) const;
+  std::string BlockId(const std::vector<int32_t> &tokens, const std::string &cache_namespace) const;
 
-  Backend& backend() { return *backend_; }
-  const ModelConfig& config() const { return backend_->config(); }
-  DocumentTable& documents() { return *table_; }
-  const PageAllocator& pages() const { return *allocator_; }
-  const EngineOptions& options() const { return options_; }
+  // The tokens of a document known only by id, read from the store (a document
+  // named by id after a restart). NOT_FOUND when there is no store or it does
+  // not hold the id; UNAVAILABLE when the store cannot be reached.
+  absl::StatusOr<std::vector<int32_t>> FetchDocumentTokens(const std::string &cache_namespace,
+                                                           const std::string &id);
+
+  EngineStats Stats() const;
+
+  Backend &backend() { return *backend_; }
+  const ModelConfig &config() const { return backend_->config(); }
+  DocumentTable &documents() { return *table_; }
+  const PageAllocator &pages() const { return *allocator_; }
+  const EngineOptions &options() const { return options_; }
 
  private:
-  struct Segment {
-    int32_t start = 0;
-    int32_t len = 0;
-    std::vector<int32_t> pages;
-  };
-  struct RequestState;
-
-  Engine(std::unique_ptr<Backend> backend, const EngineOptions& options);
-  absl::Status Validate(const TokenPrompt& prompt, const TokenRunOptions& options) const;
-  // Pins the block's KV, computing it (alone, from position 0) on a miss.
-  absl::StatusOr<DocumentRun> AcquireBlock(RequestState& st, const std::vector<int32_t>& tokens,
-                                           const std::string& ns, bool* computed);
-  // Runs `tokens` appended to `active` (after `fixed`), returning the last row's logits when
-  // `logits` is set.
-  absl::Status Append(const std::vector<Segment>& fixed, Segment& active,
-                      const int32_t* tokens, int n, std::vector<float>* logits);
-  absl::Status RunPrompt(RequestState& st, const TokenPrompt& prompt,
-                         const TokenRunOptions& options, std::vector<float>* logits);
+  Engine(std::unique_ptr<Backend> backend, const EngineOptions &options);
+  absl::Status Validate(const TokenPrompt &prompt, const TokenRunOptions &options) const;
 
   EngineOptions options_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<PageAllocator> allocator_;
   std::unique_ptr<DocumentTable> table_;
-  absl::Mutex run_mu_;
-  // Segments of the request being run (guarded by run_mu_): fixed blocks and the segment that
-  // receives generated tokens.
-  std::vector<Segment> active_fixed_;
-  Segment active_;
+  std::unique_ptr<EngineMetrics> metrics_;
+  std::unique_ptr<Scheduler> scheduler_;
 };
 
 }  // namespace lazyrag

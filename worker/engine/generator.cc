@@ -8,12 +8,13 @@
 
 namespace lazyrag {
 
-std::string StopStringMatcher::Feed(std::string_view bytes, bool* stopped) {
+std::string StopStringMatcher::Feed(std::string_view bytes, bool *stopped) {
   *stopped = false;
   pending_.append(bytes);
-  // A stop string fully inside released + pending text (it may straddle the boundary only
-  // within pending, since released text never ends with a stop-string prefix).
-  for (const std::string& s : stops_) {
+  // A stop string fully inside released + pending text (it may straddle the
+  // boundary only within pending, since released text never ends with a
+  // stop-string prefix).
+  for (const std::string &s : stops_) {
     if (s.empty()) continue;
     size_t at = pending_.find(s);
     if (at != std::string::npos) {
@@ -27,7 +28,7 @@ std::string StopStringMatcher::Feed(std::string_view bytes, bool* stopped) {
   size_t release = Utf8CompletePrefix(pending_);
   // Hold back the longest tail that is a proper prefix of some stop string.
   size_t hold = 0;
-  for (const std::string& s : stops_) {
+  for (const std::string &s : stops_) {
     for (size_t n = std::min(s.size() - (s.empty() ? 0 : 1), pending_.size()); n > hold; --n) {
       if (pending_.compare(pending_.size() - n, n, s, 0, n) == 0) {
         hold = n;
@@ -49,11 +50,22 @@ std::string StopStringMatcher::Flush() {
   return out;
 }
 
-Generator::Generator(Engine* engine, const Tokenizer* tokenizer, RagTemplate tmpl)
+Generator::Generator(Engine *engine, const Tokenizer *tokenizer, RagTemplate tmpl)
     : engine_(engine), tokenizer_(tokenizer), template_(std::move(tmpl)) {}
 
-absl::StatusOr<TokenPrompt> Generator::BuildPrompt(const GenerateRequest& r,
-                                                   std::vector<std::string>* document_ids) {
+void Generator::Remember(const std::string &id, const std::vector<int32_t> &tokens) {
+  absl::MutexLock lock(&mu_);
+  if (known_.emplace(id, tokens).second) {
+    known_order_.push_back(id);
+    if (known_order_.size() > kMaxKnownDocuments) {
+      known_.erase(known_order_.front());
+      known_order_.pop_front();
+    }
+  }
+}
+
+absl::StatusOr<TokenPrompt> Generator::BuildPrompt(const GenerateRequest &r,
+                                                   std::vector<std::string> *document_ids) {
   if (r.query.empty()) return absl::InvalidArgumentError("query is empty");
   if (!IsValidUtf8(r.query) || !IsValidUtf8(r.system_prompt)) {
     return absl::InvalidArgumentError("query and system prompt must be valid UTF-8");
@@ -61,40 +73,50 @@ absl::StatusOr<TokenPrompt> Generator::BuildPrompt(const GenerateRequest& r,
   TokenPrompt p;
   p.prefix = tokenizer_->Encode(template_.Prefix(r.system_prompt));
   p.suffix = tokenizer_->Encode(template_.Suffix(r.query));
-  const std::string& fp = engine_->options().fingerprint;
+  const std::string &fp = engine_->options().fingerprint;
   for (size_t i = 0; i < r.documents.size(); ++i) {
-    const DocumentInput& d = r.documents[i];
+    const DocumentInput &d = r.documents[i];
     if (!d.text.empty() && !d.id.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("document ", i, ": give text or id, not both"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("document ", i, ": give text or id, not both"));
     }
     std::vector<int32_t> tokens;
     std::string id;
     if (!d.id.empty()) {
       if (!IsDocumentId(d.id)) {
-        return absl::InvalidArgumentError(absl::StrCat("document ", i, ": '", d.id, "' is not a document id"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("document ", i, ": '", d.id, "' is not a document id"));
       }
-      absl::MutexLock lock(&mu_);
-      auto it = known_.find(d.id);
-      if (it == known_.end()) {
-        return absl::NotFoundError(absl::StrCat("document ", i, ": unknown document id ", d.id));
+      {
+        absl::MutexLock lock(&mu_);
+        auto it = known_.find(d.id);
+        if (it != known_.end()) tokens = it->second;
       }
-      tokens = it->second;
+      if (tokens.empty()) {
+        // Not seen by this process (e.g. after a restart): the store keeps the
+        // tokens too.
+        auto fetched = engine_->FetchDocumentTokens(r.cache_namespace, d.id);
+        if (absl::IsNotFound(fetched.status())) {
+          return absl::NotFoundError(absl::StrCat("document ", i, ": unknown document id ", d.id));
+        }
+        if (!fetched.ok()) {
+          return absl::UnavailableError(absl::StrCat(
+              "document ", i, ": id ", d.id,
+              " is not known here and the kvstore failed: ", fetched.status().message()));
+        }
+        tokens = std::move(*fetched);
+        Remember(d.id, tokens);
+      }
       id = d.id;
     } else {
-      if (d.text.empty()) return absl::InvalidArgumentError(absl::StrCat("document ", i, " is empty"));
+      if (d.text.empty())
+        return absl::InvalidArgumentError(absl::StrCat("document ", i, " is empty"));
       if (!IsValidUtf8(d.text)) {
         return absl::InvalidArgumentError(absl::StrCat("document ", i, " is not valid UTF-8"));
       }
       tokens = tokenizer_->Encode(template_.Document(d.text));
       id = DocumentId(fp, r.cache_namespace, tokens);
-      absl::MutexLock lock(&mu_);
-      if (known_.emplace(id, tokens).second) {
-        known_order_.push_back(id);
-        if (known_order_.size() > kMaxKnownDocuments) {
-          known_.erase(known_order_.front());
-          known_order_.erase(known_order_.begin());
-        }
-      }
+      Remember(id, tokens);
     }
     if (document_ids) document_ids->push_back(id);
     p.documents.push_back(std::move(tokens));
@@ -102,8 +124,8 @@ absl::StatusOr<TokenPrompt> Generator::BuildPrompt(const GenerateRequest& r,
   return p;
 }
 
-absl::StatusOr<GenerateResult> Generator::Generate(const GenerateRequest& r,
-                                                   const TextCallback& on_delta) {
+absl::StatusOr<GenerateResult> Generator::Generate(const GenerateRequest &r,
+                                                   const TextCallback &on_delta) {
   GenerateResult result;
   auto prompt = BuildPrompt(r, &result.document_ids);
   if (!prompt.ok()) return prompt.status();
@@ -113,13 +135,14 @@ absl::StatusOr<GenerateResult> Generator::Generate(const GenerateRequest& r,
   o.sampling = r.sampling;
   o.ignore_eos = r.ignore_eos;
   o.stop_token_ids = template_.stop_token_ids;
-  if (tokenizer_->eos_id() >= 0 &&
-      std::find(o.stop_token_ids.begin(), o.stop_token_ids.end(), tokenizer_->eos_id()) ==
-          o.stop_token_ids.end()) {
+  if (tokenizer_->eos_id() >= 0 && std::find(o.stop_token_ids.begin(), o.stop_token_ids.end(),
+                                             tokenizer_->eos_id()) == o.stop_token_ids.end()) {
     o.stop_token_ids.push_back(tokenizer_->eos_id());
   }
   o.cache_namespace = r.cache_namespace;
-  for (const std::string& s : r.stop) {
+  o.deadline = r.deadline;
+  o.is_cancelled = r.is_cancelled;
+  for (const std::string &s : r.stop) {
     if (s.empty()) return absl::InvalidArgumentError("stop strings must not be empty");
   }
   StopStringMatcher matcher(r.stop);
@@ -139,7 +162,7 @@ absl::StatusOr<GenerateResult> Generator::Generate(const GenerateRequest& r,
   if (!tail.empty() && on_delta) on_delta(tail, -1);
   result.text = matcher.text();
   result.token_ids = run->token_ids;
-  result.finish_reason = cancelled ? FinishReason::kCancelled
+  result.finish_reason = cancelled           ? FinishReason::kCancelled
                          : stopped_by_string ? FinishReason::kStop
                                              : run->finish_reason;
   result.usage = run->usage;
@@ -148,9 +171,9 @@ absl::StatusOr<GenerateResult> Generator::Generate(const GenerateRequest& r,
 }
 
 absl::StatusOr<std::vector<PreparedDocument>> Generator::PrepareDocuments(
-    const std::vector<std::string>& texts, const std::string& cache_namespace) {
+    const std::vector<std::string> &texts, const std::string &cache_namespace) {
   std::vector<PreparedDocument> out;
-  for (const std::string& text : texts) {
+  for (const std::string &text : texts) {
     GenerateRequest r;
     r.documents.push_back({text, ""});
     r.query = "x";

@@ -1,8 +1,10 @@
-// Text-level generation: builds the block prompt from system prompt, documents (by text or by
-// id) and query with the model's RAG template, runs it on the engine, detokenises the stream
-// (whole UTF-8 characters only) and applies stop strings. Knows nothing of gRPC.
+// Text-level generation: builds the block prompt from system prompt, documents
+// (by text or by id) and query with the model's RAG template, runs it on the
+// engine, detokenises the stream (whole UTF-8 characters only) and applies stop
+// strings. Knows nothing of gRPC.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -13,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "worker/engine/engine.h"
 #include "worker/model/tokenizer/chat_template.h"
 #include "worker/model/tokenizer/tokenizer.h"
@@ -35,6 +38,10 @@ struct GenerateRequest {
   bool ignore_eos = false;
   AttentionMode mode = AttentionMode::kLazy;
   std::string cache_namespace;
+  // DEADLINE_EXCEEDED once it passes; polled cancellation (a client that went
+  // away).
+  absl::Time deadline = absl::InfiniteFuture();
+  std::function<bool()> is_cancelled;
 };
 
 struct GenerateResult {
@@ -46,8 +53,8 @@ struct GenerateResult {
   std::vector<std::string> document_ids;
 };
 
-// Called with each text delta (possibly empty while bytes are held back) and its token.
-// Return false to cancel the request.
+// Called with each text delta (possibly empty while bytes are held back) and
+// its token. Return false to cancel the request.
 using TextCallback = std::function<bool(std::string_view delta, int32_t token)>;
 
 struct PreparedDocument {
@@ -59,44 +66,46 @@ struct PreparedDocument {
 class Generator {
  public:
   // `engine` and `tokenizer` must outlive the generator.
-  Generator(Engine* engine, const Tokenizer* tokenizer, RagTemplate tmpl);
+  Generator(Engine *engine, const Tokenizer *tokenizer, RagTemplate tmpl);
 
-  absl::StatusOr<GenerateResult> Generate(const GenerateRequest& request,
-                                          const TextCallback& on_delta = {});
+  absl::StatusOr<GenerateResult> Generate(const GenerateRequest &request,
+                                          const TextCallback &on_delta = {});
   // Tokenizes and computes documents ahead of requests (pins nothing).
   absl::StatusOr<std::vector<PreparedDocument>> PrepareDocuments(
-      const std::vector<std::string>& texts, const std::string& cache_namespace);
+      const std::vector<std::string> &texts, const std::string &cache_namespace);
 
-  absl::StatusOr<TokenPrompt> BuildPrompt(const GenerateRequest& request,
-                                          std::vector<std::string>* document_ids);
-  const Tokenizer& tokenizer() const { return *tokenizer_; }
-  const RagTemplate& rag_template() const { return template_; }
-  Engine& engine() { return *engine_; }
+  absl::StatusOr<TokenPrompt> BuildPrompt(const GenerateRequest &request,
+                                          std::vector<std::string> *document_ids);
+  const Tokenizer &tokenizer() const { return *tokenizer_; }
+  const RagTemplate &rag_template() const { return template_; }
+  Engine &engine() { return *engine_; }
 
  private:
-  Engine* engine_;
-  const Tokenizer* tokenizer_;
+  Engine *engine_;
+  const Tokenizer *tokenizer_;
   RagTemplate template_;
-  // Document tokens by id, so that later requests (and FULL/PREFIX modes) can name documents
-  // by id. Bounded: the oldest ids are forgotten past kMaxKnownDocuments.
+  // Document tokens by id, so that later requests (and FULL/PREFIX modes) can
+  // name documents by id. Bounded: the oldest ids are forgotten past
+  // kMaxKnownDocuments.
   static constexpr size_t kMaxKnownDocuments = 100000;
   absl::Mutex mu_;
   std::unordered_map<std::string, std::vector<int32_t>> known_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> known_order_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> known_order_ ABSL_GUARDED_BY(mu_);
+  void Remember(const std::string &id, const std::vector<int32_t> &tokens);
 };
 
-// Incremental detokeniser with stop strings: feeds token bytes, releases text that is whole
-// UTF-8 and cannot be the start of a stop string.
+// Incremental detokeniser with stop strings: feeds token bytes, releases text
+// that is whole UTF-8 and cannot be the start of a stop string.
 class StopStringMatcher {
  public:
   explicit StopStringMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {}
-  // Appends bytes; returns the newly releasable text. Sets *stopped when a stop string
-  // appeared (the text before it is released, the rest dropped).
-  std::string Feed(std::string_view bytes, bool* stopped);
-  // Releases what is held back at the end of generation (a trailing partial character is
-  // kept as is).
+  // Appends bytes; returns the newly releasable text. Sets *stopped when a stop
+  // string appeared (the text before it is released, the rest dropped).
+  std::string Feed(std::string_view bytes, bool *stopped);
+  // Releases what is held back at the end of generation (a trailing partial
+  // character is kept as is).
   std::string Flush();
-  const std::string& text() const { return text_; }  // everything released so far
+  const std::string &text() const { return text_; }  // everything released so far
 
  private:
   std::vector<std::string> stops_;

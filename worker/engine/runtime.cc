@@ -26,6 +26,17 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
   eo.page_size = o.page_size;
   eo.prefill_chunk = o.prefill_chunk;
   eo.fingerprint = rt->fingerprint;
+  eo.model_name = o.model;
+  eo.max_batch_tokens = o.max_batch_tokens;
+  eo.max_running = o.max_running;
+  eo.max_waiting = o.max_waiting;
+  eo.registry = o.registry;
+  if (o.store_factory) {
+    auto store = o.store_factory(rt->fingerprint);
+    if (!store.ok()) return store.status();
+    rt->store = std::move(*store);
+    eo.store = rt->store.get();
+  }
   const int64_t pool = o.kv_pool_bytes > 0 ? o.kv_pool_bytes : int64_t(256) << 20;
   const int64_t per_page = (*backend)->BytesPerPage() / std::max(1, (*backend)->page_size()) * o.page_size;
   eo.num_pages = int(std::min<int64_t>(pool / per_page, 1 << 24));

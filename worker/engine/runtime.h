@@ -1,12 +1,15 @@
-// Everything one model needs to serve: weights on a backend, KV pool, tokenizer, template,
-// engine and text generator, built from a model path or synthetic name.
+// Everything one model needs to serve: weights on a backend, KV pool,
+// tokenizer, template, engine and text generator, built from a model path or
+// synthetic name.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "worker/cache/document_store.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/generator.h"
 #include "worker/model/model_source.h"
@@ -15,12 +18,23 @@
 namespace lazyrag {
 
 struct RuntimeOptions {
-  std::string model;              // GGUF path, HF directory or synthetic:NAME[@SEED]
-  std::string device = "cpu";     // cpu | cuda
-  int page_size = 16;             // tokens per KV page
-  int64_t kv_pool_bytes = 0;      // 0: 256 MiB on the CPU
-  int prefill_chunk = 512;        // query rows per forward step during prefill
+  std::string model;           // GGUF path, HF directory or synthetic:NAME[@SEED]
+  std::string device = "cpu";  // cpu | cuda
+  int page_size = 16;          // tokens per KV page
+  int64_t kv_pool_bytes = 0;   // 0: 256 MiB on the CPU
+  int prefill_chunk = 512;     // query rows per forward step during prefill
   bool reference_attention = false;
+  int max_batch_tokens = 2048;  // per-step token budget of the scheduler
+  int max_running = 64;         // requests admitted at once
+  int max_waiting = 256;        // waiting queue bound (RESOURCE_EXHAUSTED beyond)
+  // Optional: opens the store tier once the model fingerprint (part of every
+  // key) is known; the runtime owns the store. Empty: no store (pool ->
+  // compute).
+  std::function<absl::StatusOr<std::unique_ptr<DocumentStore>>(const std::string &fingerprint)>
+      store_factory;
+  // Optional, not owned, must outlive the runtime: where the engine exports its
+  // metrics.
+  metrics::Registry *registry = nullptr;
 };
 
 struct Runtime {
@@ -28,10 +42,11 @@ struct Runtime {
   std::string fingerprint;
   std::string model_name;
   std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<DocumentStore> store;  // null without a store; outlives the engine
   std::unique_ptr<Engine> engine;
   std::unique_ptr<Generator> generator;
 };
 
-absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& options);
+absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions &options);
 
 }  // namespace lazyrag

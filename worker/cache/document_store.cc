@@ -1,0 +1,149 @@
+#include "worker/cache/document_store.h"
+
+#include <string_view>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/crc32c.h"
+#include "kvstore/client/kvstore_client.h"
+#include "kvstore/format.h"
+#include "kvstore/kv_engine.h"
+
+namespace lazyrag {
+namespace {
+
+// The RocksDB engine of the kvstore, in-process: same keys and layout as the
+// service.
+class EmbeddedDocumentStore : public DocumentStore {
+ public:
+  EmbeddedDocumentStore(std::string dir, std::string fingerprint,
+                        std::unique_ptr<kvstore::KvEngine> engine)
+      : dir_(std::move(dir)), fingerprint_(std::move(fingerprint)), engine_(std::move(engine)) {}
+
+  std::string name() const override { return "embedded:" + dir_; }
+
+  absl::StatusOr<StoredDocument> Get(const std::string &ns, const std::string &id) override {
+    auto key = Key(ns, id);
+    if (!key.ok()) return key.status();
+    auto reader = engine_->Open(*key);
+    if (!reader.ok()) return reader.status();
+    const kvstore::ValueLayout &layout = (*reader)->layout();
+    StoredDocument doc;
+    doc.metadata = layout.metadata;
+    doc.bytes.reserve(layout.total_size);
+    for (uint32_t i = 0; i < layout.num_chunks; ++i) {
+      std::string data;
+      uint32_t crc = 0;
+      if (auto st = (*reader)->ReadChunk(i, &data, &crc); !st.ok()) return st;
+      doc.bytes += data;
+    }
+    if (doc.bytes.size() != layout.total_size) {
+      return absl::DataLossError("embedded store: value shorter than its layout");
+    }
+    return doc;
+  }
+
+  absl::Status Put(const std::string &ns, const std::string &id,
+                   const StoredDocument &doc) override {
+    auto key = Key(ns, id);
+    if (!key.ok()) return key.status();
+    kvstore::ValueLayout layout;
+    layout.total_size = doc.bytes.size();
+    layout.chunk_size = kvstore::kDefaultChunkBytes;
+    layout.num_chunks = kvstore::NumChunks(layout.total_size, layout.chunk_size);
+    layout.metadata = doc.metadata;
+    auto session = engine_->BeginPut(*key, layout);
+    if (!session.ok()) return session.status();
+    for (uint32_t i = 0; i < layout.num_chunks; ++i) {
+      std::string_view data(doc.bytes.data() + layout.ChunkBegin(i),
+                            layout.ChunkEnd(i) - layout.ChunkBegin(i));
+      if (auto st = (*session)->AddChunk(i, data, Crc32c(data)); !st.ok()) return st;
+    }
+    auto committed = (*session)->Commit();
+    return committed.ok() ? absl::OkStatus() : committed.status();
+  }
+
+ private:
+  absl::StatusOr<std::string> Key(const std::string &ns, const std::string &id) const {
+    v1::KvKey key;
+    key.mutable_document()->set_model_fingerprint(fingerprint_);
+    key.mutable_document()->set_cache_namespace(ns);
+    key.mutable_document()->set_document_id(id);
+    return kvstore::EncodeKey(key);
+  }
+
+  const std::string dir_;
+  const std::string fingerprint_;
+  std::unique_ptr<kvstore::KvEngine> engine_;
+};
+
+// The kvstore service through the client library (placement, replicas,
+// checksums).
+class RemoteDocumentStore : public DocumentStore {
+ public:
+  RemoteDocumentStore(std::vector<std::string> shards, std::string fingerprint,
+                      std::unique_ptr<kvstore::KvClient> client)
+      : shards_(std::move(shards)),
+        fingerprint_(std::move(fingerprint)),
+        client_(std::move(client)) {}
+
+  std::string name() const override { return "kvstore:" + absl::StrJoin(shards_, ","); }
+
+  absl::StatusOr<StoredDocument> Get(const std::string &ns, const std::string &id) override {
+    auto value = client_->Get(kvstore::Key::Document(fingerprint_, ns, id));
+    if (!value.ok()) return value.status();
+    return StoredDocument{std::move(value->header.metadata), std::move(value->bytes)};
+  }
+
+  absl::Status Put(const std::string &ns, const std::string &id,
+                   const StoredDocument &doc) override {
+    kvstore::ValueHeader header;
+    header.metadata = doc.metadata;
+    return client_->Put(kvstore::Key::Document(fingerprint_, ns, id), header, doc.bytes);
+  }
+
+ private:
+  const std::vector<std::string> shards_;
+  const std::string fingerprint_;
+  std::unique_ptr<kvstore::KvClient> client_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DocumentStore>> OpenDocumentStore(const DocumentStoreOptions &o) {
+  if (o.model_fingerprint.empty()) {
+    return absl::InvalidArgumentError("document store: model fingerprint is empty");
+  }
+  constexpr std::string_view kEmbedded = "embedded:";
+  if (o.spec.rfind(kEmbedded, 0) == 0) {
+    std::string dir = o.spec.substr(kEmbedded.size());
+    if (dir.empty()) return absl::InvalidArgumentError("--kvstore embedded:DIR needs a directory");
+    kvstore::RocksEngineOptions ro;
+    ro.data_dir = dir;
+    ro.capacity_bytes = o.embedded_capacity_bytes;
+    ro.sync_commits = false;  // a lost write-back is recomputed, never served wrong
+    auto engine = kvstore::OpenRocksEngine(ro);
+    if (!engine.ok()) return engine.status();
+    return std::unique_ptr<DocumentStore>(
+        new EmbeddedDocumentStore(dir, o.model_fingerprint, std::move(*engine)));
+  }
+  std::vector<std::string> shards = kvstore::SplitShardList(o.spec);
+  if (shards.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kvstore '", o.spec, "': expected embedded:DIR or HOST:PORT[,...]"));
+  }
+  kvstore::KvClientOptions co;
+  co.shards = shards;
+  co.call_timeout = absl::Seconds(o.call_timeout_s);
+  // A worker recomputes rather than waits: fail fast when the store is down.
+  co.max_attempts = 2;
+  co.read_reconnect_wait = absl::Milliseconds(100);
+  co.reconnect_wait = absl::Milliseconds(300);
+  auto client = kvstore::KvClient::Create(co);
+  if (!client.ok()) return client.status();
+  return std::unique_ptr<DocumentStore>(
+      new RemoteDocumentStore(shards, o.model_fingerprint, std::move(*client)));
+}
+
+}  // namespace lazyrag

@@ -1,0 +1,85 @@
+#include "worker/engine/document_codec.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
+
+namespace lazyrag {
+namespace {
+
+constexpr uint32_t kMagic = 0x564b5a4c;  // "LZKV" little-endian
+constexpr uint32_t kChecksumCrc32c = 1;
+constexpr int kHeaderWords = 11;
+
+}  // namespace
+
+uint64_t DocumentPayloadBytes(const ModelConfig &c, KvDtype dtype, int64_t num_tokens) {
+  return uint64_t(2) * c.num_layers * uint64_t(num_tokens) * c.kv_dim() *
+         (dtype == KvDtype::kFloat32 ? 4 : 2);
+}
+
+StoredDocument EncodeDocument(const ModelConfig &c, KvDtype dtype,
+                              const std::vector<int32_t> &tokens, const std::string &payload) {
+  StoredDocument doc;
+  doc.bytes.resize(tokens.size() * sizeof(int32_t));
+  std::memcpy(doc.bytes.data(), tokens.data(), doc.bytes.size());
+  doc.bytes += payload;
+  uint32_t theta_bits = 0;
+  std::memcpy(&theta_bits, &c.rope_theta, sizeof(theta_bits));
+  const uint32_t words[kHeaderWords] = {kMagic,
+                                        kDocumentKvFormatVersion,
+                                        uint32_t(dtype),
+                                        uint32_t(c.num_layers),
+                                        uint32_t(c.num_kv_heads),
+                                        uint32_t(c.head_dim),
+                                        uint32_t(tokens.size()),
+                                        theta_bits,
+                                        uint32_t(payload.size()),
+                                        kChecksumCrc32c,
+                                        Crc32c(doc.bytes)};
+  doc.metadata.resize(sizeof(words));
+  std::memcpy(doc.metadata.data(), words, sizeof(words));
+  return doc;
+}
+
+absl::StatusOr<DecodedDocument> DecodeDocument(const StoredDocument &stored, const ModelConfig &c,
+                                               KvDtype dtype) {
+  uint32_t w[kHeaderWords];
+  if (stored.metadata.size() != sizeof(w)) {
+    return absl::DataLossError("stored document: header has the wrong size");
+  }
+  std::memcpy(w, stored.metadata.data(), sizeof(w));
+  if (w[0] != kMagic || w[9] != kChecksumCrc32c) {
+    return absl::DataLossError("stored document: not a lazyrag document header");
+  }
+  if (w[1] != kDocumentKvFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat("stored document: format version ", w[1]));
+  }
+  DecodedDocument d;
+  d.header.version = w[1];
+  d.header.dtype = KvDtype(w[2]);
+  d.header.num_layers = w[3];
+  d.header.num_kv_heads = w[4];
+  d.header.head_dim = w[5];
+  d.header.num_tokens = w[6];
+  std::memcpy(&d.header.rope_theta, &w[7], sizeof(float));
+  d.header.payload_bytes = w[8];
+  if (d.header.dtype != dtype || int(d.header.num_layers) != c.num_layers ||
+      int(d.header.num_kv_heads) != c.num_kv_heads || int(d.header.head_dim) != c.head_dim ||
+      d.header.rope_theta != c.rope_theta) {
+    return absl::FailedPreconditionError("stored document: written for another shape or dtype");
+  }
+  const uint64_t token_bytes = uint64_t(d.header.num_tokens) * sizeof(int32_t);
+  if (d.header.payload_bytes != DocumentPayloadBytes(c, dtype, d.header.num_tokens) ||
+      stored.bytes.size() != token_bytes + d.header.payload_bytes) {
+    return absl::DataLossError("stored document: value size does not match its header");
+  }
+  if (Crc32c(stored.bytes) != w[10]) return absl::DataLossError("stored document: checksum");
+  d.tokens.resize(d.header.num_tokens);
+  std::memcpy(d.tokens.data(), stored.bytes.data(), token_bytes);
+  d.payload = stored.bytes.substr(token_bytes);
+  return d;
+}
+
+}  // namespace lazyrag

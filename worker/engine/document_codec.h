@@ -1,0 +1,55 @@
+// The stored form of a document's KV (DESIGN section 4): a header in the
+// kvstore value's metadata, and the value bytes = token ids then the
+// Backend::ExportKv payload. The token ids travel with the KV so that a
+// document named by id survives a worker restart. Pages are not part of it: the
+// KV imports into any page run.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/backend/backend.h"
+#include "worker/cache/document_store.h"
+#include "worker/model/config.h"
+
+namespace lazyrag {
+
+inline constexpr uint32_t kDocumentKvFormatVersion = 1;
+
+// metadata: 11 little-endian u32: magic "LZKV", format version, kv dtype
+// (KvDtype), layers, kv heads, head dim, tokens, rope theta (float bits),
+// payload bytes, checksum algorithm (1 = CRC-32C of the value bytes, as the
+// kvstore checks per chunk), CRC-32C of the bytes.
+struct DocumentKvHeader {
+  uint32_t version = kDocumentKvFormatVersion;
+  KvDtype dtype = KvDtype::kFloat32;
+  uint32_t num_layers = 0;
+  uint32_t num_kv_heads = 0;
+  uint32_t head_dim = 0;
+  uint32_t num_tokens = 0;
+  float rope_theta = 0;
+  uint64_t payload_bytes = 0;
+};
+
+// Bytes of the ExportKv payload for `num_tokens` tokens: layers x {K, V} x
+// [num_tokens, num_kv_heads, head_dim] x dtype size.
+uint64_t DocumentPayloadBytes(const ModelConfig &config, KvDtype dtype, int64_t num_tokens);
+
+StoredDocument EncodeDocument(const ModelConfig &config, KvDtype dtype,
+                              const std::vector<int32_t> &tokens, const std::string &payload);
+
+struct DecodedDocument {
+  DocumentKvHeader header;
+  std::vector<int32_t> tokens;
+  std::string payload;
+};
+
+// DATA_LOSS when the value is malformed or its checksum fails;
+// FAILED_PRECONDITION when it was written for another shape or dtype (a model
+// or backend change).
+absl::StatusOr<DecodedDocument> DecodeDocument(const StoredDocument &stored,
+                                               const ModelConfig &config, KvDtype dtype);
+
+}  // namespace lazyrag

@@ -1,0 +1,76 @@
+#include "worker/engine/engine_metrics.h"
+
+namespace lazyrag {
+
+EngineMetrics::EngineMetrics(metrics::Registry *r, const std::string &model) : model_(model) {
+  const metrics::Labels m{{"model", model}};
+  const auto latency = metrics::ExponentialBuckets(0.001, 2, 16);  // 1 ms .. 33 s
+  ttft_ = &r->AddHistogram("lazyrag_time_to_first_token_seconds",
+                           "Request arrival to its first generated token.", latency);
+  itl_ = &r->AddHistogram("lazyrag_inter_token_latency_seconds",
+                          "Time between consecutive generated tokens of a request.", latency);
+  duration_ = &r->AddHistogram("lazyrag_request_duration_seconds",
+                               "Request arrival to its end (finished requests).", latency);
+  prompt_tokens_ =
+      &r->AddCounter("lazyrag_prompt_tokens_total", "Prompt tokens of admitted requests.");
+  generation_tokens_ = &r->AddCounter("lazyrag_generation_tokens_total", "Tokens generated.");
+  finished_ = &r->AddCounter("lazyrag_requests_finished_total",
+                             "Requests ended, by outcome (finish reason or status code).");
+  running = &r->AddGauge("lazyrag_requests_running", "Requests admitted by the scheduler.").Add(m);
+  waiting = &r->AddGauge("lazyrag_requests_waiting", "Requests queued for admission.").Add(m);
+  lookups =
+      &r->AddCounter("lazyrag_doc_cache_lookups_total", "Documents looked up by admitted requests.")
+           .Add(m);
+  hits_ = &r->AddCounter("lazyrag_doc_cache_hits_total",
+                         "Document lookups served without computing, by tier (gpu = the KV pool "
+                         "on any device; store = the kvstore).");
+  hit_tokens_ = &r->AddCounter("lazyrag_doc_cache_hit_tokens_total",
+                               "Tokens of the document lookups served without computing.");
+  for (const char *tier : {"gpu", "store"}) {
+    Hits(tier);
+    HitTokens(tier);
+  }
+  computed = &r->AddCounter("lazyrag_doc_computed_total",
+                            "Documents run through the model (once however "
+                            "many requests wait).")
+                  .Add(m);
+  computed_tokens =
+      &r->AddCounter("lazyrag_doc_computed_tokens_total", "Tokens of the documents computed.")
+           .Add(m);
+  auto &pages = r->AddGauge("lazyrag_kv_pool_pages",
+                            "KV pool pages by state: free, used (requests and cached "
+                            "documents), pinned (document pages referenced by requests).");
+  pages_free = &pages.Add({{"state", "free"}, {"model", model}});
+  pages_used = &pages.Add({{"state", "used"}, {"model", model}});
+  pages_pinned = &pages.Add({{"state", "pinned"}, {"model", model}});
+  evictions = &r->AddCounter("lazyrag_kv_pool_evictions_total",
+                             "Unreferenced documents evicted from the KV pool.")
+                   .Add(m);
+  preemptions = &r->AddCounter("lazyrag_preemptions_total",
+                               "Requests whose own pages were freed and that were requeued.")
+                     .Add(m);
+  fetch_seconds = &r->AddHistogram("lazyrag_kvstore_fetch_seconds",
+                                   "Time to fetch a document from the kvstore (successful gets).",
+                                   metrics::ExponentialBuckets(0.001, 2, 16))
+                       .Add();
+  fetch_bytes = &r->AddCounter("lazyrag_kvstore_fetch_bytes_total",
+                               "Document bytes fetched from the kvstore.")
+                     .Add();
+  kv_requests_ = &r->AddCounter("lazyrag_kvstore_requests_total",
+                                "Worker calls to the kvstore, by op and result.");
+  writeback_dropped = &r->AddCounter("lazyrag_kvstore_writeback_dropped_total",
+                                     "Computed documents not written back: queue full.")
+                           .Add();
+}
+
+metrics::Labels EngineMetrics::ModeLabels(AttentionMode mode) const {
+  return {{"mode", std::string(AttentionModeName(mode))}, {"model", model_}};
+}
+
+metrics::Counter &EngineMetrics::Finished(AttentionMode mode, const std::string &outcome) {
+  metrics::Labels l = ModeLabels(mode);
+  l["outcome"] = outcome;
+  return finished_->Add(l);
+}
+
+}  // namespace lazyrag

@@ -1,0 +1,91 @@
+// The engine's Prometheus metrics (DESIGN section 7), all prefixed lazyrag_,
+// histograms in seconds, labelled `model` (and `mode` for per-request figures):
+//   time_to_first_token_seconds{mode,model}      arrival -> first generated
+//   token inter_token_latency_seconds{mode,model}      between consecutive
+//   generated tokens request_duration_seconds{mode,model}         arrival ->
+//   end, finished requests requests_running{model}, requests_waiting{model}
+//   requests_finished_total{mode,model,outcome}  outcome: length|stop|eos|error
+//   codes prompt_tokens_total{mode,model}, generation_tokens_total{mode,model}
+//   doc_cache_lookups_total{model}               one per document of an
+//   admitted request doc_cache_hits_total{tier,model}             tier="gpu":
+//   the KV pool, whatever the device
+//                                                (the pool of a CPU worker is
+//                                                labelled "gpu" too, so
+//                                                dashboards need one query);
+//                                                "store": kvstore
+//   doc_cache_hit_tokens_total{tier,model}
+//   doc_computed_total{model}, doc_computed_tokens_total{model}  documents run
+//   through the
+//                                                model (lookups - hits)
+//   kv_pool_pages{state="free|used|pinned",model}
+//   kv_pool_evictions_total{model}, preemptions_total{model}
+//   kvstore_fetch_seconds, kvstore_fetch_bytes_total   successful store reads
+//   kvstore_requests_total{op="get|put",result}  result:
+//   hit|miss|ok|skipped|<status code>
+//                                                (skipped: store marked down,
+//                                                recomputed)
+//   kvstore_writeback_dropped_total              write-backs dropped, queue
+//   full
+#pragma once
+
+#include <string>
+
+#include "common/metrics.h"
+#include "worker/engine/request.h"
+
+namespace lazyrag {
+
+// Thread-safe. All pointers are into `registry`, which must outlive this
+// object.
+class EngineMetrics {
+ public:
+  EngineMetrics(metrics::Registry *registry, const std::string &model);
+
+  metrics::Histogram &Ttft(AttentionMode m) { return ttft_->Add(ModeLabels(m)); }
+  metrics::Histogram &Itl(AttentionMode m) { return itl_->Add(ModeLabels(m)); }
+  metrics::Histogram &Duration(AttentionMode m) { return duration_->Add(ModeLabels(m)); }
+  metrics::Counter &PromptTokens(AttentionMode m) { return prompt_tokens_->Add(ModeLabels(m)); }
+  metrics::Counter &GenerationTokens(AttentionMode m) {
+    return generation_tokens_->Add(ModeLabels(m));
+  }
+  metrics::Counter &Finished(AttentionMode m, const std::string &outcome);
+  metrics::Counter &Hits(const char *tier) {
+    return hits_->Add({{"tier", tier}, {"model", model_}});
+  }
+  metrics::Counter &HitTokens(const char *tier) {
+    return hit_tokens_->Add({{"tier", tier}, {"model", model_}});
+  }
+  metrics::Counter &KvRequests(const char *op, const std::string &result) {
+    return kv_requests_->Add({{"op", op}, {"result", result}});
+  }
+
+  metrics::Gauge *running;
+  metrics::Gauge *waiting;
+  metrics::Counter *lookups;
+  metrics::Counter *computed;
+  metrics::Counter *computed_tokens;
+  metrics::Gauge *pages_free;
+  metrics::Gauge *pages_used;
+  metrics::Gauge *pages_pinned;
+  metrics::Counter *evictions;
+  metrics::Counter *preemptions;
+  metrics::Histogram *fetch_seconds;
+  metrics::Counter *fetch_bytes;
+  metrics::Counter *writeback_dropped;
+
+ private:
+  metrics::Labels ModeLabels(AttentionMode m) const;
+
+  std::string model_;
+  metrics::Family<metrics::Histogram> *ttft_;
+  metrics::Family<metrics::Histogram> *itl_;
+  metrics::Family<metrics::Histogram> *duration_;
+  metrics::Family<metrics::Counter> *prompt_tokens_;
+  metrics::Family<metrics::Counter> *generation_tokens_;
+  metrics::Family<metrics::Counter> *finished_;
+  metrics::Family<metrics::Counter> *hits_;
+  metrics::Family<metrics::Counter> *hit_tokens_;
+  metrics::Family<metrics::Counter> *kv_requests_;
+};
+
+}  // namespace lazyrag

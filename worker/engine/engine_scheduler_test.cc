@@ -1,0 +1,207 @@
+// The continuous-batching scheduler and the store tier, in-process: concurrent
+// requests equal sequential ones, singleflight (one compute or one fetch per
+// missing document), preemption under page pressure, a bounded queue,
+// cancellation and deadlines freeing pages, a failing store falling back to
+// compute.
+#include <atomic>
+#include <cmath>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "worker/backend/cpu/cpu_backend.h"
+#include "worker/engine/engine.h"
+#include "worker/model/model_source.h"
+
+namespace lazyrag {
+namespace {
+
+// Counts calls; fails every call while `down` is set.
+class MemoryStore : public DocumentStore {
+ public:
+  std::string name() const override { return "memory"; }
+  absl::StatusOr<StoredDocument> Get(const std::string &ns, const std::string &id) override {
+    absl::MutexLock l(&mu_);
+    ++gets;
+    if (down) return absl::UnavailableError("store down");
+    auto it = docs_.find(ns + "/" + id);
+    if (it == docs_.end()) return absl::NotFoundError("absent");
+    return it->second;
+  }
+  absl::Status Put(const std::string &ns, const std::string &id,
+                   const StoredDocument &doc) override {
+    absl::MutexLock l(&mu_);
+    ++puts;
+    if (down) return absl::UnavailableError("store down");
+    docs_[ns + "/" + id] = doc;
+    return absl::OkStatus();
+  }
+  int Puts() {
+    absl::MutexLock l(&mu_);
+    return puts;
+  }
+  absl::Mutex mu_;
+  std::map<std::string, StoredDocument> docs_;
+  int gets = 0, puts = 0;
+  bool down = false;
+};
+
+std::unique_ptr<Engine> MakeEngine(int num_pages, DocumentStore *store = nullptr,
+                                   int max_waiting = 256, int max_running = 64) {
+  auto loaded = LoadModel("synthetic:tiny");
+  EXPECT_TRUE(loaded.ok()) << loaded.status();
+  auto backend = CreateCpuBackend(std::move(loaded->weights), {});
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  EngineOptions o;
+  o.page_size = 16;
+  o.num_pages = num_pages;
+  o.prefill_chunk = 32;
+  o.max_batch_tokens = 96;
+  o.max_waiting = max_waiting;
+  o.max_running = max_running;
+  o.fingerprint = loaded->fingerprint;
+  o.store = store;
+  auto e = Engine::Create(std::move(*backend), o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return std::move(*e);
+}
+
+std::vector<int32_t> Tokens(int seed, int n) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto &x : t) x = 2 + int(rng() % 250);
+  return t;
+}
+
+TokenPrompt Prompt(const std::vector<int> &docs, int query_seed) {
+  TokenPrompt p;
+  p.prefix = Tokens(1000, 9);
+  for (int d : docs) p.documents.push_back(Tokens(d, 30 + d * 7 % 40));
+  p.suffix = Tokens(query_seed + 5000, 7);
+  return p;
+}
+
+TokenRunOptions Options(int max_tokens) {
+  TokenRunOptions o;
+  o.max_tokens = max_tokens;
+  o.ignore_eos = true;
+  return o;
+}
+
+std::vector<TokenPrompt> Workload() {
+  std::vector<TokenPrompt> out;
+  for (int i = 0; i < 12; ++i) out.push_back(Prompt({i % 5, (i + 2) % 5}, i));
+  return out;
+}
+
+std::vector<std::vector<int32_t>> RunConcurrently(Engine &e, const std::vector<TokenPrompt> &ps,
+                                                  int max_tokens) {
+  std::vector<std::vector<int32_t>> out(ps.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    threads.emplace_back([&, i] {
+      auto r = e.RunTokens(ps[i], Options(max_tokens));
+      EXPECT_TRUE(r.ok()) << r.status();
+      if (r.ok()) out[i] = r->token_ids;
+    });
+  }
+  for (auto &t : threads) t.join();
+  return out;
+}
+
+TEST(EngineSchedulerTest, ConcurrentRequestsEqualSequentialOnesAndComputeDocumentsOnce) {
+  const auto ps = Workload();
+  auto seq = MakeEngine(1024);
+  std::vector<std::vector<int32_t>> ref;
+  for (const auto &p : ps) ref.push_back(seq->RunTokens(p, Options(10))->token_ids);
+  MemoryStore store;
+  auto conc = MakeEngine(1024, &store);
+  EXPECT_EQ(RunConcurrently(*conc, ps, 10), ref);
+  // Five documents and the prefix block: one fetch (a miss) and one write-back
+  // each.
+  EXPECT_EQ(store.gets, 6);
+  for (int i = 0; i < 100 && store.Puts() < 6; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(store.Puts(), 6);
+  // A second engine on the same store fetches instead of computing.
+  auto again = MakeEngine(1024, &store);
+  auto r = again->RunTokens(ps[3], Options(10));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->token_ids, ref[3]);
+  EXPECT_EQ(r->usage.store_document_tokens, r->usage.document_tokens);
+  EXPECT_EQ(r->usage.computed_tokens, int64_t(ps[3].suffix.size()));
+}
+
+TEST(EngineSchedulerTest, PagePressurePreemptsWithoutChangingOutputs) {
+  const auto ps = Workload();
+  auto big = MakeEngine(1024);
+  std::vector<std::vector<int32_t>> ref;
+  for (const auto &p : ps) ref.push_back(big->RunTokens(p, Options(40))->token_ids);
+  // 26 pages: the documents alone need ~20, each request 1-4 of its own.
+  auto small = MakeEngine(26);
+  EXPECT_EQ(RunConcurrently(*small, ps, 40), ref);
+  const EngineStats s = small->Stats();
+  EXPECT_GT(s.evictions + s.preemptions, 0);
+  EXPECT_EQ(s.pages_pinned, 0);
+  EXPECT_EQ(s.running, 0);
+}
+
+TEST(EngineSchedulerTest, FullQueueIsResourceExhausted) {
+  auto e = MakeEngine(1024, nullptr, /*max_waiting=*/1, /*max_running=*/1);
+  std::atomic<int> exhausted{0}, ok{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 5; ++i) {
+    threads.emplace_back([&, i] {
+      auto r = e->RunTokens(Prompt({1}, i), Options(300));
+      if (r.ok()) ++ok;
+      if (absl::IsResourceExhausted(r.status())) ++exhausted;
+    });
+  }
+  for (auto &t : threads) t.join();
+  EXPECT_GE(exhausted.load(), 1);
+  EXPECT_GE(ok.load(), 1);
+  EXPECT_EQ(ok + exhausted, 5);
+}
+
+TEST(EngineSchedulerTest, CancellationAndDeadlinesFreePages) {
+  auto e = MakeEngine(1024);
+  const TokenPrompt p = Prompt({1, 2}, 0);
+  ASSERT_TRUE(e->RunTokens(p, Options(2)).ok());
+  const int free_before = e->pages().num_free();
+  std::atomic<int> seen{0};
+  TokenRunOptions o = Options(1500);
+  o.is_cancelled = [&] { return seen.load() >= 3; };
+  auto r = e->RunTokens(p, o, [&](int32_t) {
+    ++seen;
+    return true;
+  });
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(e->pages().num_free(), free_before);
+  o = Options(1500);
+  o.deadline = absl::Now() + absl::Milliseconds(30);
+  EXPECT_EQ(e->RunTokens(p, o).status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(e->pages().num_free(), free_before);
+  o.deadline = absl::Now() - absl::Seconds(1);
+  EXPECT_EQ(e->RunTokens(p, o).status().code(), absl::StatusCode::kDeadlineExceeded);
+  // Stopping from the callback (a stop string) ends OK with what was delivered.
+  auto stopped = e->RunTokens(p, Options(50), [&](int32_t) { return false; });
+  ASSERT_TRUE(stopped.ok());
+  EXPECT_EQ(stopped->token_ids.size(), 1u);
+  EXPECT_EQ(stopped->finish_reason, FinishReason::kStop);
+  EXPECT_EQ(e->pages().num_free(), free_before);
+}
+
+TEST(EngineSchedulerTest, StoreDownFallsBackToCompute) {
+  MemoryStore store;
+  store.down = true;
+  auto e = MakeEngine(1024, &store);
+  auto r = e->RunTokens(Prompt({3, 4}, 1), Options(4));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->usage.store_document_tokens, 0);
+  EXPECT_EQ(r->usage.computed_tokens, Prompt({3, 4}, 1).total_tokens());
+}
+
+}  // namespace
+}  // namespace lazyrag

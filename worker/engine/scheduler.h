@@ -1,0 +1,147 @@
+// Continuous batching over one backend (DESIGN section 6). One thread owns the
+// backend and loops: reap cancelled and expired requests, admit queued ones,
+// then run ONE ForwardBatch that packs, under the per-step token budget, the
+// decode token of every running request (oldest first), prefill chunks of
+// documents being computed, and prefill chunks of requests. Documents are
+// resolved pool -> store -> compute with one job per missing document however
+// many requests wait for it (singleflight); a fetch thread reads the store and
+// a write-back thread writes computed documents to it, so neither blocks a
+// step.
+//
+// Pages: a request owns the pages of its own segment (query + generated tokens;
+// every token for MATERIALIZE, FULL and PREFIX) and grows them a page at a
+// time. When pages run out after evicting unreferenced documents, the youngest
+// request younger than the one that needs pages is preempted: its OWN pages are
+// freed and its document pins dropped (document pages are never freed under
+// another request) and it is requeued at the front with the tokens it
+// generated, to be recomputed when readmitted.
+//
+// Internal to worker/engine: Engine is the public face.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "worker/backend/backend.h"
+#include "worker/cache/document_store.h"
+#include "worker/cache/document_table.h"
+#include "worker/engine/engine.h"
+#include "worker/engine/engine_metrics.h"
+#include "worker/engine/request.h"
+
+namespace lazyrag {
+
+// What the scheduler reports to the thread waiting on a request.
+struct RequestChannel {
+  absl::Mutex mu;
+  std::vector<int32_t> tokens ABSL_GUARDED_BY(mu);  // generated so far
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
+  FinishReason finish ABSL_GUARDED_BY(mu) = FinishReason::kLength;
+  Usage usage ABSL_GUARDED_BY(mu);
+  Timings timings ABSL_GUARDED_BY(mu);
+  // Set by the caller: 1 = stopped (ends OK), 2 = cancelled (ends CANCELLED).
+  std::atomic<int> cancel{0};
+};
+
+class Scheduler {
+ public:
+  // Pointers are not owned and must outlive the scheduler; `metrics` may be
+  // null.
+  Scheduler(Backend *backend, DocumentTable *table, PageAllocator *allocator,
+            const EngineOptions &options, EngineMetrics *metrics);
+  ~Scheduler();  // fails what is queued or running (UNAVAILABLE), drains
+                 // write-backs
+
+  // Queues a validated request. RESOURCE_EXHAUSTED when the waiting queue is
+  // full.
+  absl::StatusOr<std::shared_ptr<RequestChannel>> Submit(TokenPrompt prompt,
+                                                         TokenRunOptions options);
+  // The scheduler frees the request's pages at its next step (within
+  // milliseconds).
+  void Cancel(RequestChannel &channel, bool stopped_by_caller);
+
+  int running() const { return running_count_.load(); }
+  int waiting() const { return waiting_count_.load(); }
+  int64_t preemptions() const { return preemptions_.load(); }
+
+ private:
+  struct Request;
+  struct DocJob;
+  struct Fetched;
+  struct WriteBack;
+
+  void Loop();
+  void Step(std::vector<Fetched> fetched);
+  void Admit(const std::shared_ptr<Request> &r);
+  // Lays out the request's segments once its blocks are pinned; false when it
+  // was requeued or failed for lack of pages.
+  bool Setup(const std::shared_ptr<Request> &r);
+  void Finish(Request &r, absl::Status status, FinishReason reason);
+  void Preempt(const std::shared_ptr<Request> &r);
+  void ReleaseResources(Request &r);
+  // Allocates n pages: free ones, then evicting unreferenced documents, then
+  // preempting requests younger than `requester_order` that are not in `busy`.
+  absl::StatusOr<std::vector<int32_t>> AllocatePages(int n, uint64_t requester_order);
+  bool EnsureOwnPages(const std::shared_ptr<Request> &r, int64_t tokens);
+  void HandleFetched(Fetched f);
+  void StartJobPages();
+  void CompleteJob(const std::shared_ptr<DocJob> &job, bool from_store);
+  void FailJob(const std::shared_ptr<DocJob> &job, const absl::Status &status);
+  void Deliver(Request &r, int32_t token);
+  void UpdateGauges();
+  bool OnlyRequestHoldingPages(const Request &r) const;
+
+  void FetchLoop();
+  void WriteBackLoop();
+
+  Backend *backend_;
+  DocumentTable *table_;
+  PageAllocator *allocator_;
+  const EngineOptions options_;
+  EngineMetrics *metrics_;
+  DocumentStore *store_;
+
+  // Scheduler-thread state.
+  uint64_t next_order_ = 0;
+  std::deque<std::shared_ptr<Request>> waiting_;
+  std::vector<std::shared_ptr<Request>> running_;
+  std::map<std::string, std::shared_ptr<DocJob>> jobs_;
+  bool busy_ = false;                 // work is runnable without waiting for input
+  bool preempted_this_step_ = false;  // no admissions after a preemption in the same step
+  std::vector<const Request *> in_batch_;
+
+  std::atomic<int> running_count_{0};
+  std::atomic<int> waiting_count_{0};
+  std::atomic<int64_t> preemptions_{0};
+
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::shared_ptr<Request>> inbox_ ABSL_GUARDED_BY(mu_);
+  std::vector<Fetched> fetched_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex fetch_mu_;
+  bool fetch_stop_ ABSL_GUARDED_BY(fetch_mu_) = false;
+  std::deque<std::pair<std::string, std::string>> fetch_queue_ ABSL_GUARDED_BY(fetch_mu_);
+  int64_t store_down_until_ms_ ABSL_GUARDED_BY(fetch_mu_) = 0;
+
+  absl::Mutex wb_mu_;
+  bool wb_stop_ ABSL_GUARDED_BY(wb_mu_) = false;
+  std::deque<WriteBack> wb_queue_ ABSL_GUARDED_BY(wb_mu_);
+
+  std::thread loop_thread_;
+  std::thread fetch_thread_;
+  std::thread wb_thread_;
+};
+
+}  // namespace lazyrag

@@ -1,0 +1,91 @@
+// lazyrag-worker: one model on one device, serving lazyrag.v1.Inference.
+//   lazyrag-worker --listen HOST:PORT --model PATH|synthetic:NAME --device
+//   cpu|cuda
+//     --kvstore embedded:DIR|HOST:PORT,... --kv_pool_bytes N --page_size N
+//     --max_batch_tokens N --metrics_port N
+// Prints one line "lazyrag-worker ready grpc=HOST:PORT metrics=PORT" on stdout
+// once serving (ports resolved when 0 was asked), then runs until SIGINT or
+// SIGTERM.
+#include <signal.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "worker/service/worker_server.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC address HOST:PORT; port 0 picks one");
+ABSL_FLAG(std::string, model, "", "GGUF path, Hugging Face directory or synthetic:NAME; required");
+ABSL_FLAG(std::string, device, "cpu", "cpu | cuda");
+ABSL_FLAG(std::string, kvstore, "",
+          "document store: embedded:DIR (in-process RocksDB) or "
+          "HOST:PORT[,HOST:PORT...] "
+          "(kvstore shards); empty: none (documents computed on a pool miss)");
+ABSL_FLAG(int64_t, kv_pool_bytes, 0, "KV pool bytes; 0: 256 MiB on the CPU");
+ABSL_FLAG(int, page_size, 16, "tokens per KV page");
+ABSL_FLAG(int, max_batch_tokens, 2048, "per-step token budget (decode + prefill rows)");
+ABSL_FLAG(int, prefill_chunk, 512, "most prompt rows one request feeds per step");
+ABSL_FLAG(int, max_running, 64, "requests admitted at once");
+ABSL_FLAG(int, max_waiting, 256, "waiting queue bound; beyond it RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_tokens_limit, 4096, "largest max_tokens accepted");
+ABSL_FLAG(int, metrics_port, 0, "port of the /metrics endpoint; 0 picks one, -1 disables");
+ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "address the /metrics endpoint binds");
+ABSL_FLAG(double, shutdown_grace_s, 10, "seconds running calls get to finish at shutdown");
+
+int main(int argc, char **argv) {
+  absl::SetProgramUsageMessage(
+      "lazyrag-worker --listen HOST:PORT --model PATH|synthetic:NAME --device "
+      "cpu|cuda "
+      "--kvstore embedded:DIR|HOST:PORT,... --kv_pool_bytes N --page_size N "
+      "--max_batch_tokens N --metrics_port N");
+  absl::ParseCommandLine(argc, argv);
+
+  lazyrag::WorkerServerOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.runtime.model = absl::GetFlag(FLAGS_model);
+  options.runtime.device = absl::GetFlag(FLAGS_device);
+  options.runtime.kv_pool_bytes = absl::GetFlag(FLAGS_kv_pool_bytes);
+  options.runtime.page_size = absl::GetFlag(FLAGS_page_size);
+  options.runtime.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  options.runtime.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
+  options.runtime.max_running = absl::GetFlag(FLAGS_max_running);
+  options.runtime.max_waiting = absl::GetFlag(FLAGS_max_waiting);
+  options.kvstore = absl::GetFlag(FLAGS_kvstore);
+  options.max_tokens_limit = absl::GetFlag(FLAGS_max_tokens_limit);
+  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
+  if (options.runtime.model.empty()) {
+    std::cerr << "lazyrag-worker: --model is required\n";
+    return 2;
+  }
+
+  // Block the stop signals in every thread (threads inherit the mask) and wait
+  // for them here.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  lazyrag::WorkerServer server(options);
+  absl::Status status = server.Start();
+  if (!status.ok()) {
+    LOG_ERROR << "lazyrag-worker: " << status;
+    return 1;
+  }
+  std::printf("lazyrag-worker ready grpc=%s metrics=%d\n", server.address().c_str(),
+              server.metrics_port());
+  std::fflush(stdout);
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  LOG_INFO << "lazyrag-worker: signal " << signal_number << ", shutting down";
+  server.Shutdown(absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
+  LOG_INFO << "lazyrag-worker: stopped";
+  return 0;
+}

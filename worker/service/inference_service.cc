@@ -1,0 +1,206 @@
+#include "worker/service/inference_service.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "worker/model/tokenizer/utf8.h"
+
+namespace lazyrag {
+namespace {
+
+v1::FinishReason ToProto(FinishReason r) {
+  switch (r) {
+    case FinishReason::kLength:
+      return v1::FINISH_REASON_LENGTH;
+    case FinishReason::kStop:
+      return v1::FINISH_REASON_STOP;
+    case FinishReason::kEos:
+      return v1::FINISH_REASON_EOS;
+    case FinishReason::kCancelled:
+      return v1::FINISH_REASON_CANCELLED;
+  }
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+absl::Time DeadlineOf(const grpc::ServerContext &context) {
+  const auto d = context.deadline();
+  if (d == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
+  return absl::FromChrono(d);
+}
+
+}  // namespace
+
+absl::StatusOr<GenerateRequest> ParseGenerateRequest(const v1::GenerateRequest &p,
+                                                     const InferenceServiceOptions &o) {
+  GenerateRequest r;
+  r.request_id = p.request_id();
+  r.system_prompt = p.system_prompt();
+  r.query = p.query();
+  if (r.query.empty()) return absl::InvalidArgumentError("query is empty");
+  if (!IsValidUtf8(r.query)) return absl::InvalidArgumentError("query is not valid UTF-8");
+  if (!IsValidUtf8(r.system_prompt)) {
+    return absl::InvalidArgumentError("system_prompt is not valid UTF-8");
+  }
+  if (p.documents_size() > o.max_documents) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("too many documents (", p.documents_size(), " > ", o.max_documents, ")"));
+  }
+  for (int i = 0; i < p.documents_size(); ++i) {
+    const v1::Document &d = p.documents(i);
+    switch (d.source_case()) {
+      case v1::Document::kText:
+        if (d.text().empty())
+          return absl::InvalidArgumentError(absl::StrCat("document ", i, " is empty"));
+        if (!IsValidUtf8(d.text())) {
+          return absl::InvalidArgumentError(absl::StrCat("document ", i, " is not valid UTF-8"));
+        }
+        r.documents.push_back({d.text(), ""});
+        break;
+      case v1::Document::kId:
+        r.documents.push_back({"", d.id()});
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat("document ", i, ": set text or id"));
+    }
+  }
+  const v1::SamplingParams &s = p.sampling();
+  r.sampling.temperature = s.temperature();
+  r.sampling.top_p = s.top_p() == 0 ? 1.0f : s.top_p();
+  r.sampling.top_k = s.top_k();
+  r.sampling.seed = s.seed();
+  if (!std::isfinite(r.sampling.temperature) || r.sampling.temperature < 0) {
+    return absl::InvalidArgumentError("temperature must be finite and >= 0");
+  }
+  if (auto st = r.sampling.Validate(); !st.ok()) return st;
+  if (p.max_tokens() < 1) return absl::InvalidArgumentError("max_tokens must be at least 1");
+  if (p.max_tokens() > o.max_tokens_limit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_tokens ", p.max_tokens(), " is above the limit of ", o.max_tokens_limit));
+  }
+  r.max_tokens = p.max_tokens();
+  for (const std::string &stop : p.stop()) {
+    if (stop.empty()) return absl::InvalidArgumentError("stop strings must not be empty");
+    r.stop.push_back(stop);
+  }
+  r.ignore_eos = p.ignore_eos();
+  switch (p.mode()) {
+    case v1::ATTENTION_MODE_LAZY:
+      r.mode = AttentionMode::kLazy;
+      break;
+    case v1::ATTENTION_MODE_MATERIALIZE:
+      r.mode = AttentionMode::kMaterialize;
+      break;
+    case v1::ATTENTION_MODE_PREFIX:
+      r.mode = AttentionMode::kPrefix;
+      break;
+    case v1::ATTENTION_MODE_FULL:
+      r.mode = AttentionMode::kFull;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("unknown mode ", int(p.mode()),
+                                                     " (LAZY=0, MATERIALIZE=1, PREFIX=2, FULL=3)"));
+  }
+  r.cache_namespace = p.cache_namespace();
+  return r;
+}
+
+InferenceService::InferenceService(Generator *generator, InferenceServiceOptions options)
+    : generator_(generator), options_(std::move(options)) {}
+
+grpc::Status InferenceService::Generate(grpc::ServerContext *context,
+                                        const v1::GenerateRequest *request,
+                                        grpc::ServerWriter<v1::GenerateResponse> *writer) {
+  auto parsed = ParseGenerateRequest(*request, options_);
+  if (!parsed.ok()) return ToGrpcStatus(parsed.status());
+  GenerateRequest r = std::move(*parsed);
+  r.deadline = DeadlineOf(*context);
+  if (absl::Now() >= r.deadline) {
+    return ToGrpcStatus(absl::DeadlineExceededError("the call's deadline has already passed"));
+  }
+  r.is_cancelled = [context] { return context->IsCancelled(); };
+  bool write_failed = false;
+  auto result = generator_->Generate(r, [&](std::string_view delta, int32_t token) {
+    v1::GenerateResponse m;
+    m.set_request_id(request->request_id());
+    m.set_text(std::string(delta));
+    if (token >= 0) m.add_token_ids(token);
+    if (!writer->Write(m)) {
+      write_failed = true;
+      return false;
+    }
+    return true;
+  });
+  if (!result.ok()) {
+    if (absl::IsCancelled(result.status()) && absl::Now() >= r.deadline) {
+      return ToGrpcStatus(absl::DeadlineExceededError("request deadline exceeded"));
+    }
+    return ToGrpcStatus(result.status());
+  }
+  if (write_failed || context->IsCancelled()) {
+    return ToGrpcStatus(absl::CancelledError("the client went away"));
+  }
+  v1::GenerateResponse last;
+  last.set_request_id(request->request_id());
+  last.set_finish_reason(ToProto(result->finish_reason));
+  v1::Usage *u = last.mutable_usage();
+  u->set_prompt_tokens(result->usage.prompt_tokens);
+  u->set_document_tokens(result->usage.document_tokens);
+  u->set_cached_document_tokens(result->usage.cached_document_tokens);
+  u->set_pool_document_tokens(result->usage.pool_document_tokens);
+  u->set_store_document_tokens(result->usage.store_document_tokens);
+  u->set_computed_tokens(result->usage.computed_tokens);
+  u->set_completion_tokens(result->usage.completion_tokens);
+  v1::Timings *t = last.mutable_timings();
+  t->set_queue_ms(result->timings.queue_ms);
+  t->set_ttft_ms(result->timings.ttft_ms);
+  t->set_total_ms(result->timings.total_ms);
+  for (const std::string &id : result->document_ids) last.add_document_ids(id);
+  writer->Write(last);
+  return grpc::Status::OK;
+}
+
+grpc::Status InferenceService::PrepareDocuments(grpc::ServerContext *,
+                                                const v1::PrepareDocumentsRequest *request,
+                                                v1::PrepareDocumentsResponse *response) {
+  std::vector<std::string> texts(request->texts().begin(), request->texts().end());
+  for (size_t i = 0; i < texts.size(); ++i) {
+    if (texts[i].empty() || !IsValidUtf8(texts[i])) {
+      return ToGrpcStatus(
+          absl::InvalidArgumentError(absl::StrCat("text ", i, " is empty or not valid UTF-8")));
+    }
+  }
+  auto prepared = generator_->PrepareDocuments(texts, request->cache_namespace());
+  if (!prepared.ok()) return ToGrpcStatus(prepared.status());
+  for (const PreparedDocument &d : *prepared) {
+    v1::PreparedDocument *out = response->add_documents();
+    out->set_id(d.id);
+    out->set_num_tokens(d.num_tokens);
+    out->set_computed(d.computed);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status InferenceService::Stats(grpc::ServerContext *, const v1::StatsRequest *,
+                                     v1::StatsResponse *response) {
+  Engine &engine = generator_->engine();
+  const EngineStats s = engine.Stats();
+  for (const std::string &id : s.resident_ids) {
+    if (id.rfind("prefix:", 0) != 0) response->add_resident_document_ids(id);
+  }
+  v1::PoolStats *pool = response->mutable_pool();
+  pool->set_page_size(engine.options().page_size);
+  pool->set_pages_total(s.pages_total);
+  pool->set_pages_free(s.pages_free);
+  pool->set_pages_used(s.pages_total - s.pages_free);
+  pool->set_pages_pinned(s.pages_pinned);
+  response->set_running_requests(s.running);
+  response->set_waiting_requests(s.waiting);
+  response->set_model(options_.model_name);
+  response->set_model_fingerprint(engine.options().fingerprint);
+  return grpc::Status::OK;
+}
+
+}  // namespace lazyrag

@@ -1,0 +1,48 @@
+// The gRPC adapter of the worker (DESIGN section 9: a thin layer): parses and
+// validates lazyrag.v1.Inference requests, calls the Generator / Engine, maps
+// results and errors (the one conversion lives in common/grpc_status.h).
+// Deadlines and client cancellation reach the engine, which frees the request's
+// pages at once.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "lazyrag/v1/inference.grpc.pb.h"
+#include "worker/engine/generator.h"
+
+namespace lazyrag {
+
+struct InferenceServiceOptions {
+  std::string model_name;       // reported by Stats
+  int max_tokens_limit = 4096;  // larger max_tokens: INVALID_ARGUMENT
+  int max_documents = 256;      // documents per request
+};
+
+// Proto -> engine request. INVALID_ARGUMENT with the reason for bad input
+// (exposed for tests).
+absl::StatusOr<GenerateRequest> ParseGenerateRequest(const v1::GenerateRequest &request,
+                                                     const InferenceServiceOptions &options);
+
+// Thread-safe (gRPC calls handlers from many threads). `generator` must outlive
+// it.
+class InferenceService final : public v1::Inference::Service {
+ public:
+  InferenceService(Generator *generator, InferenceServiceOptions options);
+
+  grpc::Status Generate(grpc::ServerContext *context, const v1::GenerateRequest *request,
+                        grpc::ServerWriter<v1::GenerateResponse> *writer) override;
+  grpc::Status PrepareDocuments(grpc::ServerContext *context,
+                                const v1::PrepareDocumentsRequest *request,
+                                v1::PrepareDocumentsResponse *response) override;
+  grpc::Status Stats(grpc::ServerContext *context, const v1::StatsRequest *request,
+                     v1::StatsResponse *response) override;
+
+ private:
+  Generator *generator_;
+  const InferenceServiceOptions options_;
+};
+
+}  // namespace lazyrag

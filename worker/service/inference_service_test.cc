@@ -1,0 +1,64 @@
+// Request validation of the gRPC adapter: every bad input gets INVALID_ARGUMENT
+// and a reason.
+#include "worker/service/inference_service.h"
+
+#include <cmath>
+
+#include "gtest/gtest.h"
+
+namespace lazyrag {
+namespace {
+
+v1::GenerateRequest Good() {
+  v1::GenerateRequest r;
+  r.set_query("what?");
+  r.set_max_tokens(8);
+  r.add_documents()->set_text("a document");
+  return r;
+}
+
+void ExpectInvalid(const v1::GenerateRequest &r, const std::string &needle) {
+  auto parsed = ParseGenerateRequest(r, InferenceServiceOptions{});
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(parsed.status().message().find(needle), std::string::npos) << parsed.status();
+}
+
+TEST(ParseGenerateRequestTest, AcceptsAGoodRequest) {
+  auto parsed = ParseGenerateRequest(Good(), InferenceServiceOptions{});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->max_tokens, 8);
+  EXPECT_EQ(parsed->sampling.top_p, 1.0f);  // 0 (unset) means 1
+  EXPECT_EQ(parsed->mode, AttentionMode::kLazy);
+}
+
+TEST(ParseGenerateRequestTest, RejectsBadInput) {
+  auto r = Good();
+  r.set_query("");
+  ExpectInvalid(r, "query is empty");
+  r = Good();
+  r.set_max_tokens(0);
+  ExpectInvalid(r, "max_tokens");
+  r.set_max_tokens(1 << 30);
+  ExpectInvalid(r, "max_tokens");
+  r = Good();
+  r.mutable_sampling()->set_temperature(NAN);
+  ExpectInvalid(r, "temperature");
+  r.mutable_sampling()->set_temperature(-1);
+  ExpectInvalid(r, "temperature");
+  r = Good();
+  r.set_mode(static_cast<v1::AttentionMode>(9));
+  ExpectInvalid(r, "unknown mode 9");
+  r = Good();
+  r.add_documents();
+  ExpectInvalid(r, "set text or id");
+  r = Good();
+  r.set_query("bad \xff utf8");
+  ExpectInvalid(r, "UTF-8");
+  r = Good();
+  r.add_stop("");
+  ExpectInvalid(r, "stop");
+}
+
+}  // namespace
+}  // namespace lazyrag

@@ -1,0 +1,68 @@
+// The worker process as one lifecycle object: runtime (model, backend, engine,
+// optional store) + Inference gRPC service (with health and reflection) +
+// /metrics endpoint. worker/main.cc is a thin shell around it.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/metrics.h"
+#include "worker/engine/runtime.h"
+
+namespace lazyrag {
+
+class GrpcServer;
+class InferenceService;
+namespace metrics {
+class MetricsHttpServer;
+}
+
+struct WorkerServerOptions {
+  // gRPC address HOST:PORT; port 0 picks one. Default loopback, picked port.
+  std::string listen = "127.0.0.1:0";
+  // Model, device, pool and scheduler settings (runtime.h documents their
+  // defaults).
+  RuntimeOptions runtime;
+  // "" (no store: pool -> compute), "embedded:DIR" or
+  // "HOST:PORT[,HOST:PORT...]".
+  std::string kvstore;
+  // /metrics port; 0 picks one, -1 disables. Default 0.
+  int metrics_port = 0;
+  std::string metrics_host = "0.0.0.0";
+  // Largest max_tokens accepted. Default 4096.
+  int max_tokens_limit = 4096;
+};
+
+// Start() once, Shutdown(deadline) once (the destructor does it too). Not
+// thread-safe.
+class WorkerServer {
+ public:
+  explicit WorkerServer(WorkerServerOptions options);
+  ~WorkerServer();
+  WorkerServer(const WorkerServer &) = delete;
+  WorkerServer &operator=(const WorkerServer &) = delete;
+
+  // Loads the model, opens the store, then serves gRPC and /metrics.
+  absl::Status Start();
+  // Stops taking calls, lets running ones finish until `deadline`, then stops
+  // the engine.
+  void Shutdown(absl::Time deadline);
+
+  // Valid after Start().
+  std::string address() const;
+  int metrics_port() const;
+  metrics::Registry &registry() { return registry_; }
+
+ private:
+  const WorkerServerOptions options_;
+  metrics::Registry registry_;
+  std::unique_ptr<Runtime> runtime_;
+  std::unique_ptr<InferenceService> service_;
+  std::unique_ptr<GrpcServer> grpc_;
+  std::unique_ptr<metrics::MetricsHttpServer> http_;
+  bool shut_down_ = false;
+};
+
+}  // namespace lazyrag
