@@ -1,0 +1,461 @@
+// The CUDA model against the CPU model (issue 6, must-show 2): logits of FULL prefill and
+// decode steps through the Engine on synthetic:tiny (head dim 16: the CUDA-core fallback
+// attention) and on SmolLM2-135M's shape (head dim 64, GQA 3: the tensor-core kernels);
+// LAZY and MATERIALIZE on the GPU; mixed prefill/decode batches; weights generated on the
+// device against the loader's host values; KV export/import; bad inputs.
+//
+// Tolerances. The CPU runs fp32 end to end; the GPU rounds weights and GEMM inputs to bf16
+// (relative rounding 2^-9) and accumulates in fp32 with an fp32 residual stream. Logits are
+// compared as max |gpu - cpu| / max |cpu| over every step: <= 3e-2 (measured on the H200:
+// tiny <= 0.5e-2, SmolLM2 shape 1.0e-2 to 1.9e-2). LAZY against MATERIALIZE on the GPU runs
+// the same bf16 path except where RoPE is applied (the query rotated per segment in fp32 vs
+// cached bf16 keys re-rotated and rounded again); through 30 random layers that one extra
+// bf16 rounding moves logits as much as all the others do (measured 0.6e-2 to 1.9e-2), so it
+// shares the 3e-2 bound, and the greedy tokens must agree.
+#include "worker/backend/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "worker/backend/cpu/cpu_backend.h"
+#include "worker/engine/engine.h"
+#include "worker/model/model_source.h"
+#include "worker/model/synthetic_init.h"
+
+namespace lazyrag {
+namespace {
+
+constexpr double kLogitTolerance = 3e-2;
+constexpr double kLazyMaterializeTolerance = 3e-2;
+
+bool HaveDevice() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+#define SKIP_WITHOUT_DEVICE() \
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device"
+
+float RoundBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even (no NaN in these tensors)
+  u &= 0xffff0000u;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+LoadedModel LoadWithHostWeights(const std::string& name) {
+  LoadOptions o;
+  o.synthetic_host_weights = true;
+  auto m = LoadModel(name, o);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return std::move(*m);
+}
+
+std::unique_ptr<Engine> MakeEngine(std::unique_ptr<Backend> backend, int page_size, int chunk,
+                                   int num_pages = 512) {
+  EngineOptions o;
+  o.page_size = page_size;
+  o.num_pages = num_pages;
+  o.prefill_chunk = chunk;
+  o.fingerprint = "cuda-backend-test";
+  auto e = Engine::Create(std::move(backend), o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
+// A CPU engine and a CUDA engine over the same synthetic model.
+struct EnginePair {
+  std::unique_ptr<Engine> cpu, gpu;
+};
+EnginePair MakePair(const std::string& name, int page_size, int chunk,
+                    const CudaBackendOptions& co = {}) {
+  LoadedModel m = LoadWithHostWeights(name);
+  auto gpu = CreateCudaBackend(m, co);
+  EXPECT_TRUE(gpu.ok()) << gpu.status();
+  auto cpu = CreateCpuBackend(std::move(m.weights));
+  EXPECT_TRUE(cpu.ok()) << cpu.status();
+  EnginePair p;
+  if (gpu.ok() && cpu.ok()) {
+    p.cpu = MakeEngine(std::move(*cpu), page_size, chunk);
+    p.gpu = MakeEngine(std::move(*gpu), page_size, chunk);
+  }
+  return p;
+}
+
+std::vector<int32_t> RandomTokens(std::mt19937& rng, int n, int vocab) {
+  std::uniform_int_distribution<int> d(3, vocab - 1);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = d(rng);
+  return t;
+}
+
+struct ModeRun {
+  std::vector<std::vector<float>> logits;
+  std::vector<int32_t> tokens;
+};
+ModeRun RunMode(Engine& e, const TokenPrompt& p, AttentionMode mode, int steps) {
+  ModeRun r;
+  TokenRunOptions o;
+  o.mode = mode;
+  o.max_tokens = steps;
+  o.ignore_eos = true;
+  o.step_logits = &r.logits;
+  auto res = e.RunTokens(p, o);
+  EXPECT_TRUE(res.ok()) << res.status();
+  if (res.ok()) r.tokens = res->token_ids;
+  return r;
+}
+
+double RelError(const std::vector<float>& a, const std::vector<float>& ref) {
+  EXPECT_EQ(a.size(), ref.size());
+  double diff = 0, mx = 0;
+  for (size_t i = 0; i < std::min(a.size(), ref.size()); ++i) {
+    diff = std::max(diff, double(std::fabs(a[i] - ref[i])));
+    mx = std::max(mx, double(std::fabs(ref[i])));
+  }
+  return diff / std::max(mx, 1e-30);
+}
+
+// Compares step logits while the generated tokens agree. A different greedy token is only
+// accepted at a near tie of the reference (top-2 gap within the tolerance).
+void ExpectRunsMatch(const ModeRun& gpu, const ModeRun& ref, double tolerance, const char* what) {
+  ASSERT_EQ(gpu.logits.size(), ref.logits.size()) << what;
+  for (size_t s = 0; s < ref.logits.size(); ++s) {
+    const double err = RelError(gpu.logits[s], ref.logits[s]);
+    EXPECT_LE(err, tolerance) << what << " step " << s;
+    std::printf("[ %s ] step %zu: max|diff|/max|ref| = %.3g\n", what, s, err);
+    if (s < ref.tokens.size() && s < gpu.tokens.size() && gpu.tokens[s] != ref.tokens[s]) {
+      std::vector<float> sorted = ref.logits[s];
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+      float mx = 0;
+      for (float v : ref.logits[s]) mx = std::max(mx, std::fabs(v));
+      EXPECT_LE(sorted[0] - sorted[1], 2 * tolerance * mx)
+          << what << ": greedy token differs at step " << s << " without a near tie";
+      std::printf("[ %s ] tokens diverge at step %zu (near tie); later steps not compared\n", what,
+                  s);
+      return;
+    }
+  }
+}
+
+TokenPrompt RagPrompt(std::mt19937& rng, int vocab, std::vector<int> doc_lens, int suffix) {
+  TokenPrompt p;
+  p.prefix = RandomTokens(rng, 7, vocab);
+  for (int n : doc_lens) p.documents.push_back(RandomTokens(rng, n, vocab));
+  p.suffix = RandomTokens(rng, suffix, vocab);
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(CudaBackendTest, DeviceGeneratedWeightsEqualHostWeights) {
+  SKIP_WITHOUT_DEVICE();
+  for (bool on_device : {true, false}) {
+    SCOPED_TRACE(on_device ? "generated on device" : "uploaded from host");
+    LoadedModel m = LoadWithHostWeights("synthetic:smollm2-135m@7");
+    CudaBackendOptions o;
+    o.synthetic_on_device = on_device;
+    auto backend = CreateCudaBackend(m, o);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    const ModelWeights& w = *m.weights;
+    struct Probe {
+      uint32_t tag;
+      const std::vector<float>* host;
+      bool norm;
+    };
+    const std::vector<Probe> probes = {
+        {SyntheticTag(kSynEmbedding, 0), &w.token_embedding, false},
+        {SyntheticTag(kSynFinalNorm, 0), &w.final_norm, true},
+        {SyntheticTag(kSynWq, 0), &w.layers[0].wq, false},
+        {SyntheticTag(kSynWk, 13), &w.layers[13].wk, false},
+        {SyntheticTag(kSynWv, 29), &w.layers[29].wv, false},
+        {SyntheticTag(kSynWo, 5), &w.layers[5].wo, false},
+        {SyntheticTag(kSynAttnNorm, 3), &w.layers[3].attn_norm, true},
+        {SyntheticTag(kSynFfnNorm, 7), &w.layers[7].ffn_norm, true},
+        {SyntheticTag(kSynWGate, 2), &w.layers[2].w_gate, false},
+        {SyntheticTag(kSynWUp, 2), &w.layers[2].w_up, false},
+        {SyntheticTag(kSynWDown, 29), &w.layers[29].w_down, false},
+    };
+    for (const Probe& p : probes) {
+      const int64_t n = int64_t(p.host->size());
+      // The whole tensor when small, else its head, a middle window and its tail.
+      std::vector<std::pair<int64_t, int64_t>> windows;
+      if (n <= 300000) {
+        windows = {{0, n}};
+      } else {
+        windows = {{0, 100000}, {n / 2 - 5000, 10000}, {n - 100000, 100000}};
+      }
+      for (auto [off, count] : windows) {
+        auto dev = ReadCudaWeight(**backend, p.tag, off, count);
+        ASSERT_TRUE(dev.ok()) << dev.status();
+        int64_t mismatches = 0;
+        for (int64_t i = 0; i < count; ++i) {
+          const float want = p.norm ? (*p.host)[off + i] : RoundBf16((*p.host)[off + i]);
+          if (std::memcmp(&want, &(*dev)[i], 4) != 0) ++mismatches;
+        }
+        EXPECT_EQ(mismatches, 0) << "tag " << p.tag << " window at " << off;
+      }
+    }
+  }
+}
+
+TEST(CudaBackendTest, TinyMatchesCpuAllModes) {
+  SKIP_WITHOUT_DEVICE();
+  // Uploaded host weights (head dim 16: fallback attention and materialize kernels).
+  CudaBackendOptions upload;
+  upload.synthetic_on_device = false;
+  EnginePair e = MakePair("synthetic:tiny@3", 16, 64, upload);
+  ASSERT_TRUE(e.cpu && e.gpu);
+  std::mt19937 rng(11);
+  const int vocab = e.cpu->config().vocab_size;
+  TokenPrompt full;
+  full.suffix = RandomTokens(rng, 150, vocab);
+  ExpectRunsMatch(RunMode(*e.gpu, full, AttentionMode::kFull, 5),
+                  RunMode(*e.cpu, full, AttentionMode::kFull, 5), kLogitTolerance, "tiny FULL");
+  TokenPrompt rag = RagPrompt(rng, vocab, {37, 100, 5}, 13);
+  const ModeRun gpu_lazy = RunMode(*e.gpu, rag, AttentionMode::kLazy, 4);
+  ExpectRunsMatch(gpu_lazy, RunMode(*e.cpu, rag, AttentionMode::kLazy, 4), kLogitTolerance,
+                  "tiny LAZY");
+  const ModeRun gpu_mat = RunMode(*e.gpu, rag, AttentionMode::kMaterialize, 4);
+  ExpectRunsMatch(gpu_mat, RunMode(*e.cpu, rag, AttentionMode::kMaterialize, 4), kLogitTolerance,
+                  "tiny MATERIALIZE");
+  ExpectRunsMatch(gpu_lazy, gpu_mat, kLazyMaterializeTolerance, "tiny GPU LAZY vs MATERIALIZE");
+}
+
+TEST(CudaBackendTest, SmolLm2ShapeMatchesCpuAllModes) {
+  SKIP_WITHOUT_DEVICE();
+  for (int page_size : {16, 64}) {
+    // Both residual paths: added inside the GEMM (page 16) and fused into RMSNorm (page 64).
+    CudaBackendOptions co;
+    co.residual_add_in_gemm = page_size == 16;
+    SCOPED_TRACE(testing::Message()
+                 << "page size " << page_size << ", residual in GEMM " << co.residual_add_in_gemm);
+    EnginePair e = MakePair("synthetic:smollm2-135m@5", page_size, 128, co);
+    ASSERT_TRUE(e.cpu && e.gpu);
+    std::mt19937 rng(page_size);
+    const int vocab = e.cpu->config().vocab_size;
+    TokenPrompt full;
+    full.suffix = RandomTokens(rng, 300, vocab);
+    ExpectRunsMatch(RunMode(*e.gpu, full, AttentionMode::kFull, 5),
+                    RunMode(*e.cpu, full, AttentionMode::kFull, 5), kLogitTolerance,
+                    "smollm2 FULL");
+    TokenPrompt rag = RagPrompt(rng, vocab, {37, 250, 100}, 21);
+    const ModeRun gpu_lazy = RunMode(*e.gpu, rag, AttentionMode::kLazy, 4);
+    ExpectRunsMatch(gpu_lazy, RunMode(*e.cpu, rag, AttentionMode::kLazy, 4), kLogitTolerance,
+                    "smollm2 LAZY");
+    const ModeRun gpu_mat = RunMode(*e.gpu, rag, AttentionMode::kMaterialize, 4);
+    ExpectRunsMatch(gpu_mat, RunMode(*e.cpu, rag, AttentionMode::kMaterialize, 4), kLogitTolerance,
+                    "smollm2 MATERIALIZE");
+    ExpectRunsMatch(gpu_lazy, gpu_mat, kLazyMaterializeTolerance,
+                    "smollm2 GPU LAZY vs MATERIALIZE");
+    // The same documents in another order and a new query: documents reused from the pool.
+    std::shuffle(rag.documents.begin(), rag.documents.end(), rng);
+    rag.suffix = RandomTokens(rng, 9, vocab);
+    ExpectRunsMatch(RunMode(*e.gpu, rag, AttentionMode::kLazy, 3),
+                    RunMode(*e.cpu, rag, AttentionMode::kLazy, 3), kLogitTolerance,
+                    "smollm2 LAZY reordered");
+  }
+}
+
+// Backend-level batches with several requests: prefill chunks, decode-only (the decode
+// kernel with 2 requests) and a mixed prefill + decode batch over shared segments.
+TEST(CudaBackendTest, MultiRequestBatchesMatchCpu) {
+  SKIP_WITHOUT_DEVICE();
+  LoadedModel m = LoadWithHostWeights("synthetic:smollm2-135m@9");
+  auto gpu = CreateCudaBackend(m);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  auto cpu = CreateCpuBackend(std::move(m.weights));
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  const int ps = 16;
+  ASSERT_TRUE((*gpu)->InitPool(64, ps).ok());
+  ASSERT_TRUE((*cpu)->InitPool(64, ps).ok());
+  std::mt19937 rng(5);
+  const int vocab = m.config.vocab_size;
+
+  // Appends `n` tokens of one request to its own segment (pages, start, len so far), after
+  // `fixed` segments; logits for every new row.
+  struct Own {
+    std::vector<int32_t> pages;
+    int32_t start = 0;
+    int32_t len = 0;
+  };
+  struct Fixed {
+    int32_t start, len;
+    std::vector<int32_t> pages;
+  };
+  auto add_request = [&](ForwardBatch& b, Own& own, const std::vector<Fixed>& fixed, int n) {
+    for (const Fixed& f : fixed) b.view.AddSegment(f.start, f.len, f.pages);
+    b.view.AddSegment(own.start, own.len + n, own.pages);
+    std::vector<int32_t> pos;
+    for (int i = 0; i < n; ++i) {
+      const int32_t local = own.len + i;
+      b.logit_rows.push_back(int32_t(b.tokens.size()));
+      b.tokens.push_back(RandomTokens(rng, 1, vocab)[0]);
+      b.kv_pos.push_back(local);
+      b.kv_slot.push_back(int64_t(own.pages[local / ps]) * ps + local % ps);
+      pos.push_back(own.start + local);
+    }
+    b.view.EndRequest(pos);
+    own.len += n;
+  };
+  auto compare = [&](const ForwardBatch& b, const char* what) {
+    std::vector<float> lg, lc;
+    ASSERT_TRUE((*gpu)->Forward(b, &lg).ok()) << what;
+    ASSERT_TRUE((*cpu)->Forward(b, &lc).ok()) << what;
+    ASSERT_EQ(lg.size(), b.logit_rows.size() * size_t(vocab));
+    const double err = RelError(lg, lc);
+    std::printf("[ %s ] max|diff|/max|ref| = %.3g\n", what, err);
+    EXPECT_LE(err, kLogitTolerance) << what;
+  };
+  Own a{{0, 1, 2, 3}}, bq{{10, 11}}, c{{20}, 0, 0}, d{{30}, 0, 0};
+  {
+    ForwardBatch b;
+    b.view.page_size = ps;
+    add_request(b, a, {}, 40);
+    add_request(b, bq, {}, 23);
+    compare(b, "two prefill requests");
+  }
+  {
+    ForwardBatch b;
+    b.view.page_size = ps;
+    add_request(b, a, {}, 1);
+    add_request(b, bq, {}, 1);
+    compare(b, "two decode requests");
+  }
+  {
+    ForwardBatch b;
+    b.view.page_size = ps;
+    const Fixed doc_a{0, a.len, a.pages}, doc_b{a.len, bq.len, bq.pages};
+    c.start = a.len + bq.len;
+    d.start = a.len;
+    add_request(b, c, {doc_a, doc_b}, 5);  // a 5-token query block over two shared documents
+    add_request(b, d, {doc_a}, 1);         // and a decode row, in one prefill launch
+    compare(b, "mixed prefill and decode");
+  }
+}
+
+TEST(CudaBackendTest, KvExportImportRoundTripAndMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  LoadedModel m = LoadWithHostWeights("synthetic:smollm2-135m@2");
+  const ModelConfig c = m.config;
+  auto gpu = CreateCudaBackend(m);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  auto cpu = CreateCpuBackend(std::move(m.weights));
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  const int ps = 16, n = 37;
+  const std::vector<int32_t> pages{3, 5, 9}, other{20, 21, 22};
+  for (Backend* be : {gpu->get(), cpu->get()}) ASSERT_TRUE(be->InitPool(32, ps).ok());
+  std::mt19937 rng(3);
+  ForwardBatch b;
+  b.view.page_size = ps;
+  b.view.AddSegment(0, n, pages);
+  std::vector<int32_t> pos;
+  for (int i = 0; i < n; ++i) {
+    b.tokens.push_back(RandomTokens(rng, 1, c.vocab_size)[0]);
+    b.kv_pos.push_back(i);
+    b.kv_slot.push_back(int64_t(pages[i / ps]) * ps + i % ps);
+    pos.push_back(i);
+  }
+  b.view.EndRequest(pos);
+  std::vector<float> unused;
+  ASSERT_TRUE((*gpu)->Forward(b, &unused).ok());
+  ASSERT_TRUE((*cpu)->Forward(b, &unused).ok());
+  std::string g, g2, f;
+  ASSERT_TRUE((*gpu)->ExportKv(pages, n, &g).ok());
+  ASSERT_TRUE((*cpu)->ExportKv(pages, n, &f).ok());
+  ASSERT_EQ(g.size(), size_t(2) * c.num_layers * n * c.kv_dim() * 2);
+  ASSERT_EQ(f.size(), g.size() * 2);
+  ASSERT_TRUE((*gpu)->ImportKv(other, n, g).ok());
+  ASSERT_TRUE((*gpu)->ExportKv(other, n, &g2).ok());
+  EXPECT_EQ(g, g2);
+  // K (rotated at local positions) and V of layer 0 and the last layer against the CPU.
+  const int64_t per = int64_t(n) * c.kv_dim();
+  for (int layer : {0, c.num_layers - 1}) {
+    for (int kv = 0; kv < 2; ++kv) {
+      std::vector<float> gv(per), fv(per);
+      const int64_t base = (int64_t(layer) * 2 + kv) * per;
+      for (int64_t i = 0; i < per; ++i) {
+        uint16_t h;
+        std::memcpy(&h, g.data() + (base + i) * 2, 2);
+        const uint32_t u = uint32_t(h) << 16;
+        std::memcpy(&gv[i], &u, 4);
+        std::memcpy(&fv[i], f.data() + (base + i) * 4, 4);
+      }
+      const double err = RelError(gv, fv);
+      std::printf("[ kv layer %d %s ] max|diff|/max|ref| = %.3g\n", layer, kv ? "V" : "K", err);
+      EXPECT_LE(err, kLogitTolerance) << "layer " << layer << (kv ? " V" : " K");
+    }
+  }
+}
+
+TEST(CudaBackendTest, BadInputsAreRejected) {
+  SKIP_WITHOUT_DEVICE();
+  LoadedModel m = LoadWithHostWeights("synthetic:tiny");
+  CudaBackendOptions bad_device;
+  bad_device.device = 1 << 20;
+  EXPECT_EQ(CreateCudaBackend(m, bad_device).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto gpu = CreateCudaBackend(m);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  Backend& be = **gpu;
+  ForwardBatch b;
+  b.view.page_size = 16;
+  b.view.AddSegment(0, 1, {0});
+  b.view.EndRequest({0});
+  b.tokens = {5};
+  b.kv_pos = {0};
+  b.kv_slot = {0};
+  std::vector<float> logits;
+  EXPECT_EQ(be.Forward(b, &logits).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(be.InitPool(0, 16).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(be.InitPool(8, 16).ok());
+  EXPECT_TRUE(be.Forward(b, &logits).ok());
+  ForwardBatch bad = b;
+  bad.tokens = {m.config.vocab_size};
+  EXPECT_EQ(be.Forward(bad, &logits).code(), absl::StatusCode::kInvalidArgument);
+  bad = b;
+  bad.kv_slot = {8 * 16};
+  EXPECT_EQ(be.Forward(bad, &logits).code(), absl::StatusCode::kInvalidArgument);
+  bad = b;
+  bad.view.page_indices = {8};
+  EXPECT_EQ(be.Forward(bad, &logits).code(), absl::StatusCode::kInvalidArgument);
+  bad = b;
+  bad.logit_rows = {1};
+  EXPECT_EQ(be.Forward(bad, &logits).code(), absl::StatusCode::kInvalidArgument);
+  bad = b;
+  bad.view.seg_len = {17};
+  EXPECT_EQ(be.Forward(bad, &logits).code(), absl::StatusCode::kInvalidArgument);
+  bad = b;
+  bad.view.q_indptr = {0, 2};
+  EXPECT_EQ(be.Forward(bad, &logits).code(), absl::StatusCode::kInvalidArgument);
+  std::string out;
+  EXPECT_EQ(be.ExportKv({9}, 4, &out).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(be.ExportKv({1}, 17, &out).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(be.ImportKv({1}, 4, std::string(3, 'x')).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(be.Materialize({MaterializeCopy{{1}, 4, {9}, 0, 0}}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadCudaWeight(be, 0xffffff, 0, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  auto cpu = CreateCpuBackend(std::move(m.weights));
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_EQ(ReadCudaWeight(**cpu, SyntheticTag(kSynEmbedding, 0), 0, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // The backend still works after rejected calls.
+  b.logit_rows = {0};
+  ASSERT_TRUE(be.Forward(b, &logits).ok());
+  EXPECT_EQ(logits.size(), size_t(m.config.vocab_size));
+}
+
+TEST(CudaBackendTest, SkipsCleanlyWithoutDevice) {
+  if (HaveDevice()) GTEST_SKIP() << "a CUDA device is present";
+  LoadedModel m = LoadWithHostWeights("synthetic:tiny");
+  EXPECT_EQ(CreateCudaBackend(m).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace lazyrag

@@ -1,0 +1,514 @@
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "worker/backend/cuda/cuda_check.h"
+#include "worker/backend/cuda/model_kernels.h"
+#include "worker/model/synthetic_init.h"
+
+namespace lazyrag::cuda_model {
+namespace {
+
+constexpr int kNormThreads = 256;
+constexpr int kScatterThreads = 128;
+constexpr int kElementwiseThreads = 256;
+constexpr int kMaxGridBlocks = 1 << 20;  // grid-stride beyond this
+constexpr int kFallbackMaxHeadDim = 256;
+constexpr int kFallbackPerLane = kFallbackMaxHeadDim / 32;
+
+__device__ __forceinline__ float Bf16ToFloat(uint16_t v) {
+  return __uint_as_float(uint32_t(v) << 16);
+}
+__device__ __forceinline__ uint16_t FloatToBf16(float f) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+
+int GridFor(int64_t work, int threads) {
+  return int(std::min<int64_t>((work + threads - 1) / threads, kMaxGridBlocks));
+}
+
+// ---------------------------------------------------------------------------------------------
+// RoPE table.
+
+__device__ __forceinline__ void RopeTableBody(const RopeTableParams& p) {
+  const int64_t total = int64_t(p.num_tokens) * p.half;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int t = int(idx / p.half), i = int(idx % p.half);
+    double s, c;
+    sincos(double(p.pos[t]) * double(p.inv_freq[i]), &s, &c);
+    p.table[2 * idx] = float(c);
+    p.table[2 * idx + 1] = float(s);
+  }
+}
+__global__ void RopeTableKernel(const __grid_constant__ RopeTableParams p) { RopeTableBody(p); }
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm (optionally gathering embedding rows).
+
+// Sum over the block; every thread gets the result. `scratch` holds one float per warp.
+__device__ __forceinline__ float BlockSum(float v, float* scratch) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < int(blockDim.x / 32) ? scratch[lane] : 0.0f;
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if (lane == 0) scratch[0] = v;
+  }
+  __syncthreads();
+  return scratch[0];
+}
+
+// Fast path: dim % 4 == 0 and dim <= kNormThreads * 4 * kNormChunks. Every load of the row
+// is issued into registers before the first store, so the loads overlap (the scalar loop
+// below serializes them: x_out may alias x).
+constexpr int kNormChunks = 8;  // float4 chunks per thread: dim <= 8192
+
+__device__ __forceinline__ float4 LoadBf16x4(const uint16_t* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                     __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
+
+__device__ __forceinline__ void RmsNormVecBody(const RmsNormParams& p, float* scratch) {
+  const int r = blockIdx.x;
+  const int dim = p.dim, chunks = dim / 4;
+  const int64_t src_row = p.rows != nullptr ? p.rows[r] : r;
+  float4 v[kNormChunks];
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kNormChunks; ++k) {
+    const int c = threadIdx.x + k * blockDim.x;
+    v[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (c < chunks) {
+      if (p.embedding != nullptr) {
+        v[k] = LoadBf16x4(p.embedding + int64_t(p.tokens[r]) * dim + 4 * c);
+      } else {
+        v[k] = *reinterpret_cast<const float4*>(p.x + src_row * dim + 4 * c);
+      }
+      if (p.residual != nullptr) {
+        const float4 d = LoadBf16x4(p.residual + src_row * dim + 4 * c);
+        v[k].x += d.x;
+        v[k].y += d.y;
+        v[k].z += d.z;
+        v[k].w += d.w;
+      }
+      ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+    }
+  }
+  ss = BlockSum(ss, scratch);  // its barriers also order every load above before the stores
+  const float inv = 1.0f / sqrtf(ss / float(dim) + p.eps);
+#pragma unroll
+  for (int k = 0; k < kNormChunks; ++k) {
+    const int c = threadIdx.x + k * blockDim.x;
+    if (c < chunks) {
+      if (p.x_out != nullptr) *reinterpret_cast<float4*>(p.x_out + int64_t(r) * dim + 4 * c) = v[k];
+      const float4 w = *reinterpret_cast<const float4*>(p.weight + 4 * c);
+      uint2 o;
+      o.x = uint32_t(FloatToBf16(v[k].x * inv * w.x)) |
+            (uint32_t(FloatToBf16(v[k].y * inv * w.y)) << 16);
+      o.y = uint32_t(FloatToBf16(v[k].z * inv * w.z)) |
+            (uint32_t(FloatToBf16(v[k].w * inv * w.w)) << 16);
+      *reinterpret_cast<uint2*>(p.out + int64_t(r) * dim + 4 * c) = o;
+    }
+  }
+}
+
+__device__ __forceinline__ void RmsNormBody(const RmsNormParams& p, float* scratch) {
+  if (p.dim % 4 == 0 && p.dim <= int(blockDim.x) * 4 * kNormChunks) {
+    RmsNormVecBody(p, scratch);
+    return;
+  }
+
+  const int r = blockIdx.x;
+  const int dim = p.dim;
+  const int64_t src_row = p.rows != nullptr ? p.rows[r] : r;
+  const uint16_t* emb = p.embedding != nullptr ? p.embedding + int64_t(p.tokens[r]) * dim : nullptr;
+  const float* src = p.x != nullptr ? p.x + src_row * dim : nullptr;
+  const uint16_t* res = p.residual != nullptr ? p.residual + src_row * dim : nullptr;
+  float* x_out = p.x_out != nullptr ? p.x_out + int64_t(r) * dim : nullptr;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    float v = emb != nullptr ? Bf16ToFloat(emb[i]) : src[i];
+    if (res != nullptr) v += Bf16ToFloat(res[i]);
+    if (x_out != nullptr) x_out[i] = v;  // read back below by this same thread
+    ss += v * v;
+  }
+  ss = BlockSum(ss, scratch);
+  const float inv = 1.0f / sqrtf(ss / float(dim) + p.eps);
+  uint16_t* out = p.out + int64_t(r) * dim;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    float v;
+    if (x_out != nullptr) {
+      v = x_out[i];
+    } else {
+      v = emb != nullptr ? Bf16ToFloat(emb[i]) : src[i];
+      if (res != nullptr) v += Bf16ToFloat(res[i]);
+    }
+    out[i] = FloatToBf16(v * inv * p.weight[i]);
+  }
+}
+__global__ void __launch_bounds__(kNormThreads)
+    RmsNormKernel(const __grid_constant__ RmsNormParams p) {
+  __shared__ float scratch[kNormThreads / 32];
+  RmsNormBody(p, scratch);
+}
+
+// ---------------------------------------------------------------------------------------------
+// QKV split + RoPE on K + K/V scatter to the pool.
+
+// One work item per thread: a pair of Q features, a rotated (i, i + half) pair of K features,
+// or a pair of V features; items of one token are consecutive.
+__device__ __forceinline__ void QkvScatterBody(const QkvScatterParams& p) {
+  const int D = p.head_dim, half = D / 2;
+  const int qd = p.num_heads * D, kvd = p.num_kv_heads * D;
+  const int q_items = qd / 2, k_items = p.num_kv_heads * half, v_items = kvd / 2;
+  const int per_token = q_items + k_items + v_items;
+  const int64_t total = int64_t(p.num_tokens) * per_token;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = idx / per_token;
+    int e = int(idx - t * per_token);
+    const float* row = p.qkv + t * (qd + 2 * kvd);
+    if (e < q_items) {
+      const float2 x = *reinterpret_cast<const float2*>(row + 2 * e);
+      p.q[t * qd + 2 * e] = FloatToBf16(x.x);
+      p.q[t * qd + 2 * e + 1] = FloatToBf16(x.y);
+      continue;
+    }
+    e -= q_items;
+    const int64_t slot = p.kv_slot[t];
+    if (e < k_items) {
+      const int h = e / half, i = e - h * half;
+      const float* kr = row + qd + h * D;
+      const float2 cs = *reinterpret_cast<const float2*>(p.rope + (t * half + i) * 2);
+      const float x0 = kr[i], x1 = kr[i + half];
+      uint16_t* kc = p.k_cache + slot * kvd + h * D;
+      kc[i] = FloatToBf16(x0 * cs.x - x1 * cs.y);
+      kc[i + half] = FloatToBf16(x1 * cs.x + x0 * cs.y);
+      continue;
+    }
+    e -= k_items;
+    const float2 x = *reinterpret_cast<const float2*>(row + qd + kvd + 2 * e);
+    p.v_cache[slot * kvd + 2 * e] = FloatToBf16(x.x);
+    p.v_cache[slot * kvd + 2 * e + 1] = FloatToBf16(x.y);
+  }
+}
+__global__ void __launch_bounds__(kElementwiseThreads)
+    QkvScatterKernel(const __grid_constant__ QkvScatterParams p) {
+  QkvScatterBody(p);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SwiGLU.
+
+__device__ __forceinline__ float Silu(float g) { return g / (1.0f + expf(-g)); }
+
+__device__ __forceinline__ void SwiGluBody(const SwiGluParams& p) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (p.ff % 8 == 0) {  // 16-byte accesses: 8 features per thread
+    const int chunks = p.ff / 8;
+    const int64_t total = int64_t(p.num_tokens) * chunks;
+    for (int64_t idx = first; idx < total; idx += stride) {
+      const int64_t t = idx / chunks, c = idx - t * chunks;
+      const uint16_t* g_row = p.gate_up + t * 2 * p.ff;
+      const uint4 g4 = *reinterpret_cast<const uint4*>(g_row + c * 8);
+      const uint4 u4 = *reinterpret_cast<const uint4*>(g_row + p.ff + c * 8);
+      const uint16_t* g = reinterpret_cast<const uint16_t*>(&g4);
+      const uint16_t* u = reinterpret_cast<const uint16_t*>(&u4);
+      uint4 o4;
+      uint16_t* o = reinterpret_cast<uint16_t*>(&o4);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[e] = FloatToBf16(Silu(Bf16ToFloat(g[e])) * Bf16ToFloat(u[e]));
+      *reinterpret_cast<uint4*>(p.out + t * p.ff + c * 8) = o4;
+    }
+  } else {
+    const int64_t total = int64_t(p.num_tokens) * p.ff;
+    for (int64_t idx = first; idx < total; idx += stride) {
+      const int64_t t = idx / p.ff, i = idx - t * p.ff;
+      const float g = Bf16ToFloat(p.gate_up[t * 2 * p.ff + i]);
+      const float u = Bf16ToFloat(p.gate_up[t * 2 * p.ff + p.ff + i]);
+      p.out[idx] = FloatToBf16(Silu(g) * u);
+    }
+  }
+}
+__global__ void __launch_bounds__(kElementwiseThreads)
+    SwiGluKernel(const __grid_constant__ SwiGluParams p) {
+  SwiGluBody(p);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Weights: synthetic fill and conversions.
+
+__device__ __forceinline__ void SyntheticFillBody(const SyntheticFillParams& p) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < p.n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    // The loader's expressions (worker/model/synthetic_init.h): products of two factors only,
+    // so no fused multiply-add can make device and host values differ.
+    const float v = p.bound > 0.0f ? SyntheticLinearWeight(p.seed, p.tag, uint64_t(i), p.bound)
+                                   : SyntheticUniform(p.seed, p.tag, uint64_t(i));
+    p.dst[i] = FloatToBf16(v);
+  }
+}
+__global__ void __launch_bounds__(kElementwiseThreads)
+    SyntheticFillKernel(const __grid_constant__ SyntheticFillParams p) {
+  SyntheticFillBody(p);
+}
+
+__global__ void __launch_bounds__(kElementwiseThreads)
+    FloatToBf16Kernel(const float* __restrict__ src, uint16_t* __restrict__ dst, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    dst[i] = FloatToBf16(src[i]);
+  }
+}
+__global__ void __launch_bounds__(kElementwiseThreads)
+    Bf16ToFloatKernel(const uint16_t* __restrict__ src, float* __restrict__ dst, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    dst[i] = Bf16ToFloat(src[i]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// KV transport (export / import).
+
+template <typename Unit>
+__device__ __forceinline__ void KvTransportBody(const KvTransportParams& p) {
+  constexpr int kPer = sizeof(Unit) / sizeof(uint16_t);
+  const int per_token = p.kv_dim / kPer;
+  const int64_t total = int64_t(p.num_layers) * 2 * p.num_tokens * per_token;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int c = int(idx % per_token);
+    int64_t rest = idx / per_token;
+    const int j = int(rest % p.num_tokens);
+    rest /= p.num_tokens;
+    const int kv = int(rest % 2), layer = int(rest / 2);
+    const int64_t slot = int64_t(p.pages[j / p.page_size]) * p.page_size + j % p.page_size;
+    Unit* pool = reinterpret_cast<Unit*>(p.pool + layer * p.layer_stride + kv * p.v_offset +
+                                         slot * p.kv_dim) +
+                 c;
+    Unit* buf = reinterpret_cast<Unit*>(p.buffer) + idx;
+    if (p.to_buffer) {
+      *buf = *pool;
+    } else {
+      *pool = *buf;
+    }
+  }
+}
+template <typename Unit>
+__global__ void __launch_bounds__(kElementwiseThreads)
+    KvTransportKernel(const __grid_constant__ KvTransportParams p) {
+  KvTransportBody<Unit>(p);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fallback attention (head dims other than 64 / 128).
+
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+__device__ __forceinline__ void FallbackAttentionBody(const FallbackAttentionParams& p) {
+  const int row = blockIdx.x, head = blockIdx.y, lane = threadIdx.x;
+  const int D = p.head_dim, half = D / 2;
+  const int kvh = head / (p.num_heads / p.num_kv_heads);
+  const SegmentView& v = p.view;
+  const int b = p.row_request[row];
+  const int pos = v.q_pos[row];
+  const uint16_t* qr = p.q + (int64_t(row) * p.num_heads + head) * D;
+  float qv[kFallbackPerLane], qpartner[kFallbackPerLane], qrot[kFallbackPerLane],
+      acc[kFallbackPerLane];
+#pragma unroll
+  for (int k = 0; k < kFallbackPerLane; ++k) {
+    const int f = lane + 32 * k;
+    qv[k] = f < D ? Bf16ToFloat(qr[f]) : 0.0f;
+    qpartner[k] = f < D ? Bf16ToFloat(qr[f < half ? f + half : f - half]) : 0.0f;
+    acc[k] = 0.0f;
+  }
+  float m = -INFINITY, l = 0.0f;
+  for (int s = v.seg_indptr[b]; s < v.seg_indptr[b + 1]; ++s) {
+    const int start = v.seg_start[s];
+    const int visible = min(v.seg_len[s], pos - start + 1);
+    if (visible <= 0) continue;
+#pragma unroll
+    for (int k = 0; k < kFallbackPerLane; ++k) {
+      const int f = lane + 32 * k;
+      qrot[k] = 0.0f;
+      if (f < D) {
+        const int i = f < half ? f : f - half;
+        double sd, cd;
+        sincos(double(pos - start) * double(p.inv_freq[i]), &sd, &cd);
+        const float c = float(cd), sn = float(sd);
+        qrot[k] = f < half ? qv[k] * c - qpartner[k] * sn : qv[k] * c + qpartner[k] * sn;
+      }
+    }
+    const int32_t* pages = v.page_indices + v.page_indptr[s];
+    for (int j = 0; j < visible; ++j) {
+      const int64_t slot = int64_t(pages[j / v.page_size]) * v.page_size + j % v.page_size;
+      const uint16_t* kp = p.k_cache + (slot * p.num_kv_heads + kvh) * D;
+      const uint16_t* vp = p.v_cache + (slot * p.num_kv_heads + kvh) * D;
+      float dot = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kFallbackPerLane; ++k) {
+        const int f = lane + 32 * k;
+        if (f < D) dot += qrot[k] * Bf16ToFloat(kp[f]);
+      }
+      const float score = WarpSum(dot) * p.scale;
+      const float m_new = fmaxf(m, score);
+      const float corr = expf(m - m_new);  // 0 while m is -inf
+      const float w = expf(score - m_new);
+      l = l * corr + w;
+#pragma unroll
+      for (int k = 0; k < kFallbackPerLane; ++k) {
+        const int f = lane + 32 * k;
+        if (f < D) acc[k] = acc[k] * corr + w * Bf16ToFloat(vp[f]);
+      }
+      m = m_new;
+    }
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  uint16_t* out = p.out + (int64_t(row) * p.num_heads + head) * D;
+#pragma unroll
+  for (int k = 0; k < kFallbackPerLane; ++k) {
+    const int f = lane + 32 * k;
+    if (f < D) out[f] = FloatToBf16(acc[k] * inv);
+  }
+}
+__global__ void __launch_bounds__(32)
+    FallbackAttentionKernel(const __grid_constant__ FallbackAttentionParams p) {
+  FallbackAttentionBody(p);
+}
+
+__device__ __forceinline__ void FallbackMaterializeBody(const FallbackMaterializeParams& p) {
+  const int j = blockIdx.x, c = blockIdx.y, layer = blockIdx.z;
+  if (j >= p.len[c]) return;
+  const int ps = p.page_size, D = p.head_dim, half = D / 2;
+  const int kvd = p.num_kv_heads * D;
+  const int64_t src = int64_t(p.src_pages[p.src_page_indptr[c] + j / ps]) * ps + j % ps;
+  const int t = p.dst_offset[c] + j;
+  const int64_t dst = int64_t(p.dst_pages[p.dst_page_indptr[c] + t / ps]) * ps + t % ps;
+  const uint16_t* ks = p.k_cache + layer * p.layer_stride + src * kvd;
+  uint16_t* kd = p.k_cache + layer * p.layer_stride + dst * kvd;
+  const uint16_t* vs = p.v_cache + layer * p.layer_stride + src * kvd;
+  uint16_t* vd = p.v_cache + layer * p.layer_stride + dst * kvd;
+  const double delta = p.delta[c];
+  for (int idx = threadIdx.x; idx < p.num_kv_heads * half; idx += blockDim.x) {
+    const int h = idx / half, i = idx - h * half;
+    double sd, cd;
+    sincos(delta * double(p.inv_freq[i]), &sd, &cd);
+    const float co = float(cd), si = float(sd);
+    const float x0 = Bf16ToFloat(ks[h * D + i]), x1 = Bf16ToFloat(ks[h * D + i + half]);
+    kd[h * D + i] = FloatToBf16(x0 * co - x1 * si);
+    kd[h * D + i + half] = FloatToBf16(x1 * co + x0 * si);
+  }
+  for (int i = threadIdx.x; i < kvd; i += blockDim.x) vd[i] = vs[i];
+}
+__global__ void __launch_bounds__(kScatterThreads)
+    FallbackMaterializeKernel(const __grid_constant__ FallbackMaterializeParams p) {
+  FallbackMaterializeBody(p);
+}
+
+}  // namespace
+
+absl::Status LaunchRopeTable(const RopeTableParams& p, cudaStream_t stream) {
+  const int64_t work = int64_t(p.num_tokens) * p.half;
+  if (work == 0) return absl::OkStatus();
+  RopeTableKernel<<<GridFor(work, kElementwiseThreads), kElementwiseThreads, 0, stream>>>(p);
+  LAZYRAG_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
+  if (p.num_rows == 0) return absl::OkStatus();
+  RmsNormKernel<<<p.num_rows, kNormThreads, 0, stream>>>(p);
+  LAZYRAG_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status LaunchQkvScatter(const QkvScatterParams& p, cudaStream_t stream) {
+  const int64_t work = int64_t(p.num_tokens) * (p.num_heads + 2 * p.num_kv_heads) * p.head_dim / 2;
+  if (work == 0) return absl::OkStatus();
+  QkvScatterKernel<<<GridFor(work, kElementwiseThreads), kElementwiseThreads, 0, stream>>>(p);
+  LAZYRAG_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status LaunchSwiGlu(const SwiGluParams& p, cudaStream_t stream) {
+  const int64_t work = int64_t(p.num_tokens) * (p.ff % 8 == 0 ? p.ff / 8 : p.ff);
+  if (work == 0) return absl::OkStatus();
+  SwiGluKernel<<<GridFor(work, kElementwiseThreads), kElementwiseThreads, 0, stream>>>(p);
+  LAZYRAG_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status LaunchSyntheticFill(const SyntheticFillParams& p, cudaStream_t stream) {
+  if (p.n == 0) return absl::OkStatus();
+  SyntheticFillKernel<<<GridFor(p.n, kElementwiseThreads), kElementwiseThreads, 0, stream>>>(p);
+  LAZYRAG_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status LaunchFloatToBf16(const float* src, uint16_t* dst, int64_t n, cudaStream_t stream) {
+  if (n == 0) return absl::OkStatus();
+  FloatToBf16Kernel<<<GridFor(n, kElementwiseThreads), kElementwiseThreads, 0, stream>>>(src, dst,
+                                                                                         n);
+  LAZYRAG_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status LaunchBf16ToFloat(const uint16_t* src, float* dst, int64_t n, cudaStream_t stream) {
+  if (n == 0) return absl::OkStatus();
+  Bf16ToFloatKernel<<<GridFor(n, kElementwiseThreads), kElementwiseThreads, 0, stream>>>(src, dst,
+                                                                                         n);
+  LAZYRAG_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status LaunchKvTransport(const KvTransportParams& p, cudaStream_t stream) {
+  const int64_t elems = int64_t(p.num_layers) * 2 * p.num_tokens * p.kv_dim;
+  if (elems == 0) return absl::OkStatus();
+  if (p.kv_dim % 8 == 0) {
+    KvTransportKernel<uint4>
+        <<<GridFor(elems / 8, kElementwiseThreads), kElementwiseThreads, 0, stream>>>(p);
+  } else {
+    KvTransportKernel<uint16_t>
+        <<<GridFor(elems, kElementwiseThreads), kElementwiseThreads, 0, stream>>>(p);
+  }
+  LAZYRAG_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status LaunchFallbackAttention(const FallbackAttentionParams& p, cudaStream_t stream) {
+  if (p.head_dim <= 0 || p.head_dim % 2 != 0 || p.head_dim > kFallbackMaxHeadDim) {
+    return absl::InvalidArgumentError(absl::StrCat("fallback attention: head_dim ", p.head_dim,
+                                                   " not even or above ", kFallbackMaxHeadDim));
+  }
+  if (p.view.num_q == 0) return absl::OkStatus();
+  if (p.num_heads > 65535) return absl::InvalidArgumentError("fallback attention: too many heads");
+  FallbackAttentionKernel<<<dim3(p.view.num_q, p.num_heads), 32, 0, stream>>>(p);
+  LAZYRAG_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status LaunchFallbackMaterialize(const FallbackMaterializeParams& p, cudaStream_t stream) {
+  if (p.num_copies == 0 || p.max_len == 0) return absl::OkStatus();
+  if (p.num_copies > 65535 || p.num_layers > 65535) {
+    return absl::InvalidArgumentError("fallback materialize: too many copies or layers");
+  }
+  FallbackMaterializeKernel<<<dim3(p.max_len, p.num_copies, p.num_layers), kScatterThreads, 0,
+                              stream>>>(p);
+  LAZYRAG_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+}  // namespace lazyrag::cuda_model
