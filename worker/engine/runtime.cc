@@ -2,15 +2,27 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/backend/cpu/cpu_backend.h"
+#ifdef LAZYRAG_WITH_CUDA
+#include "worker/backend/cuda/cuda_backend.h"
+#endif
 
 namespace lazyrag {
 
 absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) {
-  if (o.device != "cpu") {
-    return absl::UnimplementedError(absl::StrCat("device '", o.device, "' is not available in this build (cpu)"));
+#ifdef LAZYRAG_WITH_CUDA
+  const bool cuda_built = true;
+#else
+  const bool cuda_built = false;
+#endif
+  if (o.device != "cpu" && !(o.device == "cuda" && cuda_built)) {
+    return absl::InvalidArgumentError(absl::StrCat("device '", o.device, "' is not available in this build (",
+                                                   cuda_built ? "cpu, cuda" : "cpu", ")"));
   }
   if (o.page_size < 1 || o.page_size > 1024) return absl::InvalidArgumentError("page_size must be in [1, 1024]");
-  auto loaded = LoadModel(o.model);
+  LoadOptions lo;
+  // On the GPU, synthetic weights are generated in device memory: no host copy.
+  lo.synthetic_host_weights = o.device == "cpu";
+  auto loaded = LoadModel(o.model, lo);
   if (!loaded.ok()) return loaded.status();
   auto rt = std::make_unique<Runtime>();
   rt->config = loaded->config;
@@ -20,7 +32,12 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
   if (!tok.ok()) return tok.status();
   rt->tokenizer = std::move(*tok);
   RagTemplate tmpl = RagTemplate::ForSpec(loaded->tokenizer);
-  auto backend = CreateCpuBackend(std::move(loaded->weights), {o.reference_attention});
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      absl::InvalidArgumentError("no backend");
+#ifdef LAZYRAG_WITH_CUDA
+  if (o.device == "cuda") backend = CreateCudaBackend(*loaded, CudaBackendOptions{});
+#endif
+  if (o.device == "cpu") backend = CreateCpuBackend(std::move(loaded->weights), {o.reference_attention});
   if (!backend.ok()) return backend.status();
   EngineOptions eo;
   eo.page_size = o.page_size;
@@ -37,7 +54,10 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
     rt->store = std::move(*store);
     eo.store = rt->store.get();
   }
-  const int64_t pool = o.kv_pool_bytes > 0 ? o.kv_pool_bytes : int64_t(256) << 20;
+  // Default pool: 256 MiB on the CPU, 16 GiB on a GPU.
+  const int64_t pool = o.kv_pool_bytes > 0         ? o.kv_pool_bytes
+                       : o.device == "cuda" ? int64_t(16) << 30
+                                              : int64_t(256) << 20;
   const int64_t per_page = (*backend)->BytesPerPage() / std::max(1, (*backend)->page_size()) * o.page_size;
   eo.num_pages = int(std::min<int64_t>(pool / per_page, 1 << 24));
   if (eo.num_pages < 4) return absl::InvalidArgumentError("kv_pool_bytes holds fewer than 4 pages");
