@@ -26,6 +26,13 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# The Python client's gRPC packages (clients/python), from PyPI.
+if ! python3 -c "import grpc, grpc_tools, grpc_reflection" 2>/dev/null; then
+  echo "bootstrap: installing clients/python/requirements.txt from PyPI"
+  python3 -m pip install -q --disable-pip-version-check -r "$(dirname "$0")/../../clients/python/requirements.txt" ||
+    echo "bootstrap: WARNING: grpcio could not be installed; the Python client test will skip" >&2
+fi
+
 cache=${LAZYRAG_CACHE:-$HOME/.cache/lazyrag}
 model="$cache/SmolLM2-135M-Instruct.Q4_1.gguf"
 if [ "${LAZYRAG_NO_MODEL:-0}" != 1 ] && [ ! -s "$model" ]; then

@@ -1,0 +1,59 @@
+#include "router/router_server.h"
+
+#include "common/grpc_server.h"
+#include "common/metrics_http.h"
+
+namespace lazyrag::router {
+
+RouterServer::RouterServer(RouterServerOptions options) : options_(std::move(options)) {}
+
+RouterServer::~RouterServer() { Shutdown(absl::Now()); }
+
+absl::Status RouterServer::Start() {
+  if (grpc_ != nullptr) return absl::FailedPreconditionError("router already started");
+  absl::StatusOr<WorkerSpec> spec = ParseWorkerSpec(options_.workers);
+  if (!spec.ok()) return spec.status();
+
+  metrics_ = std::make_unique<RouterMetrics>(&registry_);
+  policy_ = std::make_unique<RoutingPolicy>(options_.policy);
+  pool_ = std::make_unique<WorkerPool>(options_.pool, MakeWorkerResolver(*spec), policy_.get(),
+                                       metrics_.get());
+  service_ =
+      std::make_unique<RouterService>(options_.service, policy_.get(), pool_.get(), metrics_.get());
+  if (absl::Status s = pool_->Start(); !s.ok()) return s;
+
+  GrpcServerOptions grpc_options;
+  grpc_options.listen = options_.listen;
+  grpc_options.max_receive_message_bytes = options_.pool.max_message_bytes;
+  grpc_options.max_send_message_bytes = options_.pool.max_message_bytes;
+  grpc_ = std::make_unique<GrpcServer>(grpc_options);
+  grpc_->AddService(service_.get());
+  if (absl::Status s = grpc_->Start(); !s.ok()) {
+    pool_->Stop();
+    return s;
+  }
+  if (options_.metrics_port >= 0) {
+    metrics::MetricsHttpOptions http_options;
+    http_options.host = options_.metrics_host;
+    http_options.port = options_.metrics_port;
+    http_ = std::make_unique<metrics::MetricsHttpServer>(&registry_, http_options);
+    if (absl::Status s = http_->Start(); !s.ok()) {
+      grpc_->Shutdown(absl::Now());
+      pool_->Stop();
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void RouterServer::Shutdown(absl::Time deadline) {
+  if (grpc_ != nullptr) grpc_->Shutdown(deadline);
+  if (http_ != nullptr) http_->Stop();
+  if (pool_ != nullptr) pool_->Stop();
+}
+
+int RouterServer::port() const { return grpc_ != nullptr ? grpc_->port() : 0; }
+std::string RouterServer::address() const { return grpc_ != nullptr ? grpc_->address() : ""; }
+int RouterServer::metrics_port() const { return http_ != nullptr ? http_->port() : -1; }
+
+}  // namespace lazyrag::router

@@ -1,0 +1,69 @@
+// The router process as one lifecycle object: routing policy + worker connections + the
+// Inference service (with health and reflection) + /metrics. router/main.cc is a thin shell.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/metrics.h"
+#include "router/router_service.h"
+#include "router/routing_policy.h"
+#include "router/worker_pool.h"
+#include "router/worker_source.h"
+
+namespace lazyrag {
+class GrpcServer;
+namespace metrics {
+class MetricsHttpServer;
+}
+}  // namespace lazyrag
+
+namespace lazyrag::router {
+
+struct RouterServerOptions {
+  // gRPC address, HOST:PORT; port 0 picks one (see port()). Default loopback, picked port.
+  std::string listen = "127.0.0.1:0";
+  // Workers: "HOST:PORT,..." or "dns:///NAME:PORT" (see worker_source.h). Required.
+  std::string workers;
+  // /metrics port; 0 picks one, -1 disables the endpoint. Default 0.
+  int metrics_port = 0;
+  std::string metrics_host = "0.0.0.0";
+  RoutingPolicyOptions policy;
+  WorkerPoolOptions pool;
+  RouterServiceOptions service;
+};
+
+// Start() once, Shutdown(deadline) once (the destructor does it too). Not thread-safe.
+class RouterServer {
+ public:
+  explicit RouterServer(RouterServerOptions options);
+  ~RouterServer();
+  RouterServer(const RouterServer&) = delete;
+  RouterServer& operator=(const RouterServer&) = delete;
+
+  // INVALID_ARGUMENT for a malformed worker list; UNAVAILABLE when a port cannot be bound.
+  absl::Status Start();
+  // Stops taking calls, lets running ones finish until `deadline`, then stops polling workers.
+  void Shutdown(absl::Time deadline);
+
+  // Valid after Start().
+  int port() const;
+  std::string address() const;
+  int metrics_port() const;
+  metrics::Registry& registry() { return registry_; }
+  RoutingPolicy& policy() { return *policy_; }
+
+ private:
+  const RouterServerOptions options_;
+  metrics::Registry registry_;
+  std::unique_ptr<RouterMetrics> metrics_;
+  std::unique_ptr<RoutingPolicy> policy_;
+  std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<RouterService> service_;
+  std::unique_ptr<GrpcServer> grpc_;
+  std::unique_ptr<metrics::MetricsHttpServer> http_;
+};
+
+}  // namespace lazyrag::router

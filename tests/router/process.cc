@@ -1,0 +1,135 @@
+#include "tests/router/process.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace lazyrag::router::testing {
+
+int PickFreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+ChildProcess::ChildProcess(std::vector<std::string> argv, bool capture_stdout)
+    : argv_(std::move(argv)), capture_stdout_(capture_stdout) {}
+
+ChildProcess::~ChildProcess() {
+  if (running()) Kill();
+  if (stdout_fd_ >= 0) close(stdout_fd_);
+}
+
+absl::Status ChildProcess::Start() {
+  if (running()) return absl::FailedPreconditionError("already running");
+  if (stdout_fd_ >= 0) {
+    close(stdout_fd_);
+    stdout_fd_ = -1;
+  }
+  buffered_.clear();
+  int fds[2] = {-1, -1};
+  if (capture_stdout_ && pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError("pipe");
+  // Everything the child needs is prepared before fork(): the parent has threads.
+  std::vector<char*> argv;
+  for (std::string& a : argv_) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  int devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
+  pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork");
+  if (pid == 0) {
+    dup2(capture_stdout_ ? fds[1] : devnull, STDOUT_FILENO);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  if (devnull >= 0) close(devnull);
+  if (capture_stdout_) {
+    close(fds[1]);
+    stdout_fd_ = fds[0];
+  }
+  pid_ = pid;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ChildProcess::WaitForLine(const std::string& prefix,
+                                                      absl::Duration timeout) {
+  if (stdout_fd_ < 0) return absl::FailedPreconditionError("stdout not captured");
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    size_t newline;
+    while ((newline = buffered_.find('\n')) != std::string::npos) {
+      std::string line = buffered_.substr(0, newline);
+      buffered_.erase(0, newline + 1);
+      if (line.rfind(prefix, 0) == 0) return line;
+    }
+    absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(absl::StrCat("no line '", prefix, "' from ", argv_[0]));
+    }
+    pollfd p{stdout_fd_, POLLIN, 0};
+    int rc = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+    if (rc <= 0) continue;
+    char buf[4096];
+    ssize_t n = read(stdout_fd_, buf, sizeof(buf));
+    if (n <= 0) {
+      return absl::UnavailableError(absl::StrCat(argv_[0], " closed stdout before '", prefix, "'"));
+    }
+    buffered_.append(buf, static_cast<size_t>(n));
+  }
+}
+
+int ChildProcess::Wait(absl::Duration timeout) {
+  if (!running()) return -1000;
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    int status = 0;
+    pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      pid_ = -1;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+    }
+    if (absl::Now() >= deadline) return -1000;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
+int ChildProcess::Stop(int signal, absl::Duration timeout) {
+  if (!running()) return -1000;
+  kill(pid_, signal);
+  int code = Wait(timeout);
+  if (code == -1000 && running()) {
+    kill(pid_, SIGKILL);
+    code = Wait(absl::Seconds(10));
+  }
+  return code;
+}
+
+std::string FieldOf(const std::string& line, const std::string& key) {
+  const std::string needle = key + "=";
+  size_t at = line.find(needle);
+  while (at != std::string::npos && at > 0 && line[at - 1] != ' ') at = line.find(needle, at + 1);
+  if (at == std::string::npos) return "";
+  size_t start = at + needle.size();
+  size_t end = line.find(' ', start);
+  return line.substr(start, end == std::string::npos ? std::string::npos : end - start);
+}
+
+}  // namespace lazyrag::router::testing
