@@ -1,9 +1,11 @@
 // Kernel benchmark for worker/kernels on the Llama-3-8B attention shape (32 query heads,
 // 8 KV heads, head dim 128, bf16 KV, page size 16), one layer per launch:
-//   * device-to-device cudaMemcpy bandwidth (the ceiling, measured in the same run);
+//   * the bandwidth ceilings, measured in the same run (MeasureCeilings: eager cudaMemcpy,
+//     a vectorized copy kernel, a read-only kernel);
 //   * decode, batch 1/16/64/128, 10,240-token context (5 documents of 2,040 tokens + the
 //     request's own 40), LAZY vs all-zero deltas vs the key-rotating (MEPIC) variant;
 //   * 32-token query block, batch 1 and 16, against the same 10,240 cached tokens;
+//   * batch 1 decode and query block against forced KV split counts;
 //   * MATERIALIZE of 10,240 tokens x 32 layers (copy + re-rotate K, copy V).
 // Timing: CUDA events around graph replays of 20 launches after warm-up, median of many
 // samples (see TimeMedianMs); inputs rotate
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include "worker/backend/segment_view.h"
+#include "worker/kernels/attention_internal.cuh"  // diagnostics: the merge kernel alone
 #include "worker/kernels/lazy_attention.h"
 #include "worker/kernels/materialize.h"
 
@@ -167,7 +170,7 @@ struct AttentionSetup {
     return v;
   }
 
-  AttentionSetup(int batch_, int q_len_, size_t l2_bytes, std::mt19937& rng)
+  AttentionSetup(int batch_, int q_len_, size_t l2_bytes, std::mt19937& rng, bool shuffle = true)
       : batch(batch_), q_len(q_len_) {
     const int doc_pages = (kDocLen + kPageSize - 1) / kPageSize;
     const int own_pages = (kOwnLen + kPageSize - 1) / kPageSize;
@@ -194,7 +197,7 @@ struct AttentionSetup {
 
     std::vector<int32_t> perm(num_pages);
     std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), rng);
+    if (shuffle) std::shuffle(perm.begin(), perm.end(), rng);
     for (int zero = 0; zero < 2; ++zero) {
       int next = 0;
       for (int c = 0; c < copies; ++c) {
@@ -254,26 +257,129 @@ struct AttentionSetup {
   double KvBytes() const { return double(batch) * kv_len * kKvHeads * kHeadDim * 2 * 2; }
 };
 
-double MemcpyBandwidthMs(size_t bytes, int iters, double* ms_out) {
-  void *a = nullptr, *b = nullptr;
-  BENCH_CUDA(cudaMalloc(&a, bytes));
-  BENCH_CUDA(cudaMalloc(&b, bytes));
-  BENCH_CUDA(cudaMemset(a, 1, bytes));
-  const double ms = TimeMedianMs(3, iters, [&](int, cudaStream_t st) {
-    BENCH_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, st));
-  });
-  cudaFree(a);
-  cudaFree(b);
-  *ms_out = ms;
-  return 2.0 * bytes / (ms * 1e-3) / 1e12;  // read + write, TB/s
+// Median time of one call of fn(stream), in milliseconds, WITHOUT a graph: each sample is one
+// call between two events (for calls long enough that launch gaps do not matter: the copy
+// ceilings, ~0.5 ms each). Warm-up calls first so that clocks ramp up from idle.
+template <typename Fn>
+double TimeEagerMs(int warmup, int iters, Fn&& fn) {
+  cudaStream_t stream;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int i = 0; i < warmup; ++i) fn(stream);
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+  std::vector<cudaEvent_t> ev(2 * iters);
+  for (auto& e : ev) BENCH_CUDA(cudaEventCreate(&e));
+  for (int i = 0; i < iters; ++i) {
+    BENCH_CUDA(cudaEventRecord(ev[2 * i], stream));
+    fn(stream);
+    BENCH_CUDA(cudaEventRecord(ev[2 * i + 1], stream));
+  }
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+  std::vector<double> ms(iters);
+  for (int i = 0; i < iters; ++i) {
+    float t = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]));
+    ms[i] = t;
+  }
+  for (auto& e : ev) BENCH_CUDA(cudaEventDestroy(e));
+  BENCH_CUDA(cudaStreamDestroy(stream));
+  std::sort(ms.begin(), ms.end());
+  return ms[iters / 2];
 }
 
-std::string Json(const std::vector<Result>& rs, const cudaDeviceProp& prop, double copy_tbs) {
+// Copy ceiling kernel: 16-byte loads and stores, 4 independent loads in flight per thread
+// before the first store, grid-stride.
+__global__ void __launch_bounds__(256)
+    CopyKernel(const uint4* __restrict__ src, uint4* __restrict__ dst, size_t n) {
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 a = src[i], b = src[i + stride], c = src[i + 2 * stride], d = src[i + 3 * stride];
+    dst[i] = a;
+    dst[i + stride] = b;
+    dst[i + 2 * stride] = c;
+    dst[i + 3 * stride] = d;
+  }
+  for (; i < n; i += stride) dst[i] = src[i];
+}
+
+// Read ceiling kernel (what decode does: read K/V, write almost nothing): 16-byte loads,
+// 4 in flight per thread, an XOR folded into one word per thread that is stored only when it
+// equals a value the data never produces (so the loads are not dead code).
+__global__ void __launch_bounds__(256)
+    ReadKernel(const uint4* __restrict__ src, size_t n, uint32_t* sink) {
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  uint32_t x = 0;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 a = src[i], b = src[i + stride], c = src[i + 2 * stride], d = src[i + 3 * stride];
+    x ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^
+         d.w;
+  }
+  for (; i < n; i += stride) x ^= src[i].x ^ src[i].y ^ src[i].z ^ src[i].w;
+  if (x == 0x9e3779b9u) sink[0] = x;
+}
+
+__global__ void EmptyKernel() {}
+
+// Device bandwidth ceilings, measured in the same run. Warm-up first (the GPU idles at low
+// clocks), 1 GiB buffers (18x the L2), median of `iters` single calls.
+//  * memcpy_d2d: cudaMemcpyAsync device-to-device outside a graph (read + write bytes). Inside
+//    a CUDA graph the same copy became a memcpy node that ran at 2.77 TB/s on 2026-11-29
+//    (against ~4.3 outside): that was the bogus ceiling of the first run; it is still timed,
+//    as memcpy_d2d_graph, to show the difference.
+//  * copy_kernel: the vectorized copy kernel above (read + write bytes).
+//  * read_kernel: read-only bandwidth, the natural roof for decode.
+struct Ceilings {
+  double memcpy_ms = 0, memcpy_graph_ms = 0, copy_ms = 0, read_ms = 0;
+  size_t bytes = size_t(1) << 30;
+  double Tbs(double ms, double moved) const { return moved / (ms * 1e-3) / 1e12; }
+  double CopyTbs() const {
+    return std::max(Tbs(memcpy_ms, 2.0 * bytes), Tbs(copy_ms, 2.0 * bytes));
+  }
+};
+
+Ceilings MeasureCeilings(int iters, int sms) {
+  Ceilings c;
+  void *a = nullptr, *b = nullptr;
+  uint32_t* sink = nullptr;
+  BENCH_CUDA(cudaMalloc(&a, 2 * c.bytes));
+  BENCH_CUDA(cudaMalloc(&b, c.bytes));
+  BENCH_CUDA(cudaMalloc(&sink, 4));
+  FillRandom(static_cast<uint16_t*>(a), c.bytes, 7);  // 2 GiB of random bf16
+  BENCH_CUDA(cudaDeviceSynchronize());
+  const size_t n16 = c.bytes / 16;
+  const int grid = sms * 8;
+  auto copy = [&](cudaStream_t st) {
+    CopyKernel<<<grid, 256, 0, st>>>(static_cast<const uint4*>(a), static_cast<uint4*>(b), n16);
+    BENCH_CUDA(cudaGetLastError());
+  };
+  auto read = [&](cudaStream_t st) {
+    ReadKernel<<<grid, 256, 0, st>>>(static_cast<const uint4*>(a), 2 * n16, sink);
+    BENCH_CUDA(cudaGetLastError());
+  };
+  auto memcpy_fn = [&](cudaStream_t st) {
+    BENCH_CUDA(cudaMemcpyAsync(b, a, c.bytes, cudaMemcpyDeviceToDevice, st));
+  };
+  TimeEagerMs(20, 5, copy);  // clocks up
+  c.memcpy_ms = TimeEagerMs(10, iters, memcpy_fn);
+  c.copy_ms = TimeEagerMs(10, iters, copy);
+  c.read_ms = TimeEagerMs(10, iters, read);
+  c.memcpy_graph_ms =
+      TimeMedianMs(3, std::max(5, iters / 5), [&](int, cudaStream_t st) { memcpy_fn(st); });
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(sink);
+  return c;
+}
+
+std::string Json(const std::vector<Result>& rs, const cudaDeviceProp& prop, double copy_tbs,
+                 double read_tbs) {
   std::string s = "{\n  \"device\": \"" + std::string(prop.name) + "\",\n";
   s += "  \"sms\": " + std::to_string(prop.multiProcessorCount) + ",\n";
   s += "  \"l2_bytes\": " + std::to_string(prop.l2CacheSize) + ",\n";
   char buf[512];
-  std::snprintf(buf, sizeof(buf), "  \"memcpy_tbs\": %.4f,\n", copy_tbs);
+  std::snprintf(buf, sizeof(buf), "  \"copy_ceiling_tbs\": %.4f,\n  \"read_ceiling_tbs\": %.4f,\n",
+                copy_tbs, read_tbs);
   s += buf;
   s += "  \"shape\": {\"num_heads\": 32, \"num_kv_heads\": 8, \"head_dim\": 128, "
        "\"page_size\": 16, \"dtype\": \"bf16\"},\n  \"results\": [\n";
@@ -318,11 +424,17 @@ int Main(int argc, char** argv) {
   std::mt19937 rng(1234);
   std::vector<Result> results;
 
-  double copy_ms = 0;
-  const size_t copy_bytes = size_t(1) << 30;
-  const double copy_tbs = MemcpyBandwidthMs(copy_bytes, iters, &copy_ms);
+  const Ceilings ceil = MeasureCeilings(iters, prop.multiProcessorCount);
+  const double copy_tbs = ceil.CopyTbs();
+  const double read_tbs = ceil.Tbs(ceil.read_ms, 2.0 * ceil.bytes);
   results.push_back(
-      {"memcpy_d2d_1GiB", "memcpy", 0, 0, 0, "cudaMemcpyAsync", copy_ms, 2.0 * copy_bytes, 0});
+      {"memcpy_d2d_1GiB", "memcpy", 0, 0, 0, "eager", ceil.memcpy_ms, 2.0 * ceil.bytes, 0});
+  results.push_back(
+      {"copy_kernel_1GiB", "memcpy", 0, 0, 0, "uint4_x4", ceil.copy_ms, 2.0 * ceil.bytes, 0});
+  results.push_back(
+      {"read_kernel_2GiB", "memcpy", 0, 0, 0, "uint4_x4", ceil.read_ms, 2.0 * ceil.bytes, 0});
+  results.push_back({"memcpy_d2d_1GiB", "memcpy", 0, 0, 0, "graph_node", ceil.memcpy_graph_ms,
+                     2.0 * ceil.bytes, 0});
 
   const struct {
     const char* name;
@@ -354,6 +466,96 @@ int Main(int argc, char** argv) {
       const double flops = 4.0 * batch * 32 * kHeads * kHeadDim * double(s.kv_len);
       results.push_back({"prefill_q32_b" + std::to_string(batch), "prefill", batch, 32, s.kv_len,
                          var.name, ms, s.KvBytes(), flops});
+    }
+  }
+  // Batch 1 against forced KV split counts (LAZY only): how the fixed costs move with the
+  // number of blocks. "auto" rows above use the launcher's choice.
+  {
+    AttentionSetup d(1, 1, prop.l2CacheSize, rng);
+    for (int splits : {8, 16, 24, 32, 48, 64, 96, 128}) {
+      const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+        LazyAttentionParams p = d.Params(i % d.copies, false, KeyLayout::kRotatedLocal);
+        p.num_splits = splits;
+        BENCH_OK(LazyAttentionDecode(p, st));
+      });
+      results.push_back({"decode_b1_splits", "decode", 1, 1, d.kv_len,
+                         "lazy_s" + std::to_string(splits), ms, d.KvBytes(),
+                         4.0 * kHeads * kHeadDim * double(d.kv_len)});
+    }
+    AttentionSetup q(1, 32, prop.l2CacheSize, rng);
+    for (int splits : {4, 8, 12, 16, 24, 32}) {
+      const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+        LazyAttentionParams p = q.Params(i % q.copies, false, KeyLayout::kRotatedLocal);
+        p.num_splits = splits;
+        BENCH_OK(LazyAttentionPrefill(p, st));
+      });
+      results.push_back({"prefill_q32_b1_splits", "prefill", 1, 32, q.kv_len,
+                         "lazy_s" + std::to_string(splits), ms, q.KvBytes(),
+                         4.0 * 32 * kHeads * kHeadDim * double(q.kv_len)});
+    }
+  }
+  // Diagnostics for the batch-1 fixed costs, timed like the kernels (graphs of 20 calls):
+  //  * read_42MB: the read kernel over 41.9 MB (decode b1's bytes, contiguous, rotating over
+  //    6 buffers = 4x the L2), one launch per call: launch + ramp + tail of a trivial kernel;
+  //  * read_42MB+empty: the same plus an empty kernel per call (the cost of a second node);
+  //  * empty: one empty kernel per call;
+  //  * merge_b1_sN: the split-merge kernel alone for decode b1 (32 heads, N splits).
+  {
+    const size_t bytes = 41943040, n16 = bytes / 16;
+    constexpr int kBufs = 6;
+    uint4* bufs = DeviceAlloc<uint4>(n16 * kBufs);
+    FillRandom(reinterpret_cast<uint16_t*>(bufs), bytes / 2 * kBufs, 9);
+    uint32_t* sink = DeviceAlloc<uint32_t>(1);
+    for (int grid_per_sm : {2, 8}) {
+      const int grid = prop.multiProcessorCount * grid_per_sm;
+      const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+        ReadKernel<<<grid, 256, 0, st>>>(bufs + (i % kBufs) * n16, n16, sink);
+        BENCH_CUDA(cudaGetLastError());
+      });
+      results.push_back({"diag_read_42MB", "diag", 1, 0, 0,
+                         "grid" + std::to_string(grid_per_sm) + "xSM", ms, double(bytes), 0});
+    }
+    {
+      const int grid = prop.multiProcessorCount * 8;
+      const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+        ReadKernel<<<grid, 256, 0, st>>>(bufs + (i % kBufs) * n16, n16, sink);
+        EmptyKernel<<<1, 32, 0, st>>>();
+        BENCH_CUDA(cudaGetLastError());
+      });
+      results.push_back(
+          {"diag_read_42MB+empty", "diag", 1, 0, 0, "grid8xSM", ms, double(bytes), 0});
+    }
+    const double empty_ms = TimeMedianMs(5, iters, [&](int, cudaStream_t st) {
+      EmptyKernel<<<1, 32, 0, st>>>();
+      BENCH_CUDA(cudaGetLastError());
+    });
+    results.push_back({"diag_empty", "diag", 0, 0, 0, "1x32", empty_ms, 0, 0});
+    cudaFree(bufs);
+    cudaFree(sink);
+
+    {
+      // Decode b1 with every request's pages in pool order (a document loaded into
+      // consecutive free pages) instead of shuffled: the cost of scattered pages.
+      AttentionSetup seq(1, 1, prop.l2CacheSize, rng, /*shuffle=*/false);
+      const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+        BENCH_OK(
+            LazyAttentionDecode(seq.Params(i % seq.copies, false, KeyLayout::kRotatedLocal), st));
+      });
+      results.push_back({"diag_decode_b1", "diag", 1, 1, seq.kv_len, "sequential_pages", ms,
+                         seq.KvBytes(), 4.0 * kHeads * kHeadDim * double(seq.kv_len)});
+    }
+    AttentionSetup d(1, 1, prop.l2CacheSize, rng);
+    for (int splits : {16, 33, 64}) {
+      LazyAttentionParams p = d.Params(0, false, KeyLayout::kRotatedLocal);
+      p.num_splits = splits;
+      detail::AttentionKernelParams kp;
+      BENCH_OK(detail::MakeKernelParams(p, kKvHeads, 2, 128, &kp));
+      const double ms = TimeMedianMs(5, iters, [&](int, cudaStream_t st) {
+        BENCH_OK(detail::LaunchMergeSplits(kp, 1, kHeadDim, st));
+      });
+      results.push_back({"diag_merge_b1", "diag", 1, 1, d.kv_len,
+                         "s" + std::to_string(kp.num_splits), ms,
+                         double(kp.num_splits) * kHeads * (kHeadDim + 1) * 4.0, 0});
     }
   }
   // MATERIALIZE: 5 documents of 2,048 tokens into a request's pages, 32 layers.
@@ -415,6 +617,10 @@ int Main(int argc, char** argv) {
     cudaFree(v);
   }
 
+  std::printf(
+      "\nceilings: copy %.3f TB/s (best of eager cudaMemcpy and the copy kernel), "
+      "read %.3f TB/s; %%copy below is against the copy ceiling\n",
+      copy_tbs, read_tbs);
   std::printf("\n%-22s %-12s %10s %10s %9s %9s %8s\n", "case", "variant", "ms", "MB", "TB/s",
               "TFLOP/s", "%copy");
   for (const Result& r : results) {
@@ -429,7 +635,7 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "cannot write %s\n", out_path.c_str());
       return 1;
     }
-    const std::string js = Json(results, prop, copy_tbs);
+    const std::string js = Json(results, prop, copy_tbs, read_tbs);
     std::fwrite(js.data(), 1, js.size(), f);
     std::fclose(f);
     std::printf("wrote %s\n", out_path.c_str());

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The two-minute tour: installs what is missing, builds, downloads the bundled model
-# (SmolLM2-135M-Instruct), then sends RAG requests that share documents in different orders
-# and prints each answer with its time to first token and how many document tokens came
-# from the cache. Everything runs on this machine; nothing is left running at exit.
+# (SmolLM2-135M-Instruct), starts a kvstore shard, a CPU worker and the router on free
+# loopback ports, sends RAG requests that share documents in different orders through the
+# router, and prints each answer with its time to first token and how many document tokens
+# came from the cache. Everything it starts is stopped on exit (also on Ctrl-C).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 model_line=$(./deploy/local/bootstrap.sh | tail -n 1)
@@ -13,12 +14,50 @@ if [ ! -s "$model" ]; then
 fi
 build=${LAZYRAG_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" -j"$(nproc)" --target lazyrag-cli
+cmake --build "$build" -j"$(nproc)" --target lazyrag-kvstore lazyrag-worker lazyrag-router lazyrag-cli
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Starts a server whose stdout announces "... ready grpc=HOST:PORT metrics=PORT"; prints HOST:PORT.
+start() {
+  local name=$1; shift
+  "$@" >"$work/$name.out" 2>"$work/$name.log" &
+  pids+=($!)
+  for _ in $(seq 1 600); do
+    if grep -q " ready grpc=" "$work/$name.out" 2>/dev/null; then
+      sed -n 's/.* ready grpc=\([^ ]*\).*/\1/p' "$work/$name.out" | head -n 1
+      return 0
+    fi
+    if ! kill -0 "${pids[-1]}" 2>/dev/null; then break; fi
+    sleep 0.1
+  done
+  echo "demo: $name did not start; its log:" >&2
+  cat "$work/$name.log" >&2
+  return 1
+}
+
+kv=$(start kvstore "$build/kvstore/lazyrag-kvstore" --listen 127.0.0.1:0 --data_dir "$work/kv" \
+  --capacity_bytes $((1 << 30)) --metrics_port 0)
+worker=$(start worker "$build/worker/lazyrag-worker" --listen 127.0.0.1:0 --model "$model" \
+  --device cpu --kvstore "$kv" --kv_pool_bytes $((256 << 20)) --metrics_port 0)
+router=$(start router "$build/router/lazyrag-router" --listen 127.0.0.1:0 --workers "$worker" \
+  --metrics_port 0)
+echo "demo: kvstore $kv, worker $worker, router $router"
+
 docs=deploy/local/docs
 echo
-echo "== Four RAG requests over the same four documents, each in a new order (LAZY mode)."
-echo "   The first computes every document once; the others reuse them at new positions."
-"$build/cli/lazyrag-cli" generate --model "$model" --max_tokens 48 --shuffle_docs --seed 7 \
+echo "== Four RAG requests through the router over the same four documents, each in a new"
+echo "   order (LAZY mode). The first computes every document once (and writes it to the"
+echo "   kvstore); the others reuse them from the worker's pool at new positions."
+"$build/cli/lazyrag-cli" generate --server "$router" --max_tokens 48 --shuffle_docs --seed 7 \
   --doc $docs/kestrel.txt --doc $docs/vantor.txt --doc $docs/ostrova.txt --doc $docs/glass.txt \
   --system "Answer the question in one sentence using only the documents." \
   --query "What colour was the Kestrel Bay lighthouse painted in 1911?" \
@@ -26,8 +65,10 @@ echo "   The first computes every document once; the others reuse them at new po
   --query "When does the Vantor river freeze?" \
   --query "Who founded the Glass Archive of Pellorin?"
 echo
-echo "== The same last request in FULL mode (no reuse): compare the time to first token."
-"$build/cli/lazyrag-cli" generate --model "$model" --max_tokens 48 --mode full \
+echo "== The same last request in FULL mode (nothing reused): compare the time to first token."
+"$build/cli/lazyrag-cli" generate --server "$router" --max_tokens 48 --mode full \
   --doc $docs/glass.txt --doc $docs/kestrel.txt --doc $docs/ostrova.txt --doc $docs/vantor.txt \
   --system "Answer the question in one sentence using only the documents." \
   --query "Who founded the Glass Archive of Pellorin?"
+echo
+echo "demo: done; stopping kvstore, worker and router"

@@ -195,67 +195,170 @@ __device__ __forceinline__ void RotateKeyTile(char* k_smem, int pos0, const floa
 }
 
 // ---------------------------------------------------------------------------------------
-// Walks the key tiles of one request: the request's segments concatenated in order form a
-// virtual key range; a block owns [v_begin, v_end) of it (its KV split). Within segment s the
-// loadable local keys are clipped to that range and by causality (seg_start + j <= max_pos,
-// the largest query position of the block). Tiles never cross segments (the query rotation
-// is per segment). Every thread of a block walks the same cursor (uniform control flow).
+// Programmatic dependent launch (PDL). Every attention kernel is launched as a programmatic
+// dependent of the previous kernel on the stream: its blocks may become resident while that
+// kernel drains, and PdlWait() (first thing in the kernel, before any global access) holds
+// them until it has finished and its writes are visible. PdlLaunchDependents() lets the next
+// kernel (the split merge) be scheduled early; it still waits for this grid to complete.
+__device__ __forceinline__ void PdlWait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void PdlLaunchDependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+__device__ __forceinline__ int WarpSum(int x) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);
+  return x;
+}
+__device__ __forceinline__ int WarpInclusiveScan(int x, int lane) {
+#pragma unroll
+  for (int off = 1; off < 32; off *= 2) {
+    const int y = __shfl_up_sync(0xffffffffu, x, off);
+    if (lane >= off) x += y;
+  }
+  return x;
+}
+
+// ---------------------------------------------------------------------------------------
+// Split planning and the key-tile walk.
+//
+// A block walks the key tiles of one request. Segment s (in request order) contributes
+// ceil(vis_s / kBlockN) tiles, vis_s = clamp(min(len_s, max_pos - start_s + 1), 0, len_s) being
+// its keys visible to the block's largest query position (causality). Tiles never cross
+// segments (the query rotation is per segment). The request's tiles are numbered in order;
+// KV split k of S owns tiles [k T / S, (k + 1) T / S): splits are balanced in tiles, so one
+// that straddles a segment boundary does not pay a whole extra tile for two partial ones.
+//
+// Warp 0 plans (PlanSplit) into shared memory, reading the request's segment metadata 32
+// segments per load round (the old serial walk cost one dependent global load per segment
+// before the first K/V byte was requested); the first kSegCache segments stay cached there
+// for the walk, later ones are read from global memory as the walk reaches them.
+inline constexpr int kSegCache = 32;
+
+struct SegEntry {
+  int start, vis, page_base;
+};
+
+struct SplitPlan {          // shared memory
+  SegEntry seg[kSegCache];  // segments s_first .. s_first + kSegCache - 1 of the request
+  int s_first, s_end;       // the request's segments
+  int max_pos;              // the block's largest query position
+  int s, t_seg;             // first segment of the split, request tile index of its first tile
+  int t_begin, t_end;       // the split's tiles
+};
+
+__device__ __forceinline__ int VisibleKeys(int start, int len, int max_pos) {
+  return max(0, min(len, max_pos - start + 1));
+}
+
+// Warp 0 only (all 32 lanes); the caller syncs the block before reading `plan`.
+template <int kBlockN>
+__device__ __forceinline__ void PlanSplit(const SegmentView& v, int s_first, int s_end, int max_pos,
+                                          int split, int num_splits, SplitPlan* plan, int lane) {
+  int total = 0;
+  for (int c = s_first; c < s_end; c += 32) {
+    const int s = c + lane;
+    int tiles = 0;
+    if (s < s_end) {
+      const int start = v.seg_start[s], len = v.seg_len[s], pb = v.page_indptr[s];
+      const int vis = VisibleKeys(start, len, max_pos);
+      tiles = (vis + kBlockN - 1) / kBlockN;
+      if (s - s_first < kSegCache) plan->seg[s - s_first] = {start, vis, pb};
+    }
+    total += WarpSum(tiles);
+  }
+  const int t_begin = static_cast<int>(int64_t(split) * total / num_splits);
+  const int t_end = static_cast<int>(int64_t(split + 1) * total / num_splits);
+  // The split's first segment: the first whose tiles end past t_begin. Each lane re-reads
+  // the cache entries it wrote itself (no barrier needed); segments past the cache come again
+  // from global memory (requests with more than kSegCache segments only).
+  int s_found = s_end, t_found = total, t_base = 0;
+  for (int c = s_first; c < s_end && t_begin < total; c += 32) {
+    const int s = c + lane;
+    int tiles = 0;
+    if (s < s_end) {
+      const int vis = s - s_first < kSegCache ? plan->seg[s - s_first].vis
+                                              : VisibleKeys(v.seg_start[s], v.seg_len[s], max_pos);
+      tiles = (vis + kBlockN - 1) / kBlockN;
+    }
+    const int incl = WarpInclusiveScan(tiles, lane);
+    const unsigned hit = __ballot_sync(0xffffffffu, s < s_end && t_base + incl > t_begin);
+    if (hit != 0) {
+      const int l = __ffs(hit) - 1;
+      s_found = c + l;
+      t_found = t_base + __shfl_sync(0xffffffffu, incl - tiles, l);
+      break;
+    }
+    t_base += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  if (lane == 0) {
+    plan->s_first = s_first;
+    plan->s_end = s_end;
+    plan->max_pos = max_pos;
+    plan->s = s_found;
+    plan->t_seg = t_found;
+    plan->t_begin = t_begin;
+    plan->t_end = t_end;
+  }
+}
+
+// The walk over a split's tiles. Every thread of a block walks the same cursor (uniform
+// control flow); the producer (loads) runs kStages - 1 tiles ahead of the consumer (math).
 template <int kBlockN>
 struct TileCursor {
-  int s;      // current segment (global index)
-  int s_end;  // one past the request's last segment
-  int v_seg;  // virtual index of segment s's first key
-  int v_begin, v_end, max_pos;
+  int s;          // current segment (global index)
+  int t_seg;      // request tile index of segment s's first tile
   int start;      // seg_start[s]: rope delta / logical position of key 0
-  int len;        // seg_len[s]
   int page_base;  // page_indptr[s]
+  int tiles;      // tiles of segment s
   int j;          // first local key of the current tile
-  int j_end;      // one past the last loadable local key of segment s
+  int j_end;      // one past the last loadable local key of the current run of tiles
   bool valid;
 
-  __device__ __forceinline__ void Init(const SegmentView& v, int b, int vb, int ve, int mp) {
-    s = v.seg_indptr[b];
-    s_end = v.seg_indptr[b + 1];
-    v_seg = 0;
-    v_begin = vb;
-    v_end = ve;
-    max_pos = mp;
-    Seek(v);
+  // `plan` is the block's shared-memory plan, passed on every call rather than kept in the
+  // cursor (the prefill kernel runs at the register cap).
+  __device__ __forceinline__ void Init(const SplitPlan* plan, const SegmentView& v) {
+    s = plan->s;
+    t_seg = plan->t_seg;
+    Seek(plan, v);
   }
-  // Moves to the first segment at or after s with a non-empty tile range.
-  __device__ __forceinline__ void Seek(const SegmentView& v) {
+  // Moves to the first segment at or after s with tiles inside the split.
+  __device__ __forceinline__ void Seek(const SplitPlan* plan, const SegmentView& v) {
     valid = false;
-    for (; s < s_end && v_seg < v_end; ++s) {
-      len = v.seg_len[s];
-      start = v.seg_start[s];
-      const int lo = max(0, v_begin - v_seg);
-      const int hi = min(min(len, v_end - v_seg), max_pos - start + 1);
-      if (lo < hi) {
-        j = lo;
-        j_end = hi;
+    const int s_end = plan->s_end, t_begin = plan->t_begin, t_end = plan->t_end;
+    for (; s < s_end && t_seg < t_end; ++s) {
+      const int i = s - plan->s_first;
+      int vis;
+      if (i < kSegCache) {
+        const SegEntry e = plan->seg[i];
+        start = e.start;
+        vis = e.vis;
+        page_base = e.page_base;
+      } else {
+        start = v.seg_start[s];
+        vis = VisibleKeys(start, v.seg_len[s], plan->max_pos);
         page_base = v.page_indptr[s];
+      }
+      tiles = (vis + kBlockN - 1) / kBlockN;
+      const int lo = max(0, t_begin - t_seg), hi = min(tiles, t_end - t_seg);
+      if (lo < hi) {
+        j = lo * kBlockN;
+        j_end = min(vis, hi * kBlockN);
         valid = true;
         return;
       }
-      v_seg += len;
+      t_seg += tiles;
     }
   }
-  __device__ __forceinline__ void Next(const SegmentView& v) {
+  __device__ __forceinline__ void Next(const SplitPlan* plan, const SegmentView& v) {
     j += kBlockN;
     if (j >= j_end) {
-      v_seg += len;
+      t_seg += tiles;
       ++s;
-      Seek(v);
+      Seek(plan, v);
     }
   }
 };
-
-// Sum of seg_len over request b's segments.
-__device__ __forceinline__ int RequestKvLen(const SegmentView& v, int b) {
-  int total = 0;
-  for (int s = v.seg_indptr[b]; s < v.seg_indptr[b + 1]; ++s) total += v.seg_len[s];
-  return total;
-}
 
 // Gathers one K tile and one V tile (kBlockN key rows of one KV head) from the page pool
 // into shared memory with 16-byte cp.async. Thread `tid` moves chunk tid % (D/8) of rows
@@ -268,8 +371,9 @@ struct KvTileLoader {
   static constexpr int kPasses = kBlockN / kRowsPerPass;
   static_assert(kThreads % kChunks == 0 && kBlockN % kRowsPerPass == 0, "tile shape");
 
-  int page[kPasses];  // page id of each row this thread moves, -1 = not loadable (zero-fill)
-  int slot[kPasses];
+  // Pool token index (page * page_size + slot) of each row this thread moves, -1 = not
+  // loadable (zero-fill). One register per row: the prefill kernel runs at the register cap.
+  int tok[kPasses];
   bool any;  // the prefetched tile exists
 
   __device__ __forceinline__ void Prefetch(const TileCursor<kBlockN>& c, const SegmentView& v,
@@ -282,8 +386,7 @@ struct KvTileLoader {
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       const bool ok = c.valid && jj < c.j_end;
-      page[p] = ok ? v.page_indices[c.page_base + pg] : -1;
-      slot[p] = sl;
+      tok[p] = ok ? v.page_indices[c.page_base + pg] * v.page_size + sl : -1;
       jj += kRowsPerPass;
       sl += kRowsPerPass;
       while (sl >= v.page_size) {
@@ -294,17 +397,15 @@ struct KvTileLoader {
   }
 
   __device__ __forceinline__ void Issue(char* k_smem, char* v_smem, const __nv_bfloat16* k_cache,
-                                        const __nv_bfloat16* v_cache, int page_size,
-                                        int64_t token_stride, int head_offset, int tid) const {
+                                        const __nv_bfloat16* v_cache, int64_t token_stride,
+                                        int head_offset, int tid) const {
     if (!any) return;
     const int row0 = tid / kChunks, chunk = tid % kChunks;
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       const int row = row0 + p * kRowsPerPass;
-      const bool ok = page[p] >= 0;
-      const int64_t off =
-          ok ? (int64_t(page[p]) * page_size + slot[p]) * token_stride + head_offset + chunk * 8
-             : 0;
+      const bool ok = tok[p] >= 0;
+      const int64_t off = ok ? int64_t(tok[p]) * token_stride + head_offset + chunk * 8 : 0;
       const uint32_t dst = TileOffset<D>(row, chunk);
       CpAsync16(SmemAddr(k_smem) + dst, k_cache + off, ok);
       CpAsync16(SmemAddr(v_smem) + dst, v_cache + off, ok);
@@ -334,6 +435,25 @@ absl::Status SetSmemLimitOnce(const void* kernel, int bytes, std::atomic<uint64_
 // splitting, at least `min_split_keys` keys per split, and what the workspace holds.
 absl::Status MakeKernelParams(const LazyAttentionParams& params, int base_blocks, int blocks_per_sm,
                               int min_split_keys, AttentionKernelParams* kp);
+
+// Launches an attention kernel as a programmatic dependent of the previous kernel on the
+// stream (the kernel calls PdlWait() before touching global memory).
+inline absl::Status LaunchAttentionKernel(void (*kernel)(AttentionKernelParams), dim3 grid,
+                                          int threads, int smem_bytes,
+                                          const AttentionKernelParams& kp, cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  LAZYRAG_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, kp));
+  return absl::OkStatus();
+}
 
 // Combines the partial results of kp.num_splits splits into kp.out (only when > 1 split).
 absl::Status LaunchMergeSplits(const AttentionKernelParams& kp, int num_q, int head_dim,

@@ -534,6 +534,42 @@ TEST(LazyAttention, PrefillBatch16QueryBlocks) {
               RunCpu(p, pool, KeyLayout::kRotatedLocal), "prefill batch 16");
 }
 
+// Requests with many segments (more than the 32 whose metadata a block caches in shared
+// memory, and more than one 32-lane planning round), some of them empty or a single key,
+// against forced split counts: splits that start past the cache, splits with no tiles, tile
+// ranges that straddle many segment boundaries.
+TEST(LazyAttention, ManySegments) {
+  SKIP_WITHOUT_GPU();
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  std::mt19937 rng(seed);
+  Sizes s;
+  s.group = 4;
+  s.page_size = 16;
+  KvPool pool(s.page_size, s.num_kv_heads, s.head_dim, 70 * 6 + 6 * 4 + 16, rng);
+  std::vector<Doc> docs = MakeDocs(pool, 70, 1, 90, rng);
+  docs[3].len = 0;  // empty segments (no pages needed)
+  docs[40].len = 0;
+  std::vector<int> order(docs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::vector<int> rev(order.rbegin(), order.rend());
+  std::vector<int> few(order.begin(), order.begin() + 5);
+  for (int q_len : {1, 32}) {
+    Problem p;
+    p.shape = MakeShape(s);
+    p.view.page_size = s.page_size;
+    p.inv_freq = InvFreq(s.head_dim);
+    AddRequest(p, pool, docs, order, 30, q_len, rng);  // 71 segments
+    AddRequest(p, pool, docs, few, 3, q_len, rng);
+    AddRequest(p, pool, docs, rev, 0, q_len, rng);
+    const std::vector<float> ref = RunCpu(p, pool, KeyLayout::kRotatedLocal);
+    for (int splits : {0, 1, 5, 37, 128}) {
+      ExpectClose(RunGpu(p, pool, {q_len == 1, KeyLayout::kRotatedLocal, splits}), ref,
+                  absl::StrCat(q_len == 1 ? "decode" : "prefill", " splits=", splits));
+    }
+  }
+}
+
 // Chunked causal prefill of a request's own tokens (the second chunk of 100 after 200
 // earlier tokens) batched with a query block over documents: uneven rows per request.
 TEST(LazyAttention, ChunkedCausalPrefill) {

@@ -11,50 +11,87 @@ namespace lazyrag::kernels {
 namespace detail {
 namespace {
 
-constexpr int kMergeWarps = 4;
+constexpr int kMergeThreads = 128;
 
-// Per (query row, head): out = sum_s w_s O_s / sum_s w_s with w_s = 2^(lse_s - max lse).
-// One warp per (row, head); lanes own 4 consecutive features.
-__device__ __forceinline__ void MergeSplitsBody(const AttentionKernelParams& p, int rows,
-                                                int head_dim) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row = blockIdx.x * kMergeWarps + warp;
-  if (row >= rows) return;
+// One block per (query row, head): out = sum_s w_s O_s / sum_s w_s, w_s = 2^(lse_s - max lse).
+// Every warp reads all the splits' lse (4 per lane covers kMaxKvSplits) and computes the
+// weights itself (no barrier); thread t then owns 4 consecutive features (t % (D/4)) of the
+// splits s = t / (D/4) (mod kMergeThreads / (D/4)), with its 16-byte loads independent of
+// each other, and the per-thread sums are reduced through shared memory. A batch-1 merge of
+// 32 splits is thus ~2 L2 round trips, not one per 8 splits as with one warp per row.
+template <int D>
+__device__ __forceinline__ void MergeSplitsBody(const AttentionKernelParams& p, int rows) {
+  static_assert(kMaxKvSplits <= 4 * 32, "lse per lane");
+  constexpr int kChunks = D / 4;                        // float4 per row
+  constexpr int kSplitLanes = kMergeThreads / kChunks;  // 4 (D = 128) or 8 (D = 64)
+  __shared__ float w_smem[kMergeThreads / 32][kMaxKvSplits];
+  __shared__ float4 part[kSplitLanes][kChunks];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int row = blockIdx.x;
+  const int splits = p.num_splits;
+  float lse[4];
   float m = kNegInf;
-  for (int s = lane; s < p.num_splits; s += 32)
-    m = fmaxf(m, p.lse_partial[int64_t(s) * rows + row]);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int s = lane + 32 * i;
+    lse[i] = s < splits ? p.lse_partial[int64_t(s) * rows + row] : kNegInf;
+    m = fmaxf(m, lse[i]);
+  }
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-  for (int d = lane * 4; d < head_dim; d += 128) {
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    float l = 0.f;
-    if (m != kNegInf) {
-      for (int s = 0; s < p.num_splits; ++s) {
-        const float w = Exp2(p.lse_partial[int64_t(s) * rows + row] - m);
-        const float4 o = *reinterpret_cast<const float4*>(p.o_partial +
-                                                          (int64_t(s) * rows + row) * head_dim + d);
-        l += w;
-        acc.x += w * o.x;
-        acc.y += w * o.y;
-        acc.z += w * o.z;
-        acc.w += w * o.w;
-      }
+  float l = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int s = lane + 32 * i;
+    const float w = m == kNegInf ? 0.f : Exp2(lse[i] - m);  // empty split: lse -inf, w 0
+    if (s < splits) w_smem[warp][s] = w;
+    l += w;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) l += __shfl_xor_sync(0xffffffffu, l, off);
+  __syncwarp();
+
+  const int chunk = tid % kChunks, sl = tid / kChunks;
+  const int64_t split_stride = int64_t(rows) * D;
+  const float* src = p.o_partial + int64_t(row) * D + chunk * 4;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+  for (int s = sl; s < splits; s += kSplitLanes) {
+    const float w = w_smem[warp][s];
+    const float4 o = *reinterpret_cast<const float4*>(src + s * split_stride);
+    acc.x += w * o.x;
+    acc.y += w * o.y;
+    acc.z += w * o.z;
+    acc.w += w * o.w;
+  }
+  part[sl][chunk] = acc;
+  __syncthreads();
+  if (sl == 0) {
+#pragma unroll
+    for (int k = 1; k < kSplitLanes; ++k) {
+      const float4 x = part[k][chunk];
+      acc.x += x.x;
+      acc.y += x.y;
+      acc.z += x.z;
+      acc.w += x.w;
     }
     const float inv = l > 0.f ? 1.f / l : 0.f;
     uint2 packed;
     packed.x = PackBf16(acc.x * inv, acc.y * inv);
     packed.y = PackBf16(acc.z * inv, acc.w * inv);
-    *reinterpret_cast<uint2*>(p.out + int64_t(row) * head_dim + d) = packed;
+    *reinterpret_cast<uint2*>(p.out + int64_t(row) * D + chunk * 4) = packed;
   }
 }
 
-// Launched as a programmatic dependent of the attention kernel: its launch overlaps the
-// attention kernel's tail, and griddepcontrol.wait holds it until that grid has finished and
-// its writes are visible.
-__global__ void __launch_bounds__(kMergeWarps * 32)
-    MergeSplitsKernel(const __grid_constant__ AttentionKernelParams p, int rows, int head_dim) {
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  MergeSplitsBody(p, rows, head_dim);
+// Launched as a programmatic dependent of the attention kernel, which lets it be scheduled
+// from its start: the merge blocks become resident as attention blocks retire, and
+// griddepcontrol.wait holds them until that grid has finished and its writes are visible.
+template <int D>
+__global__ void __launch_bounds__(kMergeThreads)
+    MergeSplitsKernel(const __grid_constant__ AttentionKernelParams p, int rows) {
+  PdlLaunchDependents();
+  PdlWait();
+  MergeSplitsBody<D>(p, rows);
 }
 
 }  // namespace
@@ -82,6 +119,9 @@ absl::Status SetSmemLimitOnce(const void* kernel, int bytes, std::atomic<uint64_
   if (bit != 0 && (done->load(std::memory_order_acquire) & bit)) return absl::OkStatus();
   LAZYRAG_CUDA_RETURN_IF_ERROR(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  // All of the unified L1/shared storage as shared memory, so two blocks fit per SM.
+  LAZYRAG_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+      kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   done->fetch_or(bit, std::memory_order_acq_rel);
   return absl::OkStatus();
 }
@@ -93,8 +133,10 @@ absl::Status MakeKernelParams(const LazyAttentionParams& params, int base_blocks
   if (splits <= 0) {
     int sms = 0;
     RETURN_IF_ERROR(DeviceSmCount(&sms));
+    // As many splits as fit in ONE wave of resident blocks (rounding up would start a second,
+    // nearly empty wave that doubles the time: 16 blocks x 17 splits = 272 > 264 slots).
     const int target = sms * blocks_per_sm;
-    splits = std::max(1, (target + base_blocks / 2) / std::max(1, base_blocks));
+    splits = std::max(1, target / std::max(1, base_blocks));
     splits =
         std::min(splits, std::max(1, (params.max_kv_len + min_split_keys - 1) / min_split_keys));
   }
@@ -133,8 +175,8 @@ absl::Status LaunchMergeSplits(const AttentionKernelParams& kp, int num_q, int h
   if (kp.num_splits <= 1 || num_q == 0) return absl::OkStatus();
   const int rows = num_q * kp.num_heads;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3((rows + kMergeWarps - 1) / kMergeWarps);
-  config.blockDim = dim3(kMergeWarps * 32);
+  config.gridDim = dim3(rows);
+  config.blockDim = dim3(kMergeThreads);
   config.dynamicSmemBytes = 0;
   config.stream = stream;
   cudaLaunchAttribute attr[1];
@@ -142,7 +184,16 @@ absl::Status LaunchMergeSplits(const AttentionKernelParams& kp, int num_q, int h
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attr;
   config.numAttrs = 1;
-  LAZYRAG_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, MergeSplitsKernel, kp, rows, head_dim));
+  switch (head_dim) {
+    case 64:
+      LAZYRAG_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, MergeSplitsKernel<64>, kp, rows));
+      break;
+    case 128:
+      LAZYRAG_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, MergeSplitsKernel<128>, kp, rows));
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("head_dim must be 64 or 128, got ", head_dim));
+  }
   return absl::OkStatus();
 }
 

@@ -26,8 +26,9 @@ struct DecodeConfig {
   static constexpr int kMergeStride = D + 8;  // floats per row of the cross-warp merge buffer
   static constexpr int kMergeBytes = kWarps * 16 * (kMergeStride + 2) * 4;
   static_assert(kMergeBytes <= 2 * kStages * kTileBytes, "merge buffer reuses the tiles");
-  // [Q][K stages][V stages][inv_freq D/2]
-  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + (D / 2) * 4;
+  // [Q][K stages][V stages][inv_freq D/2][split plan]
+  static constexpr int kSmemBytes =
+      kQBytes + 2 * kStages * kTileBytes + (D / 2) * 4 + int(sizeof(SplitPlan));
 };
 
 template <int D, bool kRotateKeys>
@@ -42,14 +43,21 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   const int kvh = blockIdx.x % p.num_kv_heads;
   const int split = blockIdx.y;
   const int group = p.group, H = p.num_heads;
-  const int q_row = v.q_indptr[b];
-  const int pos = v.q_pos[q_row];
 
   char* q_smem = smem;
   char* k_smem = smem + Cfg::kQBytes;
   char* v_smem = k_smem + kStages * Cfg::kTileBytes;
   float* freq_smem = reinterpret_cast<float*>(v_smem + kStages * Cfg::kTileBytes);
+  SplitPlan* plan = reinterpret_cast<SplitPlan*>(freq_smem + D / 2);
 
+  PdlLaunchDependents();
+  PdlWait();
+  // Three rounds of dependent loads before the first K/V request: (q_indptr, seg_indptr),
+  // (q_pos, the request's segment metadata, 32 segments per lane round), the first tiles'
+  // page ids.
+  const int q_row = v.q_indptr[b];
+  const int s_first = v.seg_indptr[b], s_end = v.seg_indptr[b + 1];
+  const int pos = v.q_pos[q_row];
   for (int i = tid; i < D / 2; i += kThreads) freq_smem[i] = p.inv_freq[i];
   // Raw query rows (row r = head kvh * group + r; rows >= group zero); the cp.async group
   // completes with the first K/V tile.
@@ -60,26 +68,30 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
         ok ? p.q + (int64_t(q_row) * H + kvh * group + row) * D + chunk * 8 : p.q;
     CpAsync16(SmemAddr(q_smem) + TileOffset<D>(row, chunk), src, ok);
   }
-
-  const int total = RequestKvLen(v, b);
-  const int split_len =
-      ((total + p.num_splits - 1) / p.num_splits + kBlockN - 1) / kBlockN * kBlockN;
-  const int v_begin = split * split_len;
-  const int v_end = min(total, v_begin + split_len);
+  if (warp == 0) PlanSplit<kBlockN>(v, s_first, s_end, pos, split, p.num_splits, plan, lane);
+  __syncthreads();
 
   TileCursor<kBlockN> cons;
-  cons.Init(v, b, v_begin, v_end, pos);
+  cons.Init(plan, v);
   TileCursor<kBlockN> prod = cons;
   KvTileLoader<D, kBlockN, kThreads> loader;
   const int64_t token_stride = int64_t(p.num_kv_heads) * D;
   const int head_off = kvh * D;
+  {
+    // Prologue: the page ids of the first kStages - 1 tiles are fetched together (one round
+    // trip, not one per tile), then their copies issued.
+    KvTileLoader<D, kBlockN, kThreads> first[kStages - 1];
 #pragma unroll
-  for (int st = 0; st < kStages - 1; ++st) {
-    loader.Prefetch(prod, v, tid);
-    loader.Issue(k_smem + st * Cfg::kTileBytes, v_smem + st * Cfg::kTileBytes, p.k_cache, p.v_cache,
-                 v.page_size, token_stride, head_off, tid);
-    CpAsyncCommit();
-    if (prod.valid) prod.Next(v);
+    for (int st = 0; st < kStages - 1; ++st) {
+      first[st].Prefetch(prod, v, tid);
+      if (prod.valid) prod.Next(plan, v);
+    }
+#pragma unroll
+    for (int st = 0; st < kStages - 1; ++st) {
+      first[st].Issue(k_smem + st * Cfg::kTileBytes, v_smem + st * Cfg::kTileBytes, p.k_cache,
+                      p.v_cache, token_stride, head_off, tid);
+      CpAsyncCommit();
+    }
   }
   loader.Prefetch(prod, v, tid);
 
@@ -97,9 +109,9 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     __syncthreads();
     loader.Issue(k_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes,
                  v_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes, p.k_cache, p.v_cache,
-                 v.page_size, token_stride, head_off, tid);
+                 token_stride, head_off, tid);
     CpAsyncCommit();
-    if (prod.valid) prod.Next(v);
+    if (prod.valid) prod.Next(plan, v);
     loader.Prefetch(prod, v, tid);
 
     char* kt = k_smem + stage * Cfg::kTileBytes;
@@ -180,7 +192,7 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
       MmaBf16(o[2 * dp], a, r[0], r[1]);
       MmaBf16(o[2 * dp + 1], a, r[2], r[3]);
     }
-    cons.Next(v);
+    cons.Next(plan, v);
     stage = (stage + 1) % kStages;
   }
   CpAsyncWait<0>();
@@ -261,10 +273,8 @@ absl::Status LaunchDecode(const AttentionKernelParams& kp, int blocks, cudaStrea
   static std::atomic<uint64_t> smem_configured{0};
   RETURN_IF_ERROR(
       SetSmemLimitOnce(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, &smem_configured));
-  const dim3 grid(blocks, kp.num_splits);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(kp);
-  LAZYRAG_CUDA_CHECK_LAUNCH();
-  return absl::OkStatus();
+  return LaunchAttentionKernel(kernel, dim3(blocks, kp.num_splits), Cfg::kThreads, Cfg::kSmemBytes,
+                               kp, stream);
 }
 
 }  // namespace

@@ -5,7 +5,7 @@
 // owns 16 packed rows and the whole 64-key tile: S = Q K^T and O += P V with mma.sync
 // m16n8k16 (bf16 in, fp32 accumulate), FlashAttention-2 online softmax in registers.
 // K/V tiles are gathered per token from the pages with 16-byte cp.async into a swizzled,
-// double-buffered shared-memory tile. The query is kept un-rotated in shared memory and
+// 3-stage shared-memory tile ring. The query is kept un-rotated in shared memory and
 // re-rotated into the warp's mma A fragments once per segment (by p - seg_start). Grid:
 // (request x KV head x query block, KV split); splits are merged by the merge kernel.
 #include "common/status.h"
@@ -22,12 +22,15 @@ struct PrefillConfig {
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockM = kWarps * 16;  // packed (query row, head) rows
   static constexpr int kBlockN = 64;           // keys per tile
-  static constexpr int kStages = 2;
+  static constexpr int kStages = 3;
   static constexpr int kTileBytes = kBlockN * D * 2;
   static constexpr int kQBytes = kBlockM * D * 2;
   // [Q][K stages][V stages][inv_freq D/2][row positions kBlockM][block max position kWarps]
-  static constexpr int kSmemBytes =
-      kQBytes + 2 * kStages * kTileBytes + (D / 2) * 4 + kBlockM * 4 + kWarps * 4;
+  // [split plan]
+  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + (D / 2) * 4 + kBlockM * 4 +
+                                    kWarps * 4 + int(sizeof(SplitPlan));
+  // Two blocks per multiprocessor: 228 KiB of shared memory, 1 KiB reserved per block.
+  static_assert(2 * (kSmemBytes + 1024) <= 228 * 1024, "two blocks per SM");
 };
 
 template <int D, bool kRotateKeys>
@@ -37,6 +40,8 @@ __device__ __forceinline__ void PrefillBody(const AttentionKernelParams& p, char
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int t = lane & 3;
   const SegmentView& v = p.view;
+  PdlLaunchDependents();
+  PdlWait();
 
   int bid = blockIdx.x;
   const int qblock = bid % p.q_blocks;
@@ -57,6 +62,8 @@ __device__ __forceinline__ void PrefillBody(const AttentionKernelParams& p, char
   float* freq_smem = reinterpret_cast<float*>(v_smem + kStages * Cfg::kTileBytes);
   int* pos_smem = reinterpret_cast<int*>(freq_smem + D / 2);
   int* max_smem = pos_smem + Cfg::kBlockM;
+  SplitPlan* plan = reinterpret_cast<SplitPlan*>(max_smem + Cfg::kWarps);
+  const int s_first = v.seg_indptr[b], s_end = v.seg_indptr[b + 1];
 
   // Row positions (-1 = padding row: attends nothing) and the block's largest position.
   int my_max = -1;
@@ -82,30 +89,35 @@ __device__ __forceinline__ void PrefillBody(const AttentionKernelParams& p, char
     my_max = max(my_max, __shfl_xor_sync(0xffffffffu, my_max, off));
   if (lane == 0) max_smem[warp] = my_max;
   __syncthreads();
-  int max_pos = max_smem[0];
+  if (warp == 0) {
+    int max_pos = max_smem[0];
 #pragma unroll
-  for (int w = 1; w < Cfg::kWarps; ++w) max_pos = max(max_pos, max_smem[w]);
-
-  // This block's share of the request's keys.
-  const int total = RequestKvLen(v, b);
-  const int split_len =
-      ((total + p.num_splits - 1) / p.num_splits + kBlockN - 1) / kBlockN * kBlockN;
-  const int v_begin = split * split_len;
-  const int v_end = min(total, v_begin + split_len);
+    for (int w = 1; w < Cfg::kWarps; ++w) max_pos = max(max_pos, max_smem[w]);
+    PlanSplit<kBlockN>(v, s_first, s_end, max_pos, split, p.num_splits, plan, lane);
+  }
+  __syncthreads();
 
   TileCursor<kBlockN> cons;
-  cons.Init(v, b, v_begin, v_end, max_pos);
+  cons.Init(plan, v);
   TileCursor<kBlockN> prod = cons;
   KvTileLoader<D, kBlockN, kThreads> loader;
   const int64_t token_stride = int64_t(p.num_kv_heads) * D;
   const int head_off = kvh * D;
+  {
+    // Prologue: the page ids of the first kStages - 1 tiles are fetched together (one round
+    // trip, not one per tile), then their copies issued.
+    KvTileLoader<D, kBlockN, kThreads> first[kStages - 1];
 #pragma unroll
-  for (int st = 0; st < kStages - 1; ++st) {
-    loader.Prefetch(prod, v, tid);
-    loader.Issue(k_smem + st * Cfg::kTileBytes, v_smem + st * Cfg::kTileBytes, p.k_cache, p.v_cache,
-                 v.page_size, token_stride, head_off, tid);
-    CpAsyncCommit();
-    if (prod.valid) prod.Next(v);
+    for (int st = 0; st < kStages - 1; ++st) {
+      first[st].Prefetch(prod, v, tid);
+      if (prod.valid) prod.Next(plan, v);
+    }
+#pragma unroll
+    for (int st = 0; st < kStages - 1; ++st) {
+      first[st].Issue(k_smem + st * Cfg::kTileBytes, v_smem + st * Cfg::kTileBytes, p.k_cache,
+                      p.v_cache, token_stride, head_off, tid);
+      CpAsyncCommit();
+    }
   }
   loader.Prefetch(prod, v, tid);
 
@@ -125,9 +137,9 @@ __device__ __forceinline__ void PrefillBody(const AttentionKernelParams& p, char
     __syncthreads();  // tile `stage` landed for all; everyone is done with the previous one
     loader.Issue(k_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes,
                  v_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes, p.k_cache, p.v_cache,
-                 v.page_size, token_stride, head_off, tid);
+                 token_stride, head_off, tid);
     CpAsyncCommit();
-    if (prod.valid) prod.Next(v);
+    if (prod.valid) prod.Next(plan, v);
     loader.Prefetch(prod, v, tid);
 
     char* kt = k_smem + stage * Cfg::kTileBytes;
@@ -223,7 +235,7 @@ __device__ __forceinline__ void PrefillBody(const AttentionKernelParams& p, char
         MmaBf16(o[2 * dp + 1], a, r[2], r[3]);
       }
     }
-    cons.Next(v);
+    cons.Next(plan, v);
     stage = (stage + 1) % kStages;
   }
   CpAsyncWait<0>();  // nothing may land in shared memory after the block exits
@@ -277,10 +289,8 @@ absl::Status LaunchPrefill(const AttentionKernelParams& kp, int blocks, cudaStre
   static std::atomic<uint64_t> smem_configured{0};
   RETURN_IF_ERROR(
       SetSmemLimitOnce(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, &smem_configured));
-  const dim3 grid(blocks, kp.num_splits);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(kp);
-  LAZYRAG_CUDA_CHECK_LAUNCH();
-  return absl::OkStatus();
+  return LaunchAttentionKernel(kernel, dim3(blocks, kp.num_splits), Cfg::kThreads, Cfg::kSmemBytes,
+                               kp, stream);
 }
 
 }  // namespace
