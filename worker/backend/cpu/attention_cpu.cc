@@ -89,7 +89,15 @@ void PagedAttentionCpu(const AttentionShape& shape, const SegmentView& view,
 void MaterializeCpu(const std::vector<MaterializeCopy>& copies, int page_size, int num_kv_heads,
                     int head_dim, const float* inv_freq, float* k_cache, float* v_cache) {
   const int64_t token_stride = int64_t(num_kv_heads) * head_dim;
+  const int half = head_dim / 2;
+  std::vector<float> cos_d(half), sin_d(half);
   for (const MaterializeCopy& c : copies) {
+    // Every key of a copy turns by the same angle: R(delta), computed once.
+    for (int i = 0; i < half; ++i) {
+      double a = double(c.delta) * double(inv_freq[i]);
+      cos_d[i] = float(std::cos(a));
+      sin_d[i] = float(std::sin(a));
+    }
     for (int j = 0; j < c.len; ++j) {
       int64_t src = int64_t(c.src_pages[j / page_size]) * page_size + j % page_size;
       int t = c.dst_offset + j;
@@ -98,8 +106,14 @@ void MaterializeCpu(const std::vector<MaterializeCopy>& copies, int page_size, i
       std::memmove(kd, k_cache + src * token_stride, sizeof(float) * token_stride);
       std::memmove(v_cache + dst * token_stride, v_cache + src * token_stride,
                    sizeof(float) * token_stride);
-      if (c.delta != 0) {
-        for (int h = 0; h < num_kv_heads; ++h) RopeRotate(kd + h * head_dim, head_dim, inv_freq, c.delta);
+      if (c.delta == 0) continue;
+      for (int h = 0; h < num_kv_heads; ++h) {
+        float* x = kd + h * head_dim;
+        for (int i = 0; i < half; ++i) {
+          float x0 = x[i], x1 = x[i + half];
+          x[i] = x0 * cos_d[i] - x1 * sin_d[i];
+          x[i + half] = x1 * cos_d[i] + x0 * sin_d[i];
+        }
       }
     }
   }
