@@ -1,0 +1,339 @@
+#!/usr/bin/env bash
+# Serving benchmark on the GPU machine (issue 7): the paper's workload (100 documents x 2048
+# tokens, 5 per request, Zipf 2.1 and uniform, 32-token query, 16 output tokens with ignore_eos,
+# Poisson arrivals at 0.5 1 2 3 4 req/s) on synthetic:llama3-8b (bf16) for each mode, plus a
+# closed-loop saturation point (concurrency 16, Zipf) per mode. One lazyrag-worker on the GPU,
+# restarted for every mode (fresh pool), behind lazyrag-router when that binary is packed;
+# lazyrag-kvstore optional (KVSTORE=1). Run ON THE GPU MACHINE from the repository root.
+#
+# Packing here (no GPU needed; cuBLAS/cudart are on the GPU machine and are not carried):
+#   cmake -S . -B build-serve -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a
+#   cmake --build build-serve -j2 --target lazyrag-worker lazyrag-kvstore lazyrag-router \
+#     lazyrag-loadgen
+#   rm -rf .gpu-serve && mkdir -p .gpu-serve/bin .gpu-serve/lib
+#   cp build-serve/worker/lazyrag-worker build-serve/kvstore/lazyrag-kvstore \
+#      build-serve/bench/lazyrag-loadgen .gpu-serve/bin/
+#   cp build-serve/router/lazyrag-router .gpu-serve/bin/   # optional: without it, no router
+#   strip .gpu-serve/bin/*
+#   ../shared/device/collect-libs.sh .gpu-serve/lib .gpu-serve/bin/*
+#   # 71 MiB of libraries (36 MiB OpenBLAS): carried as a 15 MiB xz archive, unpacked there
+#   tar cJf .gpu-serve/lib.tar.xz -C .gpu-serve lib && rm -rf .gpu-serve/lib
+#   grep -qx '/.gpu-serve/' .git/info/exclude || echo /.gpu-serve/ >> .git/info/exclude
+#   git rev-parse HEAD > .gpu-serve/COMMIT; git status --short > .gpu-serve/DIRTY
+#   du -sh .gpu-serve   # everything carried must stay under 64 MiB (about 20 MiB)
+# Then one device call (carry [".gpu-serve"], timeout_s 600):
+#   OUT=$OUT bash bench/serving/run_serving.sh
+# It stops itself after BUDGET_S seconds (default 540) whatever is left, splitting the time
+# fairly between modes; every finished point is already in $OUT. Expected wall time with the
+# defaults: about 7-8 minutes (LAZY and MATERIALIZE about 2 min each, FULL about 2.5 min).
+#
+# What comes back in $OUT (at most 8 files):
+#   log.txt               progress, every loadgen summary table, SKIPPED lines, errors
+#   serving-results.tgz   results/<mode>-<dist>-r<rate>.json, results/<mode>-sat-c<C>.json,
+#                         logs/ (worker/router/kvstore stderr, /metrics snapshots), env.txt;
+#                         rewritten after every point, so partial results survive a kill
+#   summary.md, summary.json, ttft_vs_rate.png, throughput.png, hit_ratio.png   (plot.py)
+#
+# Knobs (environment):
+#   MODES="lazy materialize full"  (add prefix for PREFIX)   DISTS="zipf uniform"
+#   RATES="0.5 1 2 3 4"  POINT_S=8: requests per point = clamp(rate x POINT_S, MIN_N, N)
+#   MIN_N=8 N=120        QUICK=0: paper sizes (N=120 per point, no time cap: about 8 minutes
+#                        per mode and distribution, so run one MODES/DISTS pair per call)
+#   SAT_CONC=16 SAT_S=8 SAT_DISTS=zipf   closed-loop saturation points (SAT_S=0: none)
+#   POOL_GIB=64  (KV pool; 100 documents take 25 GiB, a MATERIALIZE or FULL request 1.3 GiB)
+#   KVSTORE=0|1  (1: one lazyrag-kvstore shard under /tmp; the first worker writes the 100
+#                documents back, later workers fetch them: 25 GiB through the store)
+#   ROUTER=1|0   WORKER_FLAGS="--prefill_chunk=2048 --max_batch_tokens=2048"   BUDGET_S=540
+#   SERVE_DIR=.gpu-serve   WARMUP=2   REQ_TIMEOUT_S=60   SEED=1
+set -uo pipefail
+OUT=${OUT:?set OUT to the output folder}
+START=$(date +%s)
+SERVE_DIR=${SERVE_DIR:-.gpu-serve}
+BIN="$PWD/$SERVE_DIR/bin"
+QUICK=${QUICK:-1}
+MODES=${MODES:-lazy materialize full}
+DISTS=${DISTS:-zipf uniform}
+ZIPF_ALPHA=${ZIPF_ALPHA:-2.1}
+RATES=${RATES:-0.5 1 2 3 4}
+N=${N:-120}
+if [[ "$QUICK" == 1 ]]; then
+  POINT_S=${POINT_S:-8}
+  MIN_N=${MIN_N:-8}
+else
+  POINT_S=${POINT_S:-0}
+  MIN_N=${MIN_N:-$N}
+fi
+SAT_CONC=${SAT_CONC:-16}
+SAT_S=${SAT_S:-8}
+SAT_DISTS=${SAT_DISTS:-zipf}
+POOL_GIB=${POOL_GIB:-64}
+KVSTORE=${KVSTORE:-0}
+ROUTER=${ROUTER:-1}
+WORKER_FLAGS=${WORKER_FLAGS:---prefill_chunk=2048 --max_batch_tokens=2048}
+BUDGET_S=${BUDGET_S:-540}
+WARMUP=${WARMUP:-2}
+REQ_TIMEOUT_S=${REQ_TIMEOUT_S:-60}
+SEED=${SEED:-1}
+NUM_DOCS=${NUM_DOCS:-100}
+DOC_TOKENS=${DOC_TOKENS:-2048}
+DOCS_PER_REQUEST=${DOCS_PER_REQUEST:-5}
+QUERY_TOKENS=${QUERY_TOKENS:-32}
+MAX_TOKENS=${MAX_TOKENS:-16}
+MODEL=${MODEL:-synthetic:llama3-8b}
+DEVICE=${DEVICE:-cuda}
+RESERVE_S=25  # kept for plots and the final archive
+
+WORK=/tmp/lazyrag-serve
+rm -rf "$WORK"
+mkdir -p "$OUT" "$WORK/results" "$WORK/logs"
+LOG="$OUT/log.txt"
+: >"$LOG"
+LIBDIR="$PWD/$SERVE_DIR/lib"
+if [[ ! -d "$LIBDIR" && -f "$SERVE_DIR/lib.tar.xz" ]]; then
+  LIBDIR=/tmp/lazyrag-serve-lib/lib
+  rm -rf /tmp/lazyrag-serve-lib && mkdir -p /tmp/lazyrag-serve-lib &&
+    tar xJf "$SERVE_DIR/lib.tar.xz" -C /tmp/lazyrag-serve-lib ||
+    echo "ERROR: cannot unpack $SERVE_DIR/lib.tar.xz" | tee -a "$LOG"
+fi
+export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+log() { echo "[$(date -u +%T) +$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
+elapsed() { echo $(( $(date +%s) - START )); }
+remaining() { echo $(( BUDGET_S - RESERVE_S - $(elapsed) )); }
+
+PIDS=()
+stop_pid() {  # stop_pid PID: SIGTERM, then SIGKILL after 15 s
+  local pid=$1
+  [[ -z "$pid" ]] && return
+  kill -0 "$pid" 2>/dev/null || return
+  kill -TERM "$pid" 2>/dev/null
+  for _ in $(seq 1 150); do
+    kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null; return; }
+    sleep 0.1
+  done
+  kill -KILL "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+}
+archive() {
+  tar czf "$OUT/serving-results.tgz.part" -C "$WORK" results logs env.txt 2>/dev/null &&
+    mv -f "$OUT/serving-results.tgz.part" "$OUT/serving-results.tgz"
+}
+cleanup() {
+  local pid
+  for pid in "${PIDS[@]}"; do stop_pid "$pid"; done
+  PIDS=()
+  archive
+}
+trap 'log "interrupted"; cleanup; exit 130' INT TERM
+trap cleanup EXIT
+
+# start_server NAME LOGBASE BINARY ARGS...: starts it, waits for its "ready grpc=A metrics=P"
+# line (READY_S seconds), sets SERVER_ADDR, SERVER_METRICS and SERVER_PID.
+start_server() {
+  local name=$1 base=$2
+  shift 2
+  "$@" >"$WORK/logs/$base.out" 2>"$WORK/logs/$base.err" &
+  SERVER_PID=$!
+  PIDS+=("$SERVER_PID")
+  local line=""
+  for _ in $(seq 1 $(( ${READY_S:-180} * 10 ))); do
+    line=$(grep -m1 'ready grpc=' "$WORK/logs/$base.out" 2>/dev/null)
+    [[ -n "$line" ]] && break
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [[ -z "$line" ]]; then
+    log "ERROR: $name did not become ready; last lines of its stderr:"
+    tail -n 20 "$WORK/logs/$base.err" | tee -a "$LOG"
+    stop_pid "$SERVER_PID"
+    return 1
+  fi
+  SERVER_ADDR=$(sed -n 's/.*ready grpc=\([^ ]*\).*/\1/p' <<<"$line")
+  SERVER_METRICS=$(sed -n 's/.*metrics=\([0-9-]*\).*/\1/p' <<<"$line")
+  log "$name ready at $SERVER_ADDR (metrics $SERVER_METRICS, pid $SERVER_PID)"
+}
+
+metrics_snapshot() {  # metrics_snapshot PORT FILE
+  [[ -z "$1" || "$1" == -1 ]] && return
+  timeout 5 python3 -c 'import sys, urllib.request
+sys.stdout.write(urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=4).read().decode())' \
+    "$1" >"$2" 2>/dev/null || true
+}
+
+# Waits until the worker's write-backs to the kvstore are done (or dropped), at most $1 s.
+wait_writebacks() {
+  local port=$1 limit=$2 t0
+  t0=$(date +%s)
+  while (( $(date +%s) - t0 < limit )); do
+    local left
+    left=$(timeout 5 python3 - "$port" <<'EOF' 2>/dev/null
+import sys, urllib.request
+text = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=4).read().decode()
+computed = done = 0.0
+for line in text.splitlines():
+    if not line or line.startswith("#"):
+        continue
+    series, value = line.rsplit(" ", 1)
+    name = series.split("{", 1)[0]
+    if name == "lazyrag_doc_computed_total":
+        computed += float(value)
+    elif name == "lazyrag_kvstore_writeback_dropped_total" or (
+            name == "lazyrag_kvstore_requests_total" and 'op="put"' in series):
+        done += float(value)
+print(int(computed - done))
+EOF
+)
+    [[ "$left" =~ ^-?[0-9]+$ ]] && (( left <= 0 )) && { log "write-backs done"; return; }
+    sleep 1
+  done
+  log "write-backs still pending after ${limit}s (continuing)"
+}
+
+{
+  echo "date $(date -u +%FT%TZ)"
+  echo "commit $(cat "$SERVE_DIR/COMMIT" 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)"
+  echo "dirty:"; cat "$SERVE_DIR/DIRTY" 2>/dev/null
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.max.sm \
+    --format=csv 2>&1
+  nproc; free -g | head -2; df -h /tmp | tail -1
+  echo "MODES=$MODES DISTS=$DISTS RATES=$RATES N=$N MIN_N=$MIN_N POINT_S=$POINT_S"
+  echo "SAT_CONC=$SAT_CONC SAT_S=$SAT_S POOL_GIB=$POOL_GIB KVSTORE=$KVSTORE ROUTER=$ROUTER"
+  echo "WORKER_FLAGS=$WORKER_FLAGS BUDGET_S=$BUDGET_S MODEL=$MODEL DEVICE=$DEVICE"
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  for b in "$BIN"/*; do ldd "$b" 2>&1 | grep -i "not found" | sed "s|^|$(basename "$b"): |"; done
+} >"$WORK/env.txt" 2>&1
+cat "$WORK/env.txt" >>"$LOG"
+
+for b in lazyrag-worker lazyrag-loadgen; do
+  [[ -x "$BIN/$b" ]] || { log "ERROR: $BIN/$b missing"; exit 1; }
+done
+USE_ROUTER=0
+if [[ "$ROUTER" == 1 && -x "$BIN/lazyrag-router" ]]; then USE_ROUTER=1; fi
+log "router: $([[ $USE_ROUTER == 1 ]] && echo yes || echo no)"
+
+KV_FLAG=()
+if [[ "$KVSTORE" == 1 ]]; then
+  if start_server kvstore kvstore "$BIN/lazyrag-kvstore" --listen=127.0.0.1:0 \
+      --data_dir="$WORK/kvdata" --capacity_bytes=$((40 << 30)) --sync_commits=false \
+      --metrics_port=0 --metrics_host=127.0.0.1; then
+    KV_FLAG=(--kvstore="$SERVER_ADDR")
+    KV_PID=$SERVER_PID
+    KV_METRICS=$SERVER_METRICS
+  else
+    log "continuing without the kvstore"
+  fi
+fi
+
+COMMON=(--num_docs="$NUM_DOCS" --doc_tokens="$DOC_TOKENS" --docs_per_request="$DOCS_PER_REQUEST"
+        --query_tokens="$QUERY_TOKENS" --max_tokens="$MAX_TOKENS" --seed="$SEED"
+        --timeout_s="$REQ_TIMEOUT_S" --wait_ready_s=60)
+
+alpha_of() { [[ "$1" == zipf ]] && echo "$ZIPF_ALPHA" || echo 0; }
+
+# point MODE DIST RATE|sat DEADLINE: one loadgen run, JSON under results/, table in the log.
+point() {
+  local mode=$1 dist=$2 rate=$3 deadline=$4 name n args est
+  if [[ "$rate" == sat ]]; then
+    name="$mode-$dist-sat-c$SAT_CONC"
+    args=(--rate=0 --concurrency="$SAT_CONC" --num_requests=100000 --duration_s="$SAT_S")
+    est=$(( SAT_S + 10 ))
+  else
+    name="$mode-$dist-r$rate"
+    n=$(python3 -c "import math,sys; r,p,lo,hi=map(float,sys.argv[1:]); \
+print(int(hi) if p<=0 else int(min(hi,max(lo,math.ceil(r*p)))))" "$rate" "$POINT_S" "$MIN_N" "$N")
+    args=(--rate="$rate" --num_requests="$n")
+    est=$(python3 -c "import sys; print(int(float(sys.argv[1])/float(sys.argv[2]))+8)" "$n" "$rate")
+  fi
+  local pid
+  for pid in "$WORKER_PID" "$ROUTER_PID"; do
+    if [[ -n "$pid" ]] && ! kill -0 "$pid" 2>/dev/null; then
+      log "SKIPPED $name: a server of this mode exited; worker stderr tail:"
+      tail -n 20 "$WORK/logs/worker-$mode.err" | tee -a "$LOG"
+      return
+    fi
+  done
+  local now left
+  now=$(date +%s)
+  left=$(( deadline - now ))
+  if (( est > left )); then
+    log "SKIPPED $name (needs ~${est}s, ${left}s left for this mode)"
+    return
+  fi
+  # Requests may not outlive the mode's deadline; the kill is a last resort.
+  local req_t=$(( left - est + 10 ))
+  (( req_t > REQ_TIMEOUT_S )) && req_t=$REQ_TIMEOUT_S
+  (( req_t < 10 )) && req_t=10
+  log "point $name (${args[*]})"
+  timeout -k 5 $(( est + req_t + 30 )) "$BIN/lazyrag-loadgen" --target="$TARGET" --mode="$mode" \
+    --zipf="$(alpha_of "$dist")" --label="$dist" --warmup="$WARMUP" "${COMMON[@]}" \
+    --timeout_s="$req_t" "${args[@]}" --out="$WORK/results/$name.json" 2>&1 | tee -a "$LOG"
+  local rc=${PIPESTATUS[0]}
+  (( rc != 0 )) && log "loadgen $name exit $rc"
+  archive
+}
+
+read -r -a modes_arr <<<"$MODES"
+for idx in "${!modes_arr[@]}"; do
+  mode=${modes_arr[$idx]}
+  left=$(remaining)
+  modes_left=$(( ${#modes_arr[@]} - idx ))
+  share=$(( left / modes_left ))
+  mode_deadline=$(( $(date +%s) + share ))
+  log "== mode $mode: ${share}s of ${left}s"
+  if (( share < 30 )); then
+    log "SKIPPED mode $mode (not enough time left)"
+    continue
+  fi
+  if ! start_server "worker($mode)" "worker-$mode" "$BIN/lazyrag-worker" --listen=127.0.0.1:0 \
+      --metrics_port=0 --metrics_host=127.0.0.1 --model="$MODEL" --device="$DEVICE" \
+      --kv_pool_bytes=$(( POOL_GIB << 30 )) "${KV_FLAG[@]}" $WORKER_FLAGS; then
+    continue
+  fi
+  WORKER_PID=$SERVER_PID
+  WORKER_METRICS=$SERVER_METRICS
+  TARGET=$SERVER_ADDR
+  ROUTER_PID=""
+  ROUTER_METRICS=""
+  if [[ "$USE_ROUTER" == 1 ]]; then
+    if start_server "router($mode)" "router-$mode" "$BIN/lazyrag-router" --listen=127.0.0.1:0 \
+        --workers="$SERVER_ADDR" --metrics_port=0 --metrics_host=127.0.0.1; then
+      ROUTER_PID=$SERVER_PID
+      ROUTER_METRICS=$SERVER_METRICS
+      TARGET=$SERVER_ADDR
+    else
+      log "router failed: sending to the worker directly"
+    fi
+  fi
+  nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu memory: /' | tee -a "$LOG"
+  log "preparing $NUM_DOCS documents"
+  timeout -k 5 240 "$BIN/lazyrag-loadgen" --target="$TARGET" "${COMMON[@]}" --prepare_only \
+    2>&1 | tee -a "$LOG"
+  rc=${PIPESTATUS[0]}
+  (( rc != 0 )) && log "prepare exit $rc"
+  if [[ "$KVSTORE" == 1 && ${#KV_FLAG[@]} -gt 0 ]]; then
+    wait_writebacks "$WORKER_METRICS" 90
+  fi
+  for dist in $DISTS; do
+    for rate in $RATES; do point "$mode" "$dist" "$rate" "$mode_deadline"; done
+    if (( SAT_S > 0 )) && [[ " $SAT_DISTS " == *" $dist "* ]]; then
+      point "$mode" "$dist" sat "$mode_deadline"
+    fi
+  done
+  metrics_snapshot "$WORKER_METRICS" "$WORK/logs/metrics-worker-$mode.txt"
+  metrics_snapshot "$ROUTER_METRICS" "$WORK/logs/metrics-router-$mode.txt"
+  stop_pid "$ROUTER_PID"
+  stop_pid "$WORKER_PID"
+  log "worker($mode) stopped"
+  archive
+done
+if [[ -n "${KV_PID:-}" ]]; then
+  metrics_snapshot "$KV_METRICS" "$WORK/logs/metrics-kvstore.txt"
+  stop_pid "$KV_PID"
+fi
+
+log "plots"
+timeout 60 python3 bench/serving/plot.py "$WORK/results" --out "$OUT" 2>&1 | tee -a "$LOG"
+rc=${PIPESTATUS[0]}
+(( rc != 0 )) && log "plot.py exit $rc (the JSON is in serving-results.tgz)"
+archive
+log "done in $(elapsed)s"
