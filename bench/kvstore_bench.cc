@@ -1,0 +1,912 @@
+// Throughput of the document-KV store against its peers, one run, one table (issue 3):
+//   * memcpy of the same bytes (the machine's ceiling) and CRC-32C over them (a cost every
+//     put and get pays),
+//   * the RocksDB engine used in-process (the engine's ceiling), with and without an fsync per
+//     commit,
+//   * a real lazyrag-kvstore process on loopback through the client library (KvClient), with
+//     and without --sync_commits,
+//   * the same gRPC service with an in-memory engine in this process (gRPC framing, copies and
+//     checksums without storage),
+//   * a Debian redis-server (no persistence) through hiredis SET/GET.
+// Every value is --size_mib MiB of pseudo-random bytes; N concurrent clients each put and get
+// their own key; GB/s = N * size / wall time / 1e9, median over the repetitions. Every value
+// read back is compared with what was written (outside the timed region).
+//
+//   kvstore_bench [--kvstore_binary PATH] [--redis_server PATH] [--out FILE] [--size_mib 256]
+//                 [--clients 1,4] [--reps 5] [--reps_multi 3] [--breakdown] [--tmp_dir DIR]
+//                 [--commit SHA]
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <latch>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/crc32c.h"
+#include "common/json_writer.h"
+#include "kvstore/client/kvstore_client.h"
+#include "kvstore/format.h"
+#include "kvstore/kv_engine.h"
+#include "kvstore/kvstore_server.h"
+
+#ifdef LAZYRAG_HAVE_HIREDIS
+#include <hiredis/hiredis.h>
+#endif
+
+#ifndef LAZYRAG_KVSTORE_BINARY
+#define LAZYRAG_KVSTORE_BINARY ""
+#endif
+
+ABSL_FLAG(std::string, kvstore_binary, LAZYRAG_KVSTORE_BINARY, "path of lazyrag-kvstore");
+ABSL_FLAG(std::string, redis_server, "redis-server",
+          "path (or name on PATH) of redis-server; the redis rows are skipped when missing");
+ABSL_FLAG(std::string, out, "", "write the results as JSON here");
+ABSL_FLAG(int, size_mib, 256, "bytes of each value, MiB");
+ABSL_FLAG(std::string, clients, "1,4", "concurrent client counts, comma-separated");
+ABSL_FLAG(int, reps, 5, "repetitions with one client (median reported)");
+ABSL_FLAG(int, reps_multi, 3, "repetitions with more than one client (median reported)");
+ABSL_FLAG(bool, breakdown, true,
+          "also measure the no-fsync and in-memory-engine variants (where the time goes)");
+ABSL_FLAG(std::string, tmp_dir, "", "where the data directories go; default $TMPDIR or /tmp");
+ABSL_FLAG(std::string, commit, "", "source revision to record in the JSON");
+
+namespace lazyrag::kvstore {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// ---------------------------------------------------------------------------------------------
+// Measurement plumbing.
+
+// What one get handed back; `owner` keeps `bytes` alive until they are checked.
+struct Fetched {
+  std::string_view bytes;
+  std::shared_ptr<const void> owner;
+};
+
+using PutFn = std::function<absl::Status(int client)>;
+using GetFn = std::function<absl::StatusOr<Fetched>(int client)>;
+
+struct Row {
+  std::string system;  // e.g. "lazyrag-kvstore (gRPC, sync)"
+  std::string op;      // put, get, copy, crc32c
+  int clients = 0;
+  std::vector<double> gbps;  // one per repetition
+  std::string note;          // why it is missing, when it is
+};
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// Runs `fn(c)` on `clients` threads at once; returns the wall seconds from the common start to
+// the last finish, or the first error.
+absl::StatusOr<double> TimeRound(int clients, const std::function<absl::Status(int)>& fn) {
+  std::vector<absl::Status> status(clients);
+  std::latch ready(clients);
+  std::latch go(1);
+  std::vector<std::thread> threads;
+  for (int c = 0; c < clients; ++c) {
+    threads.emplace_back([&, c] {
+      ready.count_down();
+      go.wait();
+      status[c] = fn(c);
+    });
+  }
+  ready.wait();
+  const auto start = Clock::now();
+  go.count_down();
+  for (auto& t : threads) t.join();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  for (const auto& s : status) {
+    if (!s.ok()) return s;
+  }
+  return seconds;
+}
+
+class Bench {
+ public:
+  Bench(uint64_t size, std::vector<int> client_counts, int reps, int reps_multi)
+      : size_(size),
+        client_counts_(std::move(client_counts)),
+        reps_(reps),
+        reps_multi_(reps_multi) {
+    const int max_clients = *std::max_element(client_counts_.begin(), client_counts_.end());
+    for (int c = 0; c < max_clients; ++c) sources_.push_back(RandomBytes(size_, c + 1));
+  }
+
+  uint64_t size() const { return size_; }
+  const std::string& source(int client) const { return sources_[client]; }
+  const std::vector<int>& client_counts() const { return client_counts_; }
+  int Reps(int clients) const { return clients == 1 ? reps_ : reps_multi_; }
+  const std::vector<Row>& rows() const { return rows_; }
+
+  // Each repetition: one round of puts (every client its own key), then, when `get` is set, one
+  // round of gets of those keys, checked against what was put.
+  void PutGet(const std::string& system, int clients, const PutFn& put, const GetFn& get,
+              const std::string& put_op = "put", const std::string& get_op = "get") {
+    Row put_row{system, put_op, clients, {}, ""};
+    Row get_row{system, get_op, clients, {}, ""};
+    std::fprintf(stderr, "  %s, %d client(s) ...", system.c_str(), clients);
+    for (int rep = 0; rep < Reps(clients); ++rep) {
+      absl::StatusOr<double> seconds = TimeRound(clients, put);
+      if (!seconds.ok()) {
+        put_row.note = get_row.note = "put failed: " + std::string(seconds.status().message());
+        break;
+      }
+      put_row.gbps.push_back(Gbps(clients, *seconds));
+      if (!get) continue;
+      std::vector<Fetched> fetched(clients);
+      seconds = TimeRound(clients, [&](int c) -> absl::Status {
+        absl::StatusOr<Fetched> f = get(c);
+        if (!f.ok()) return f.status();
+        fetched[c] = *std::move(f);
+        return absl::OkStatus();
+      });
+      if (!seconds.ok()) {
+        get_row.note = "get failed: " + std::string(seconds.status().message());
+        break;
+      }
+      for (int c = 0; c < clients; ++c) {
+        if (fetched[c].bytes != sources_[c]) {
+          get_row.note = "get returned different bytes";
+          break;
+        }
+      }
+      if (!get_row.note.empty()) break;
+      get_row.gbps.push_back(Gbps(clients, *seconds));
+    }
+    std::fprintf(stderr, " %s %.2f GB/s", put_op.c_str(), Median(put_row.gbps));
+    if (get) std::fprintf(stderr, ", %s %.2f GB/s", get_op.c_str(), Median(get_row.gbps));
+    std::fprintf(stderr, "\n");
+    rows_.push_back(std::move(put_row));
+    if (get) rows_.push_back(std::move(get_row));
+  }
+
+  // A row that could not be measured.
+  void Skip(const std::string& system, const std::string& op, const std::string& why) {
+    for (int clients : client_counts_) rows_.push_back({system, op, clients, {}, why});
+  }
+
+  double Gbps(int clients, double seconds) const {
+    return static_cast<double>(size_) * clients / seconds / 1e9;
+  }
+
+ private:
+  static std::string RandomBytes(uint64_t size, uint64_t seed) {
+    std::string out(size, '\0');
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (uint64_t i = 0; i + 8 <= size; i += 8) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      std::memcpy(out.data() + i, &x, 8);
+    }
+    return out;
+  }
+
+  const uint64_t size_;
+  const std::vector<int> client_counts_;
+  const int reps_;
+  const int reps_multi_;
+  std::vector<std::string> sources_;  // one value per client
+  std::vector<Row> rows_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Child processes and ports.
+
+// A child process started with fork/exec, stdout and stderr sent to files. Killed (SIGKILL) on
+// destruction if still running.
+class ChildProcess {
+ public:
+  ChildProcess() = default;
+  ~ChildProcess() { Stop(SIGKILL); }
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  absl::Status Start(const std::vector<std::string>& argv, const std::string& stdout_path,
+                     const std::string& stderr_path) {
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    const pid_t pid = fork();
+    if (pid < 0) return absl::InternalError("fork failed");
+    if (pid == 0) {
+      const int out = open(stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int err = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (out >= 0) dup2(out, 1);
+      if (err >= 0) dup2(err, 2);
+      execvp(args[0], args.data());
+      _exit(127);
+    }
+    pid_ = pid;
+    return absl::OkStatus();
+  }
+
+  // True while the process has not exited.
+  bool Alive() {
+    if (pid_ <= 0) return false;
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return false;
+    }
+    return true;
+  }
+
+  // Sends `signal`, waits up to 20 s, then SIGKILL.
+  void Stop(int signal) {
+    if (pid_ <= 0) return;
+    kill(pid_, signal);
+    for (int i = 0; i < 2000 && Alive(); ++i) usleep(10000);
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+// A loopback port that was free a moment ago (bind to port 0, read it back, close).
+absl::StatusOr<int> PickFreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::InternalError("socket failed");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(fd);
+    return absl::InternalError("bind to a loopback port failed");
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The full path of `name` (searched on PATH unless it has a slash), or "" when not found.
+std::string FindExecutable(const std::string& name) {
+  if (name.find('/') != std::string::npos) return access(name.c_str(), X_OK) == 0 ? name : "";
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path == nullptr ? "/usr/bin:/bin" : path);
+  std::string dir;
+  while (std::getline(dirs, dir, ':')) {
+    const std::string candidate = dir + "/" + name;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+// A lazyrag-kvstore shard process on a loopback port it picks itself.
+class KvStoreChild {
+ public:
+  // Waits (up to 30 s) for its "lazyrag-kvstore ready grpc=HOST:PORT" line.
+  absl::Status Start(const std::string& binary, const std::string& dir, bool sync_commits) {
+    std::filesystem::create_directories(dir);
+    const std::string out = dir + "/stdout.txt";
+    absl::Status started = process_.Start(
+        {binary, "--listen=127.0.0.1:0", "--data_dir=" + dir + "/db", "--metrics_port=-1",
+         std::string("--sync_commits=") + (sync_commits ? "true" : "false")},
+        out, dir + "/stderr.txt");
+    if (!started.ok()) return started;
+    constexpr std::string_view kReady = "ready grpc=";
+    for (int i = 0; i < 3000; ++i) {
+      const std::string text = ReadFile(out);
+      const size_t at = text.find(kReady);
+      const size_t end = at == std::string::npos ? at : text.find_first_of(" \n", at + 11);
+      if (end != std::string::npos) {
+        address_ = text.substr(at + kReady.size(), end - at - kReady.size());
+        return absl::OkStatus();
+      }
+      if (!process_.Alive()) break;
+      usleep(10000);
+    }
+    return absl::UnavailableError("lazyrag-kvstore did not become ready: " +
+                                  ReadFile(dir + "/stderr.txt").substr(0, 2000));
+  }
+  void Stop() { process_.Stop(SIGTERM); }
+  const std::string& address() const { return address_; }
+
+ private:
+  ChildProcess process_;
+  std::string address_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The systems.
+
+std::string DocumentId(int client) { return "bench-doc-" + std::to_string(client); }
+
+void MeasureMemcpy(Bench& bench) {
+  const int max_clients = bench.client_counts().back();
+  std::vector<std::string> dst(max_clients, std::string(bench.size(), '\1'));  // pre-faulted
+  for (int clients : bench.client_counts()) {
+    bench.PutGet(
+        "memcpy (machine ceiling)", clients,
+        [&](int c) {
+          std::memcpy(dst[c].data(), bench.source(c).data(), bench.size());
+          return absl::OkStatus();
+        },
+        nullptr, "copy");
+  }
+}
+
+// Where a get's time goes before any storage: the same copy into a freshly allocated buffer
+// (page faults on first touch), which is what every get that returns a new value pays.
+void MeasureFreshCopy(Bench& bench) {
+  for (int clients : bench.client_counts()) {
+    bench.PutGet(
+        "memcpy into a fresh allocation (page faults)", clients,
+        [&](int c) {
+          std::string out(bench.source(c).data(), bench.size());
+          return out.size() == bench.size() ? absl::OkStatus() : absl::InternalError("short");
+        },
+        nullptr, "copy");
+  }
+}
+
+// The disk under the data directories: write the value to a file and fsync it (what a
+// committed put must reach when commits are synced).
+void MeasureDisk(Bench& bench, const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  for (int clients : bench.client_counts()) {
+    bench.PutGet(
+        "file write + fsync (disk under the data dir)", clients,
+        [&](int c) -> absl::Status {
+          const std::string path = dir + "/value-" + std::to_string(c);
+          const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+          if (fd < 0) return absl::InternalError("open " + path);
+          const std::string& value = bench.source(c);
+          for (uint64_t done = 0; done < value.size();) {
+            const ssize_t n = write(fd, value.data() + done, value.size() - done);
+            if (n <= 0) {
+              close(fd);
+              return absl::InternalError("write " + path);
+            }
+            done += static_cast<uint64_t>(n);
+          }
+          const bool synced = fsync(fd) == 0;
+          close(fd);
+          return synced ? absl::OkStatus() : absl::InternalError("fsync " + path);
+        },
+        nullptr, "write");
+  }
+  std::filesystem::remove_all(dir);
+}
+
+void MeasureCrc(Bench& bench) {
+  std::atomic<uint32_t> sink{0};
+  for (int clients : bench.client_counts()) {
+    bench.PutGet(
+        "CRC-32C (SSE4.2 crc32 instruction)", clients,
+        [&](int c) {
+          sink += Crc32c(bench.source(c));
+          return absl::OkStatus();
+        },
+        nullptr, "crc32c");
+  }
+}
+
+// The engine the way the service drives it: the writer computes each 2 MiB chunk's CRC-32C,
+// the engine stores chunks and commits; a get opens a reader and appends every chunk (the
+// engine checks each chunk's CRC-32C) into a fresh buffer.
+void MeasureEngine(Bench& bench, const std::string& dir, bool sync_commits, bool with_get) {
+  const std::string system =
+      std::string("RocksDB engine in-process") + (sync_commits ? " (sync)" : " (no sync)");
+  RocksEngineOptions options;
+  options.data_dir = dir;
+  options.sync_commits = sync_commits;
+  absl::StatusOr<std::unique_ptr<KvEngine>> engine = OpenRocksEngine(options);
+  if (!engine.ok()) {
+    bench.Skip(system, "put", "open failed: " + std::string(engine.status().message()));
+    return;
+  }
+  std::vector<std::string> keys;
+  for (int c = 0; c < bench.client_counts().back(); ++c) {
+    lazyrag::v1::KvKey k;
+    k.mutable_document()->set_model_fingerprint("bench-model");
+    k.mutable_document()->set_cache_namespace("bench");
+    k.mutable_document()->set_document_id(DocumentId(c));
+    keys.push_back(*EncodeKey(k));
+  }
+  ValueLayout layout;
+  layout.total_size = bench.size();
+  layout.chunk_size = kDefaultChunkBytes;
+  layout.num_chunks = NumChunks(layout.total_size, layout.chunk_size);
+  auto put = [&](int c) -> absl::Status {
+    absl::StatusOr<std::unique_ptr<PutSession>> session = (*engine)->BeginPut(keys[c], layout);
+    if (!session.ok()) return session.status();
+    const std::string_view value = bench.source(c);
+    for (uint32_t i = 0; i < layout.num_chunks; ++i) {
+      const std::string_view chunk = value.substr(layout.ChunkBegin(i), layout.chunk_size);
+      absl::Status s = (*session)->AddChunk(i, chunk, Crc32c(chunk));
+      if (!s.ok()) return s;
+    }
+    return (*session)->Commit().status();
+  };
+  auto get = [&](int c) -> absl::StatusOr<Fetched> {
+    absl::StatusOr<std::unique_ptr<ValueReader>> reader = (*engine)->Open(keys[c]);
+    if (!reader.ok()) return reader.status();
+    auto out = std::make_shared<std::string>();
+    out->reserve((*reader)->layout().total_size);
+    std::string chunk;
+    uint32_t crc = 0;
+    for (uint32_t i = 0; i < (*reader)->layout().num_chunks; ++i) {
+      absl::Status s = (*reader)->ReadChunk(i, &chunk, &crc);
+      if (!s.ok()) return s;
+      out->append(chunk);
+    }
+    return Fetched{*out, out};
+  };
+  for (int clients : bench.client_counts()) {
+    bench.PutGet(system, clients, put, with_get ? GetFn(get) : GetFn());
+  }
+}
+
+// N clients, each its own KvClient (its own channel and TCP connection), against `address`.
+void MeasureService(Bench& bench, const std::string& system, const std::string& address,
+                    bool with_get) {
+  std::vector<std::unique_ptr<KvClient>> clients;
+  for (int c = 0; c < bench.client_counts().back(); ++c) {
+    KvClientOptions options;
+    options.shards = {address};
+    options.call_timeout = absl::Seconds(600);
+    absl::StatusOr<std::unique_ptr<KvClient>> client = KvClient::Create(options);
+    if (!client.ok()) {
+      bench.Skip(system, "put", "client: " + std::string(client.status().message()));
+      return;
+    }
+    clients.push_back(*std::move(client));
+  }
+  const ValueHeader header;
+  auto key = [](int c) { return Key::Document("bench-model", "bench", DocumentId(c)); };
+  auto put = [&](int c) { return clients[c]->Put(key(c), header, bench.source(c)); };
+  auto get = [&](int c) -> absl::StatusOr<Fetched> {
+    absl::StatusOr<Value> value = clients[c]->Get(key(c));
+    if (!value.ok()) return value.status();
+    auto held = std::make_shared<Value>(*std::move(value));
+    return Fetched{held->bytes, held};
+  };
+  for (int n : bench.client_counts()) {
+    bench.PutGet(system, n, put, with_get ? GetFn(get) : GetFn());
+  }
+}
+
+void MeasureKvStoreProcess(Bench& bench, const std::string& binary, const std::string& dir,
+                           bool sync_commits, bool with_get) {
+  const std::string system =
+      std::string("lazyrag-kvstore gRPC") + (sync_commits ? " (sync)" : " (--sync_commits=false)");
+  if (binary.empty() || access(binary.c_str(), X_OK) != 0) {
+    bench.Skip(system, "put", "no lazyrag-kvstore binary (--kvstore_binary)");
+    return;
+  }
+  KvStoreChild server;
+  absl::Status s = server.Start(binary, dir, sync_commits);
+  if (!s.ok()) {
+    bench.Skip(system, "put", std::string(s.message()));
+    return;
+  }
+  MeasureService(bench, system, server.address(), with_get);
+  server.Stop();
+}
+
+// A KvEngine that keeps values in memory: lets the service be measured without storage.
+class MemoryEngine final : public KvEngine {
+ public:
+  absl::StatusOr<std::unique_ptr<PutSession>> BeginPut(std::string_view key,
+                                                       const ValueLayout& layout) override {
+    return std::make_unique<Session>(this, std::string(key), layout);
+  }
+  absl::StatusOr<std::unique_ptr<ValueReader>> Open(std::string_view key) override {
+    absl::MutexLock lock(&mu_);
+    auto it = values_.find(std::string(key));
+    if (it == values_.end()) return absl::NotFoundError("no such key");
+    return std::make_unique<Reader>(it->second);
+  }
+  absl::StatusOr<KeyStat> Stat(std::string_view key) override {
+    absl::MutexLock lock(&mu_);
+    auto it = values_.find(std::string(key));
+    if (it == values_.end()) return KeyStat{};
+    return KeyStat{true, it->second->layout.total_size, 0};
+  }
+  absl::StatusOr<bool> Delete(std::string_view key) override {
+    absl::MutexLock lock(&mu_);
+    return values_.erase(std::string(key)) > 0;
+  }
+  absl::StatusOr<uint64_t> EvictTo(uint64_t) override { return 0; }
+  EngineUsage Usage() const override { return {}; }
+
+ private:
+  struct Stored {
+    ValueLayout layout;
+    std::vector<std::string> chunks;
+    std::vector<uint32_t> crcs;
+  };
+  class Session final : public PutSession {
+   public:
+    Session(MemoryEngine* engine, std::string key, ValueLayout layout)
+        : engine_(engine), key_(std::move(key)), value_(std::make_shared<Stored>()) {
+      value_->layout = std::move(layout);
+    }
+    absl::Status AddChunk(uint32_t, std::string_view data, uint32_t crc32c) override {
+      value_->chunks.emplace_back(data);
+      value_->crcs.push_back(crc32c);
+      return absl::OkStatus();
+    }
+    absl::StatusOr<bool> Commit() override {
+      absl::MutexLock lock(&engine_->mu_);
+      auto& slot = engine_->values_[key_];
+      const bool replaced = slot != nullptr;
+      slot = value_;
+      return replaced;
+    }
+
+   private:
+    MemoryEngine* const engine_;
+    const std::string key_;
+    std::shared_ptr<Stored> value_;
+  };
+  class Reader final : public ValueReader {
+   public:
+    explicit Reader(std::shared_ptr<const Stored> value) : value_(std::move(value)) {}
+    const ValueLayout& layout() const override { return value_->layout; }
+    absl::Status ReadChunk(uint32_t index, std::string* data, uint32_t* crc32c) override {
+      // Checked like the RocksDB engine checks what it reads.
+      if (Crc32c(value_->chunks[index]) != value_->crcs[index]) {
+        return absl::DataLossError("chunk failed its CRC-32C check");
+      }
+      data->assign(value_->chunks[index]);
+      *crc32c = value_->crcs[index];
+      return absl::OkStatus();
+    }
+
+   private:
+    std::shared_ptr<const Stored> value_;
+  };
+
+  absl::Mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<const Stored>> values_ ABSL_GUARDED_BY(mu_);
+};
+
+void MeasureMemoryService(Bench& bench) {
+  const std::string system = "kvstore gRPC service, in-memory engine (in-process)";
+  KvStoreServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.metrics_port = -1;
+  KvStoreServer server(options, [](KvStoreMetrics*) -> absl::StatusOr<std::unique_ptr<KvEngine>> {
+    return std::make_unique<MemoryEngine>();
+  });
+  absl::Status s = server.Start();
+  if (!s.ok()) {
+    bench.Skip(system, "put", std::string(s.message()));
+    return;
+  }
+  MeasureService(bench, system, server.address(), /*with_get=*/true);
+  server.Shutdown(absl::Now() + absl::Seconds(5));
+}
+
+#ifdef LAZYRAG_HAVE_HIREDIS
+struct RedisFree {
+  void operator()(redisContext* c) const { redisFree(c); }
+};
+using RedisConnection = std::unique_ptr<redisContext, RedisFree>;
+
+absl::StatusOr<RedisConnection> RedisConnect(int port) {
+  const timeval connect_timeout{2, 0};
+  RedisConnection c(redisConnectWithTimeout("127.0.0.1", port, connect_timeout));
+  if (c == nullptr || c->err != 0) {
+    return absl::UnavailableError("redis connect: " + std::string(c ? c->errstr : "no memory"));
+  }
+  const timeval io_timeout{600, 0};
+  redisSetTimeout(c.get(), io_timeout);
+  return c;
+}
+
+// One command; the reply (owned) or an error.
+absl::StatusOr<std::shared_ptr<redisReply>> RedisCall(redisContext* c,
+                                                      const std::vector<std::string_view>& args) {
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  for (auto a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  auto* reply = static_cast<redisReply*>(
+      redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()));
+  if (reply == nullptr) return absl::UnavailableError("redis: " + std::string(c->errstr));
+  std::shared_ptr<redisReply> owned(reply, freeReplyObject);
+  if (reply->type == REDIS_REPLY_ERROR) {
+    return absl::InternalError("redis: " + std::string(reply->str, reply->len));
+  }
+  return owned;
+}
+#endif
+
+// redis-server on a free loopback port, no persistence, large bulk strings allowed.
+void MeasureRedis(Bench& bench, const std::string& redis_server, const std::string& dir,
+                  std::string* version) {
+  const std::string system = "redis-server via hiredis (no persistence)";
+#ifndef LAZYRAG_HAVE_HIREDIS
+  (void)redis_server;
+  (void)dir;
+  (void)version;
+  bench.Skip(system, "SET", "built without hiredis (libhiredis-dev)");
+  bench.Skip(system, "GET", "built without hiredis (libhiredis-dev)");
+#else
+  const std::string path = FindExecutable(redis_server);
+  auto skip = [&](const std::string& why) {
+    std::fprintf(stderr, "  redis skipped: %s\n", why.c_str());
+    bench.Skip(system, "SET", why);
+    bench.Skip(system, "GET", why);
+  };
+  if (path.empty()) return skip("redis-server not found (apt-get install redis-server)");
+  absl::StatusOr<int> port = PickFreePort();
+  if (!port.ok()) return skip(std::string(port.status().message()));
+  std::filesystem::create_directories(dir);
+  ChildProcess process;
+  absl::Status s =
+      process.Start({path, "--port", std::to_string(*port), "--bind", "127.0.0.1", "--save", "",
+                     "--appendonly", "no", "--dir", dir, "--proto-max-bulk-len", "512mb",
+                     "--client-query-buffer-limit", "1gb", "--daemonize", "no"},
+                    dir + "/stdout.txt", dir + "/stderr.txt");
+  if (!s.ok()) return skip(std::string(s.message()));
+  std::vector<RedisConnection> connections;
+  for (int attempt = 0; attempt < 500 && connections.empty(); ++attempt) {
+    absl::StatusOr<RedisConnection> c = RedisConnect(*port);
+    if (c.ok() && RedisCall(c->get(), {"PING"}).ok()) {
+      connections.push_back(*std::move(c));
+    } else {
+      if (!process.Alive()) break;
+      usleep(10000);
+    }
+  }
+  if (connections.empty()) {
+    return skip("redis-server did not start: " + ReadFile(dir + "/stdout.txt").substr(0, 1000));
+  }
+  if (auto info = RedisCall(connections[0].get(), {"INFO", "server"}); info.ok()) {
+    const std::string text((*info)->str, (*info)->len);
+    const size_t at = text.find("redis_version:");
+    if (at != std::string::npos) *version = text.substr(at + 14, text.find('\r', at) - at - 14);
+  }
+  while (static_cast<int>(connections.size()) < bench.client_counts().back()) {
+    absl::StatusOr<RedisConnection> c = RedisConnect(*port);
+    if (!c.ok()) return skip(std::string(c.status().message()));
+    connections.push_back(*std::move(c));
+  }
+  auto put = [&](int c) -> absl::Status {
+    const std::string key = DocumentId(c);
+    return RedisCall(connections[c].get(), {"SET", key, bench.source(c)}).status();
+  };
+  auto get = [&](int c) -> absl::StatusOr<Fetched> {
+    const std::string key = DocumentId(c);
+    absl::StatusOr<std::shared_ptr<redisReply>> reply =
+        RedisCall(connections[c].get(), {"GET", key});
+    if (!reply.ok()) return reply.status();
+    if ((*reply)->type != REDIS_REPLY_STRING) return absl::NotFoundError("redis: GET: no value");
+    return Fetched{std::string_view((*reply)->str, (*reply)->len), *reply};
+  };
+  for (int clients : bench.client_counts()) bench.PutGet(system, clients, put, get, "SET", "GET");
+  connections.clear();
+  process.Stop(SIGTERM);
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Report.
+
+std::string FirstLineWith(const std::string& path, const std::string& prefix) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(prefix, 0) == 0) {
+      const size_t colon = line.find(':');
+      return colon == std::string::npos ? line
+                                        : line.substr(line.find_first_not_of(" \t", colon + 1));
+    }
+  }
+  return "";
+}
+
+void PrintTable(const Bench& bench) {
+  // system -> op -> clients -> row, in first-seen order.
+  std::vector<std::pair<std::string, std::string>> order;
+  std::map<std::pair<std::string, std::string>, std::map<int, const Row*>> cells;
+  for (const Row& r : bench.rows()) {
+    auto k = std::make_pair(r.system, r.op);
+    if (cells.find(k) == cells.end()) order.push_back(k);
+    cells[k][r.clients] = &r;
+  }
+  std::printf("\nkvstore throughput: %llu MiB values, GB/s (1e9 B/s), median over repetitions\n",
+              static_cast<unsigned long long>(bench.size() >> 20));
+  std::printf("%-52s %-7s", "system", "op");
+  for (int n : bench.client_counts()) std::printf(" %8d client%s", n, n == 1 ? " " : "s");
+  std::printf("\n");
+  std::string last_system;
+  for (const auto& k : order) {
+    std::printf("%-52s %-7s", k.first == last_system ? "" : k.first.c_str(), k.second.c_str());
+    last_system = k.first;
+    std::string notes;
+    for (int n : bench.client_counts()) {
+      auto it = cells[k].find(n);
+      if (it == cells[k].end()) {
+        std::printf(" %16s", "-");
+      } else if (it->second->gbps.empty()) {
+        std::printf(" %16s", "n/a");
+        if (notes.empty()) notes = it->second->note;
+      } else {
+        std::printf(" %16.2f", Median(it->second->gbps));
+      }
+    }
+    if (!notes.empty()) std::printf("  (%s)", notes.c_str());
+    std::printf("\n");
+  }
+}
+
+std::string ToJson(const Bench& bench, const std::map<std::string, std::string>& info,
+                   double total_seconds) {
+  JsonWriter j;
+  j.BeginObject();
+  j.Key("benchmark").String("kvstore_bench");
+  for (const auto& [k, v] : info) j.Key(k).String(v);
+  j.Key("value_bytes").Int(static_cast<int64_t>(bench.size()));
+  j.Key("chunk_bytes").Int(kDefaultChunkBytes);
+  j.Key("hardware_threads").Int(std::thread::hardware_concurrency());
+  j.Key("total_seconds").Double(total_seconds);
+  j.Key("results").BeginArray();
+  for (const Row& r : bench.rows()) {
+    j.BeginObject();
+    j.Key("system").String(r.system);
+    j.Key("op").String(r.op);
+    j.Key("clients").Int(r.clients);
+    if (r.gbps.empty()) {
+      j.Key("skipped").String(r.note);
+    } else {
+      j.Key("median_gbps").Double(Median(r.gbps));
+      j.Key("gbps").BeginArray();
+      for (double g : r.gbps) j.Double(g);
+      j.EndArray();
+    }
+    j.EndObject();
+  }
+  j.EndArray();
+  j.EndObject();
+  return j.str() + "\n";
+}
+
+std::vector<int> ParseCounts(const std::string& list) {
+  std::vector<int> out;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty() && std::atoi(item.c_str()) > 0) out.push_back(std::atoi(item.c_str()));
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+int Main() {
+  const auto started = Clock::now();
+  const uint64_t size = uint64_t{static_cast<uint64_t>(absl::GetFlag(FLAGS_size_mib))} << 20;
+  const std::vector<int> counts = ParseCounts(absl::GetFlag(FLAGS_clients));
+  if (size == 0 || size > kMaxValueBytes || counts.empty()) {
+    std::fprintf(stderr, "kvstore_bench: --size_mib must be 1..1024, --clients non-empty\n");
+    return 2;
+  }
+  std::string tmp_root = absl::GetFlag(FLAGS_tmp_dir);
+  if (tmp_root.empty()) tmp_root = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
+  std::string tmp = tmp_root + "/kvstore_bench.XXXXXX";
+  if (mkdtemp(tmp.data()) == nullptr) {
+    std::fprintf(stderr, "kvstore_bench: cannot create a directory under %s\n", tmp_root.c_str());
+    return 1;
+  }
+  std::map<std::string, std::string> info;
+  info["commit"] = absl::GetFlag(FLAGS_commit);
+  info["cpu"] = FirstLineWith("/proc/cpuinfo", "model name");
+  info["load_average_start"] = ReadFile("/proc/loadavg").substr(0, 14);
+  info["memory_total"] = FirstLineWith("/proc/meminfo", "MemTotal");
+  info["data_dir_root"] = tmp_root;
+
+  std::fprintf(stderr, "kvstore_bench: %llu MiB values, clients %s, data under %s\n",
+               static_cast<unsigned long long>(size >> 20), absl::GetFlag(FLAGS_clients).c_str(),
+               tmp.c_str());
+  const bool breakdown = absl::GetFlag(FLAGS_breakdown);
+  const std::string binary = absl::GetFlag(FLAGS_kvstore_binary);
+  std::string redis_version;
+  {
+    Bench bench(size, counts, std::max(1, absl::GetFlag(FLAGS_reps)),
+                std::max(1, absl::GetFlag(FLAGS_reps_multi)));
+    MeasureMemcpy(bench);
+    if (breakdown) {
+      MeasureFreshCopy(bench);
+      MeasureCrc(bench);
+      MeasureDisk(bench, tmp + "/disk");
+    }
+    MeasureEngine(bench, tmp + "/engine-sync", /*sync_commits=*/true, /*with_get=*/true);
+    std::filesystem::remove_all(tmp + "/engine-sync");
+    if (breakdown) {
+      MeasureEngine(bench, tmp + "/engine-nosync", /*sync_commits=*/false, /*with_get=*/false);
+      std::filesystem::remove_all(tmp + "/engine-nosync");
+    }
+    MeasureKvStoreProcess(bench, binary, tmp + "/kvstore-sync", true, /*with_get=*/true);
+    std::filesystem::remove_all(tmp + "/kvstore-sync");
+    if (breakdown) {
+      MeasureKvStoreProcess(bench, binary, tmp + "/kvstore-nosync", false, /*with_get=*/false);
+      std::filesystem::remove_all(tmp + "/kvstore-nosync");
+      MeasureMemoryService(bench);
+    }
+    MeasureRedis(bench, absl::GetFlag(FLAGS_redis_server), tmp + "/redis", &redis_version);
+    std::filesystem::remove_all(tmp);
+
+    const double total = std::chrono::duration<double>(Clock::now() - started).count();
+    info["redis_version"] = redis_version;
+    info["load_average_end"] = ReadFile("/proc/loadavg").substr(0, 14);
+    PrintTable(bench);
+    std::printf("total %.0f s; load average at start %s, at end %s\n", total,
+                info["load_average_start"].c_str(), info["load_average_end"].c_str());
+    const std::string out = absl::GetFlag(FLAGS_out);
+    if (!out.empty()) {
+      std::ofstream f(out);
+      f << ToJson(bench, info, total);
+      if (!f) {
+        std::fprintf(stderr, "kvstore_bench: cannot write %s\n", out.c_str());
+        return 1;
+      }
+      std::printf("wrote %s\n", out.c_str());
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace lazyrag::kvstore
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "kvstore_bench [--kvstore_binary PATH] [--redis_server PATH] [--out FILE] [--size_mib N]");
+  absl::ParseCommandLine(argc, argv);
+  signal(SIGPIPE, SIG_IGN);
+  return lazyrag::kvstore::Main();
+}
