@@ -26,14 +26,15 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# Starts a server whose stdout announces "... ready grpc=HOST:PORT metrics=PORT"; prints HOST:PORT.
+# Starts a server whose stdout announces "... ready grpc=HOST:PORT metrics=PORT" and sets
+# $addr to HOST:PORT. Not called in a subshell, so that cleanup knows every pid.
 start() {
   local name=$1; shift
   "$@" >"$work/$name.out" 2>"$work/$name.log" &
   pids+=($!)
   for _ in $(seq 1 600); do
     if grep -q " ready grpc=" "$work/$name.out" 2>/dev/null; then
-      sed -n 's/.* ready grpc=\([^ ]*\).*/\1/p' "$work/$name.out" | head -n 1
+      addr=$(sed -n 's/.* ready grpc=\([^ ]*\).*/\1/p' "$work/$name.out" | head -n 1)
       return 0
     fi
     if ! kill -0 "${pids[-1]}" 2>/dev/null; then break; fi
@@ -44,12 +45,15 @@ start() {
   return 1
 }
 
-kv=$(start kvstore "$build/kvstore/lazyrag-kvstore" --listen 127.0.0.1:0 --data_dir "$work/kv" \
-  --capacity_bytes $((1 << 30)) --metrics_port 0)
-worker=$(start worker "$build/worker/lazyrag-worker" --listen 127.0.0.1:0 --model "$model" \
-  --device cpu --kvstore "$kv" --kv_pool_bytes $((256 << 20)) --metrics_port 0)
-router=$(start router "$build/router/lazyrag-router" --listen 127.0.0.1:0 --workers "$worker" \
-  --metrics_port 0)
+start kvstore "$build/kvstore/lazyrag-kvstore" --listen 127.0.0.1:0 --data_dir "$work/kv" \
+  --capacity_bytes $((1 << 30)) --metrics_port 0
+kv=$addr
+start worker "$build/worker/lazyrag-worker" --listen 127.0.0.1:0 --model "$model" \
+  --device cpu --kvstore "$kv" --kv_pool_bytes $((256 << 20)) --metrics_port 0
+worker=$addr
+start router "$build/router/lazyrag-router" --listen 127.0.0.1:0 --workers "$worker" \
+  --metrics_port 0
+router=$addr
 echo "demo: kvstore $kv, worker $worker, router $router"
 
 docs=deploy/local/docs
