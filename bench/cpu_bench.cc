@@ -74,7 +74,10 @@ int Main(int argc, char** argv) {
   }
   Runtime& rt = **rt_or;
   Generator& gen = *rt.generator;
-  std::vector<Question> questions = LoadQuestions(a["questions"]);
+  // Documents for the throughput and TTFT parts come from every question; --max_questions
+  // limits only the quality part.
+  const std::vector<Question> all_questions = LoadQuestions(a["questions"]);
+  std::vector<Question> questions = all_questions;
   questions.resize(std::min<size_t>(questions.size(), std::stoul(a["max_questions"])));
   if (questions.empty()) {
     std::fprintf(stderr, "cpu_bench: no questions in %s\n", a["questions"].c_str());
@@ -87,7 +90,7 @@ int Main(int argc, char** argv) {
 
   // 1. Throughput: a FULL prefill of ~512 tokens, then 64 decode steps.
   std::string filler;
-  for (const Question& q : questions) for (const auto& d : q.documents) filler += d + " ";
+  for (const Question& q : all_questions) for (const auto& d : q.documents) filler += d + " ";
   GenerateRequest r;
   r.documents.push_back({filler.substr(0, 2400), ""});
   r.query = "Summarise.";
@@ -112,7 +115,7 @@ int Main(int argc, char** argv) {
   for (int d = 0; d < 5; ++d) {
     std::string text;
     while (int(rt.tokenizer->Encode(text).size()) < doc_tokens) {
-      const Question& q = questions[qi++ % questions.size()];
+      const Question& q = all_questions[qi++ % all_questions.size()];
       text += q.documents[0] + " ";
     }
     docs.push_back(text);
