@@ -802,28 +802,7 @@ absl::Status CudaBackend::Materialize(const std::vector<MaterializeCopy>& copies
   ASSIGN_OR_RETURN(char* dev, Upload(plan));
   auto i32 = [&](size_t off) { return reinterpret_cast<const int32_t*>(dev + off); };
   const float* inv_freq = reinterpret_cast<const float*>(inv_freq_.data());
-  if (tensor_core_attention_) {
-    kernels::MaterializeParams p;
-    p.k_cache = pool_k_;
-    p.v_cache = pool_k_ + kv_elems_;
-    p.layer_stride = layer_stride_;
-    p.num_layers = config_.num_layers;
-    p.page_size = page_size_;
-    p.num_kv_heads = config_.num_kv_heads;
-    p.head_dim = config_.head_dim;
-    p.inv_freq = inv_freq;
-    p.num_copies = n;
-    p.src_page_indptr = i32(o_si);
-    p.src_pages = i32(o_sp);
-    p.dst_page_indptr = i32(o_di);
-    p.dst_pages = i32(o_dp);
-    p.len = i32(o_len);
-    p.dst_offset = i32(o_off);
-    p.delta = i32(o_delta);
-    p.max_len = max_len;
-    return kernels::Materialize(p, stream_);
-  }
-  cuda_model::FallbackMaterializeParams p;
+  kernels::MaterializeParams p;
   p.k_cache = pool_k_;
   p.v_cache = pool_k_ + kv_elems_;
   p.layer_stride = layer_stride_;
@@ -841,6 +820,7 @@ absl::Status CudaBackend::Materialize(const std::vector<MaterializeCopy>& copies
   p.dst_offset = i32(o_off);
   p.delta = i32(o_delta);
   p.max_len = max_len;
+  if (tensor_core_attention_) return kernels::Materialize(p, stream_);
   return cuda_model::LaunchFallbackMaterialize(p, stream_);
 }
 

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "worker/backend/segment_view.h"
+#include "worker/kernels/materialize.h"
 
 struct CUstream_st;
 typedef struct CUstream_st* cudaStream_t;
@@ -130,25 +131,8 @@ absl::Status LaunchFallbackAttention(const FallbackAttentionParams& p, cudaStrea
 
 // MATERIALIZE for head dims the tensor-core materialize kernel does not take; same contract
 // as kernels::Materialize (worker/kernels/materialize.h), keys re-rotated with double angles.
-struct FallbackMaterializeParams {
-  uint16_t* k_cache = nullptr;  // layer l at + l * layer_stride
-  uint16_t* v_cache = nullptr;
-  int64_t layer_stride = 0;
-  int num_layers = 0;
-  int page_size = 0;
-  int num_kv_heads = 0;
-  int head_dim = 0;
-  const float* inv_freq = nullptr;
-  int num_copies = 0;
-  const int32_t* src_page_indptr = nullptr;
-  const int32_t* src_pages = nullptr;
-  const int32_t* dst_page_indptr = nullptr;
-  const int32_t* dst_pages = nullptr;
-  const int32_t* len = nullptr;
-  const int32_t* dst_offset = nullptr;
-  const int32_t* delta = nullptr;
-  int max_len = 0;
-};
+// The same parameters as the tensor-core kernel (worker/kernels/materialize.h).
+using FallbackMaterializeParams = kernels::MaterializeParams;
 absl::Status LaunchFallbackMaterialize(const FallbackMaterializeParams& p, cudaStream_t stream);
 
 }  // namespace lazyrag::cuda_model
