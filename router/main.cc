@@ -4,16 +4,16 @@
 //                  [--load_weight W] [--imbalance_threshold N]
 // Prints one line "lazyrag-router ready grpc=HOST:PORT metrics=PORT" on stdout once serving
 // (ports resolved when 0 was asked), then runs until SIGINT or SIGTERM.
-#include <signal.h>
-
 #include <cstdio>
 #include <iostream>
+#include <memory>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "common/server_main.h"
 #include "router/router_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC address HOST:PORT; port 0 picks one");
@@ -66,28 +66,7 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  // Block the stop signals in every thread (threads inherit the mask) and wait for them here.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-
-  lazyrag::router::RouterServer server(options);
-  absl::Status status = server.Start();
-  if (!status.ok()) {
-    LOG_ERROR << "lazyrag-router: " << status;
-    return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-  }
-  std::printf("lazyrag-router ready grpc=%s metrics=%d\n", server.address().c_str(),
-              server.metrics_port());
-  std::fflush(stdout);
-
-  int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
-  LOG_INFO << "lazyrag-router: signal " << signal_number << ", shutting down";
-  server.Shutdown(absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
-  LOG_INFO << "lazyrag-router: stopped";
-  return 0;
+  return lazyrag::RunServerUntilSignal(
+      "lazyrag-router", [&] { return std::make_unique<lazyrag::router::RouterServer>(options); },
+      absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
 }

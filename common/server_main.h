@@ -1,0 +1,54 @@
+// The lifecycle every lazyrag server binary shares (kvstore, worker, router): block SIGINT and
+// SIGTERM in every thread (threads inherit the mask, so this runs before the server starts
+// any), ignore SIGPIPE, start the server, print one line "NAME ready grpc=HOST:PORT
+// metrics=PORT" on stdout (scripts and tests wait for it), wait for a stop signal and shut
+// down gracefully. Returns the process exit code: 0 after a signal, 2 when Start() rejects
+// its options (INVALID_ARGUMENT), 1 for any other start failure.
+//
+// `make_server` returns a std::unique_ptr<Server> where Server has
+//   absl::Status Start(); std::string address() const; int metrics_port() const;
+//   void Shutdown(absl::Time deadline);
+#pragma once
+
+#include <pthread.h>
+
+#include <csignal>
+#include <cstdio>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/logging.h"
+
+namespace lazyrag {
+
+template <typename MakeServer>
+int RunServerUntilSignal(const std::string& name, MakeServer&& make_server,
+                         absl::Duration shutdown_grace) {
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto server = make_server();
+  absl::Status status = server->Start();
+  if (!status.ok()) {
+    LOG_ERROR << name << ": " << status;
+    return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  std::printf("%s ready grpc=%s metrics=%d\n", name.c_str(), server->address().c_str(),
+              server->metrics_port());
+  std::fflush(stdout);
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  LOG_INFO << name << ": signal " << signal_number << ", shutting down";
+  server->Shutdown(absl::Now() + shutdown_grace);
+  LOG_INFO << name << ": stopped";
+  return 0;
+}
+
+}  // namespace lazyrag
