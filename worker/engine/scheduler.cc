@@ -240,6 +240,9 @@ void Scheduler::Step(std::vector<Fetched> fetched) {
   // 3. Admit from the front of the queue.
   while (!preempted_this_step_ && !waiting_.empty() &&
          int(running_.size()) < options_.max_running) {
+    // Head-of-line: a request that does not fit waits for running ones to finish (it is
+    // admitted alone when nothing runs), instead of being admitted and preempted in a loop.
+    if (!running_.empty() && !waiting_.front()->finished && !FitsInPool(*waiting_.front())) break;
     auto r = waiting_.front();
     waiting_.pop_front();
     if (r->finished) continue;
@@ -643,6 +646,36 @@ absl::StatusOr<std::vector<int32_t>> Scheduler::AllocatePages(int n, uint64_t re
     }
     Preempt(victim);
   }
+}
+
+bool Scheduler::FitsInPool(const Request &w) const {
+  const int ps = options_.page_size;
+  // Tokens of the segment a request feeds: the query block in LAZY, the whole prompt (copied
+  // or computed) in the other modes; plus what it may generate.
+  auto own_tokens = [](const Request &r) -> int64_t {
+    const int64_t gen = r.opts.max_tokens;
+    if (r.opts.mode == AttentionMode::kLazy) return int64_t(r.prompt.suffix.size()) + gen;
+    return r.prompt.total_tokens() + gen;
+  };
+  int64_t reserved = 0;
+  for (const auto &r : running_) {
+    if (r->finished) continue;
+    reserved += std::max<int64_t>(0, PagesFor(own_tokens(*r), ps) - int64_t(r->own_pages.size()));
+  }
+  int64_t need = PagesFor(own_tokens(w), ps);
+  if (w.opts.mode == AttentionMode::kLazy || w.opts.mode == AttentionMode::kMaterialize) {
+    auto block = [&](const std::vector<int32_t> &tokens) {
+      if (tokens.empty()) return;
+      if (!table_->Contains(DocumentId(options_.fingerprint, w.opts.cache_namespace, tokens))) {
+        need += PagesFor(int64_t(tokens.size()), ps);
+      }
+    };
+    block(w.prompt.prefix);
+    for (const auto &d : w.prompt.documents) block(d);
+  }
+  const DocumentTableStats st = table_->Stats();
+  const int64_t available = allocator_->num_free() + (st.cached_pages - st.pinned_pages);
+  return need + reserved <= available;
 }
 
 bool Scheduler::EnsureOwnPages(const std::shared_ptr<Request> &rp, int64_t tokens) {

@@ -100,6 +100,10 @@ class Scheduler {
   void Deliver(Request &r, int32_t token);
   void UpdateGauges();
   bool OnlyRequestHoldingPages(const Request &r) const;
+  // Admission control: true when the pool can hold `w`'s worst case (its own pages for the
+  // whole feed and max_tokens, plus its blocks that are not resident) on top of what the
+  // running requests may still claim, counting unpinned cached documents as free.
+  bool FitsInPool(const Request &w) const;
 
   void FetchLoop();
   void WriteBackLoop();
