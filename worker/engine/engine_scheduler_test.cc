@@ -148,6 +148,33 @@ TEST(EngineSchedulerTest, PagePressurePreemptsWithoutChangingOutputs) {
   EXPECT_EQ(s.running, 0);
 }
 
+// MATERIALIZE requests each need their own copy of their documents. With room for only a few
+// at once, admission must queue the rest instead of admitting them all and preempting in a
+// loop (seen on the H200 before page-aware admission: thousands of preemptions, deadlines).
+TEST(EngineSchedulerTest, AdmissionQueuesMaterializeRequestsThatDoNotFitInsteadOfThrashing) {
+  const auto ps = Workload();
+  TokenRunOptions o = Options(40);
+  o.mode = AttentionMode::kMaterialize;
+  auto big = MakeEngine(1024);
+  std::vector<std::vector<int32_t>> ref;
+  for (const auto &p : ps) ref.push_back(big->RunTokens(p, o)->token_ids);
+  auto small = MakeEngine(60);  // a request needs ~12 pages of its own + ~6 of documents
+  std::vector<std::vector<int32_t>> out(ps.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    threads.emplace_back([&, i] {
+      auto r = small->RunTokens(ps[i], o);
+      EXPECT_TRUE(r.ok()) << r.status();
+      if (r.ok()) out[i] = r->token_ids;
+    });
+  }
+  for (auto &t : threads) t.join();
+  EXPECT_EQ(out, ref);
+  const EngineStats s = small->Stats();
+  EXPECT_EQ(s.preemptions, 0);
+  EXPECT_EQ(s.pages_pinned, 0);
+}
+
 TEST(EngineSchedulerTest, FullQueueIsResourceExhausted) {
   auto e = MakeEngine(1024, nullptr, /*max_waiting=*/1, /*max_running=*/1);
   std::atomic<int> exhausted{0}, ok{0};
