@@ -55,13 +55,8 @@ KvStoreProcess::~KvStoreProcess() {
   if (running()) Kill();
 }
 
-absl::Status KvStoreProcess::Start() {
+absl::Status ReadyProcess::Start(std::vector<std::string> args) {
   if (running()) return absl::FailedPreconditionError("already running");
-  std::vector<std::string> args = {binary_, absl::StrCat("--listen=127.0.0.1:", grpc_port_),
-                                   absl::StrCat("--data_dir=", data_dir_),
-                                   absl::StrCat("--metrics_port=", metrics_port_),
-                                   "--metrics_host=127.0.0.1"};
-  args.insert(args.end(), extra_args_.begin(), extra_args_.end());
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError("pipe");
   // Everything the child needs is prepared before fork(): the parent has threads.
@@ -84,22 +79,16 @@ absl::Status KvStoreProcess::Start() {
   while (line.size() < 512 && read(stdout_fd_, &c, 1) == 1 && c != '\n') line.push_back(c);
   const std::string grpc_tag = "grpc=", metrics_tag = " metrics=";
   size_t g = line.find(grpc_tag), m = line.find(metrics_tag);
-  if (line.find("ready") == std::string::npos || g == std::string::npos || m == std::string::npos) {
-    Stop(9);
-    return absl::UnavailableError(absl::StrCat("kvstore did not start: '", line, "'"));
-  }
-  address_ = line.substr(g + grpc_tag.size(), m - g - grpc_tag.size());
-  int port = 0;
-  if (!absl::SimpleAtoi(address_.substr(address_.rfind(':') + 1), &port) ||
+  if (line.find("ready") == std::string::npos || g == std::string::npos || m == std::string::npos ||
       !absl::SimpleAtoi(line.substr(m + metrics_tag.size()), &metrics_port_)) {
     Stop(9);
-    return absl::InternalError(absl::StrCat("bad ready line '", line, "'"));
+    return absl::UnavailableError(absl::StrCat(args[0], " did not start: '", line, "'"));
   }
-  grpc_port_ = port;
+  address_ = line.substr(g + grpc_tag.size(), m - g - grpc_tag.size());
   return absl::OkStatus();
 }
 
-void KvStoreProcess::Stop(int signal) {
+void ReadyProcess::Stop(int signal) {
   if (!running()) return;
   kill(pid_, signal);
   int status = 0;
@@ -108,6 +97,28 @@ void KvStoreProcess::Stop(int signal) {
   close(stdout_fd_);
   stdout_fd_ = -1;
 }
+
+absl::Status KvStoreProcess::Start() {
+  if (running()) return absl::FailedPreconditionError("already running");
+  std::vector<std::string> args = {binary_, absl::StrCat("--listen=127.0.0.1:", grpc_port_),
+                                   absl::StrCat("--data_dir=", data_dir_),
+                                   absl::StrCat("--metrics_port=", metrics_port_),
+                                   "--metrics_host=127.0.0.1"};
+  args.insert(args.end(), extra_args_.begin(), extra_args_.end());
+  if (absl::Status st = process_.Start(std::move(args)); !st.ok()) return st;
+  const std::string& address = process_.address();
+  int port = 0;
+  if (!absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port)) {
+    Stop(9);
+    return absl::InternalError(absl::StrCat("bad address in the ready line: '", address, "'"));
+  }
+  // Kept so that Restart() comes back on the same ports.
+  grpc_port_ = port;
+  metrics_port_ = process_.metrics_port();
+  return absl::OkStatus();
+}
+
+void KvStoreProcess::Stop(int signal) { process_.Stop(signal); }
 
 int RunProcess(const std::vector<std::string>& argv_in, const std::string& stdout_file) {
   std::vector<std::string> copy = argv_in;

@@ -27,6 +27,31 @@ class TempDir {
 // `size` pseudo-random bytes determined by `seed`.
 std::string PatternBytes(uint64_t size, uint64_t seed);
 
+// A lazyrag server child process (kvstore, worker, router) that prints one line
+// "NAME ready grpc=HOST:PORT metrics=PORT" on stdout once serving (common/server_main.h).
+class ReadyProcess {
+ public:
+  ReadyProcess() = default;
+  ReadyProcess(const ReadyProcess&) = delete;
+  ReadyProcess& operator=(const ReadyProcess&) = delete;
+  ~ReadyProcess() { Stop(9); }
+
+  // Forks and execs argv[0] with argv, then waits for the ready line. UNAVAILABLE (and the
+  // child killed) when it exits or prints something else first.
+  absl::Status Start(std::vector<std::string> argv);
+  // Sends `signal` and waits for the process to exit; no-op when not running.
+  void Stop(int signal);
+  bool running() const { return pid_ > 0; }
+  const std::string& address() const { return address_; }  // HOST:PORT of the ready line
+  int metrics_port() const { return metrics_port_; }
+
+ private:
+  pid_t pid_ = -1;
+  int stdout_fd_ = -1;
+  std::string address_;
+  int metrics_port_ = 0;
+};
+
 // A lazyrag-kvstore child process. Start() waits for its "ready" line; the gRPC and metrics
 // ports it reports are kept, so Restart() brings it back on the same ones.
 class KvStoreProcess {
@@ -41,9 +66,9 @@ class KvStoreProcess {
   // Sends `signal` and waits for the process to exit.
   void Stop(int signal);
   void Kill() { Stop(9); }
-  bool running() const { return pid_ > 0; }
+  bool running() const { return process_.running(); }
 
-  const std::string& address() const { return address_; }  // 127.0.0.1:PORT
+  const std::string& address() const { return process_.address(); }  // 127.0.0.1:PORT
   int metrics_port() const { return metrics_port_; }
   const std::string& data_dir() const { return data_dir_; }
 
@@ -51,9 +76,7 @@ class KvStoreProcess {
   const std::string binary_;
   const std::string data_dir_;
   const std::vector<std::string> extra_args_;
-  pid_t pid_ = -1;
-  int stdout_fd_ = -1;
-  std::string address_;
+  ReadyProcess process_;
   int grpc_port_ = 0;
   int metrics_port_ = 0;
 };

@@ -28,69 +28,35 @@ namespace {
 using kvstore::testing::FetchMetrics;
 using kvstore::testing::KvStoreProcess;
 using kvstore::testing::MetricValue;
+using kvstore::testing::ReadyProcess;
 using kvstore::testing::TempDir;
 
 // A lazyrag-worker child process; Start() waits for its ready line.
 class WorkerProcess {
  public:
   explicit WorkerProcess(std::vector<std::string> args) : args_(std::move(args)) {}
-  ~WorkerProcess() { Stop(SIGKILL); }
 
   absl::Status Start() {
     std::vector<std::string> args = {LAZYRAG_WORKER_BINARY, "--listen=127.0.0.1:0",
                                      "--metrics_port=0", "--metrics_host=127.0.0.1"};
     args.insert(args.end(), args_.begin(), args_.end());
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError("pipe");
-    std::vector<char *> argv;
-    for (auto &a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t pid = fork();
-    if (pid < 0) return absl::InternalError("fork");
-    if (pid == 0) {
-      dup2(fds[1], STDOUT_FILENO);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close(fds[1]);
-    pid_ = pid;
-    fd_ = fds[0];
-    std::string line;
-    char c;
-    while (line.size() < 512 && read(fd_, &c, 1) == 1 && c != '\n') line.push_back(c);
-    size_t g = line.find("grpc="), m = line.find(" metrics=");
-    if (line.find("ready") == std::string::npos || g == std::string::npos ||
-        m == std::string::npos || !absl::SimpleAtoi(line.substr(m + 9), &metrics_port_)) {
-      Stop(SIGKILL);
-      return absl::UnavailableError(absl::StrCat("worker did not start: '", line, "'"));
-    }
-    address_ = line.substr(g + 5, m - g - 5);
-    stub_ =
-        v1::Inference::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+    if (absl::Status st = process_.Start(std::move(args)); !st.ok()) return st;
+    stub_ = v1::Inference::NewStub(
+        grpc::CreateChannel(process_.address(), grpc::InsecureChannelCredentials()));
     return absl::OkStatus();
   }
-  void Stop(int signal) {
-    if (pid_ <= 0) return;
-    kill(pid_, signal);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    close(fd_);
-  }
+  void Stop(int signal) { process_.Stop(signal); }
   v1::Inference::Stub &stub() { return *stub_; }
-  int metrics_port() const { return metrics_port_; }
+  int metrics_port() const { return process_.metrics_port(); }
   std::string Metrics() {
-    auto m = FetchMetrics(metrics_port_);
+    auto m = FetchMetrics(process_.metrics_port());
     return m.ok() ? *m : "";
   }
   double Metric(const std::string &name) { return MetricValue(Metrics(), name); }
 
  private:
   std::vector<std::string> args_;
-  pid_t pid_ = -1;
-  int fd_ = -1;
-  std::string address_;
-  int metrics_port_ = 0;
+  ReadyProcess process_;  // SIGKILLed on destruction if still running
   std::unique_ptr<v1::Inference::Stub> stub_;
 };
 
