@@ -9,9 +9,12 @@ the rate or the concurrency come from each file's config, not from its name) and
                      panel per distribution, one line per mode, log scale
   throughput.png     achieved request throughput against the offered rate (open loop), and the
                      closed-loop points: requests/s and output tokens/s per mode
-  hit_ratio.png      document hit ratio against the KV pool size, when the results hold
-                     several pool sizes (the cache-pressure sweep); else against the rate
-  summary.md         one row per point, the LAZY/MATERIALIZE and LAZY/FULL TTFT ratios, and
+  hit_ratio.png      document hit ratio against the offered rate (open-loop points)
+  pressure.png       hit ratio, mean TTFT and throughput against the KV pool size, when the
+                     closed-loop points hold several pool sizes (run_pressure.sh; the pool
+                     fraction comes from "-p<fraction>-" in the file name)
+  summary.md         one row per point, the LAZY/MATERIALIZE and LAZY/FULL TTFT ratios, the
+                     cache-pressure table (LAZY beside MATERIALIZE per pool size), and
                      the highest offered rate each mode sustains with p99 TTFT under the bound
   summary.json       the same rows, machine-readable
 """
@@ -20,6 +23,7 @@ import glob
 import json
 import math
 import os
+import re
 import sys
 
 MODE_ORDER = ["lazy", "materialize", "prefix", "full"]
@@ -38,6 +42,7 @@ def load(results_dir):
             print(f"plot.py: skipping {path}: {e}", file=sys.stderr)
             continue
         srv = r.get("server", {})
+        frac = re.search(r"-p([0-9.]+)-", os.path.basename(path))
         rows.append({
             "file": os.path.basename(path),
             "mode": cfg["mode"],
@@ -47,6 +52,7 @@ def load(results_dir):
             "rate": cfg["rate"],
             "concurrency": cfg["concurrency"],
             "pool_pages": srv.get("pages_total", 0),
+            "pool_frac": float(frac.group(1)) if frac else None,
             "page_size": srv.get("page_size", 0),
             "sent": s["sent"], "ok": s["ok"], "failed": s["failed"],
             "errors": s.get("errors", {}),
@@ -88,6 +94,23 @@ def sustained_rate(rows, mode, dist, bound_ms):
     return best
 
 
+def pressure_rows(rows):
+    """Closed-loop points by pool size (largest first), when there are several pool sizes."""
+    closed = [r for r in rows if r["loop"] == "closed"]
+    pools = sorted({r["pool_pages"] for r in closed}, reverse=True)
+    if len(pools) < 2:
+        return []
+    out = []
+    for pages in pools:
+        p = {"pages": pages, "frac": None}
+        for r in closed:
+            if r["pool_pages"] == pages:
+                p[r["mode"]] = r
+                p["frac"] = r["pool_frac"]
+        out.append(p)
+    return out
+
+
 def write_tables(rows, out, bound_ms):
     modes = modes_of(rows)
     dists = sorted({r["dist"] for r in rows}, key=lambda d: (d != "zipf", d))
@@ -112,7 +135,7 @@ def write_tables(rows, out, bound_ms):
                     f"{fmt(r['server_ttft']['mean'])} | {fmt(r['queue']['mean'])} | "
                     f"{fmt(r['itl']['mean'])} | {fmt(r['itl']['p99'])} | {fmt(r['req_s'], 3)} | "
                     f"{fmt(r['tok_s'], 1)} | {fmt(r['hit'], 3)} |")
-                table.append({k: r[k] for k in ("mode", "dist", "loop", "rate", "concurrency",
+                table.append({k: r[k] for k in ("pool_frac", "mode", "dist", "loop", "rate", "concurrency",
                                                 "ok", "sent", "failed", "errors", "req_s",
                                                 "tok_s", "ttft", "server_ttft", "queue", "itl",
                                                 "tpot", "e2e", "hit", "pool_hit", "store_hit",
@@ -132,6 +155,27 @@ def write_tables(rows, out, bound_ms):
                 lines.append(f"| {d} | {lz['rate']:g}/s | {fmt(rm)} | {fmt(rf)} | {fmt(rp)} |")
                 ratios.append({"dist": d, "rate": lz["rate"], "materialize_over_lazy": rm,
                                "full_over_lazy": rf, "prefix_over_lazy": rp})
+    pressure = pressure_rows(rows)
+    if pressure:
+        lines += ["", "## Cache pressure (closed loop; pool = fraction of free device memory "
+                  "after the weights)", "",
+                  "| pool | pages | LAZY TTFT mean | p99 | req/s | hit | MATERIALIZE TTFT mean | p99 | "
+                  "req/s | hit | TTFT M/L | req/s L/M |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for p in pressure:
+            lz, mt = p.get("lazy"), p.get("materialize")
+            def cells(r):
+                if r is None:
+                    return ["-"] * 4
+                return [fmt(r["ttft"]["mean"]), fmt(r["ttft"]["p99"]), fmt(r["req_s"], 2),
+                        fmt(r["hit"], 3)]
+            t_ratio = (mt["ttft"]["mean"] / lz["ttft"]["mean"]
+                       if lz and mt and lz["ttft"]["mean"] else None)
+            q_ratio = lz["req_s"] / mt["req_s"] if lz and mt and mt["req_s"] else None
+            lines.append("| " + " | ".join(
+                [f"{p['frac']:g}" if p["frac"] is not None else "-", str(p["pages"])] +
+                cells(lz) + cells(mt) + [fmt(t_ratio), fmt(q_ratio)]) + " |")
+            p["materialize_over_lazy_ttft"] = t_ratio
+            p["lazy_over_materialize_req_s"] = q_ratio
     lines += ["", f"## Saturation (highest offered rate with every request ok and p99 TTFT <= "
               f"{bound_ms:g} ms; closed-loop throughput)", "",
               "| mode | dist | sustained rate (req/s) | closed loop | req/s | output tok/s | "
@@ -144,7 +188,8 @@ def write_tables(rows, out, bound_ms):
                       r["dist"] == d]
             if not closed and not open_points(rows, m, d):
                 continue
-            c = max(closed, key=lambda r: r["concurrency"]) if closed else None
+            # The largest pool's point at the highest concurrency.
+            c = max(closed, key=lambda r: (r["pool_pages"], r["concurrency"])) if closed else None
             lines.append(
                 f"| {m} | {d} | {fmt(sr, 2) if sr is not None else 'none'} | "
                 f"{'c=' + str(c['concurrency']) if c else '-'} | {fmt(c['req_s'], 3) if c else '-'} | "
@@ -157,7 +202,11 @@ def write_tables(rows, out, bound_ms):
         f.write("\n".join(lines) + "\n")
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump({"ttft_bound_ms": bound_ms, "points": table, "ttft_ratios": ratios,
-                   "saturation": sat}, f, indent=1)
+                   "saturation": sat,
+                   "pressure": [{"frac": p["frac"], "pages": p["pages"],
+                                 "materialize_over_lazy_ttft": p["materialize_over_lazy_ttft"],
+                                 "lazy_over_materialize_req_s": p["lazy_over_materialize_req_s"]}
+                                for p in pressure]}, f, indent=1)
     print("\n".join(lines))
 
 
@@ -228,23 +277,43 @@ def plot(rows, out):
     fig.savefig(os.path.join(out, "throughput.png"), dpi=120)
     plt.close(fig)
 
-    pools = sorted({r["pool_pages"] for r in rows})
+    pressure = pressure_rows(rows)
+    if pressure:
+        fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+        for m in modes:
+            pts = [p[m] for p in pressure if m in p]
+            if not pts:
+                continue
+            x = [r["pool_frac"] if r["pool_frac"] is not None else r["pool_pages"] for r in pts]
+            for ax, y in zip(axes, [[r["hit"] for r in pts], [r["ttft"]["mean"] for r in pts],
+                                    [r["req_s"] for r in pts]]):
+                ax.plot(x, y, "o-", color=COLORS.get(m), label=m.upper())
+        frac_axis = all(p["frac"] is not None for p in pressure)
+        for ax, title, ylabel in zip(axes, ["Document hit ratio", "Mean TTFT", "Throughput"],
+                                     ["hit ratio", "TTFT (ms, client)", "requests/s"]):
+            ax.set_xlabel("KV pool (fraction of free device memory)" if frac_axis
+                          else "KV pool (pages)")
+            ax.set_ylabel(ylabel)
+            ax.set_title(title + " under cache pressure (closed loop)")
+            ax.invert_xaxis()
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+        axes[0].set_ylim(-0.05, 1.05)
+        axes[1].set_yscale("log")
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "pressure.png"), dpi=120)
+        plt.close(fig)
+
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for m in modes:
         for d, style in zip(dists, ["o-", "s--", "^:"]):
             pts = [r for r in rows if r["mode"] == m and r["dist"] == d and r["loop"] == "open"]
             if not pts:
                 continue
-            if len(pools) > 1:
-                key = lambda r: r["pool_pages"] * max(1, r["page_size"])
-                pts.sort(key=key)
-                ax.plot([key(r) for r in pts], [r["hit"] for r in pts], style, color=COLORS.get(m),
-                        label=f"{m.upper()} {d}")
-            else:
-                pts.sort(key=lambda r: r["rate"])
-                ax.plot([r["rate"] for r in pts], [r["hit"] for r in pts], style,
-                        color=COLORS.get(m), label=f"{m.upper()} {d}")
-    ax.set_xlabel("KV pool (tokens)" if len(pools) > 1 else "offered rate (req/s)")
+            pts.sort(key=lambda r: r["rate"])
+            ax.plot([r["rate"] for r in pts], [r["hit"] for r in pts], style,
+                    color=COLORS.get(m), label=f"{m.upper()} {d}")
+    ax.set_xlabel("offered rate (req/s)")
     ax.set_ylabel("document hit ratio")
     ax.set_ylim(-0.05, 1.05)
     ax.grid(True, alpha=0.3)
