@@ -25,12 +25,10 @@
 #   loop at the largest fraction with FULL_N requests; 0: none) BUDGET_S=560 ROUTER=1
 #   WORKER_FLAGS="--prefill_chunk=2048 --max_batch_tokens=2048" SERVE_DIR=.gpu-serve SEED=1
 # Output in $OUT: log.txt, serving-results.tgz (results/*.json, logs/, env.txt), summary.md,
-# summary.json and the plots of plot.py (hit_ratio.png against pool size).
+# summary.json and the plots of plot.py (pressure.png: hit ratio, TTFT, throughput against the
+# pool size).
 set -uo pipefail
 OUT=${OUT:?set OUT to the output folder}
-START=$(date +%s)
-SERVE_DIR=${SERVE_DIR:-.gpu-serve}
-BIN="$PWD/$SERVE_DIR/bin"
 FRACS=${FRACS:-0.9 0.5 0.3 0.2 0.1}
 MODES=${MODES:-lazy materialize}
 CONC=${CONC:-16}
@@ -39,35 +37,15 @@ BOUND_MS=${BOUND_MS:-500}
 SAT_MODES=${SAT_MODES:-lazy materialize prefix}
 SAT_RATES=${SAT_RATES:-8 16 24 32 48 64}
 FULL_N=${FULL_N:-40}
-ZIPF_ALPHA=${ZIPF_ALPHA:-2.1}
-ROUTER=${ROUTER:-1}
-WORKER_FLAGS=${WORKER_FLAGS:---prefill_chunk=2048 --max_batch_tokens=2048}
 BUDGET_S=${BUDGET_S:-560}
-WARMUP=${WARMUP:-2}
-REQ_TIMEOUT_S=${REQ_TIMEOUT_S:-60}
-SEED=${SEED:-1}
-NUM_DOCS=${NUM_DOCS:-100}
-DOC_TOKENS=${DOC_TOKENS:-2048}
-DOCS_PER_REQUEST=${DOCS_PER_REQUEST:-5}
-QUERY_TOKENS=${QUERY_TOKENS:-32}
-MAX_TOKENS=${MAX_TOKENS:-16}
-MODEL=${MODEL:-synthetic:llama3-8b}
-DEVICE=${DEVICE:-cuda}
-RESERVE_S=25
+# Shared workload defaults, START, BIN, WORK, LOG, libraries and functions:
+source "$(dirname "${BASH_SOURCE[0]}")/serve_lib.sh"
 KVSTORE=0
 KV_FLAG=()
-
-WORK=/tmp/lazyrag-serve
-rm -rf "$WORK"
-mkdir -p "$OUT" "$WORK/results" "$WORK/logs"
-LOG="$OUT/log.txt"
-: >"$LOG"
-source "$(dirname "${BASH_SOURCE[0]}")/serve_lib.sh"
 
 write_env <<KNOBS
 FRACS=$FRACS MODES=$MODES CONC=$CONC N=$N BOUND_MS=$BOUND_MS
 SAT_MODES=$SAT_MODES SAT_RATES=$SAT_RATES FULL_N=$FULL_N ZIPF_ALPHA=$ZIPF_ALPHA ROUTER=$ROUTER
-WORKER_FLAGS=$WORKER_FLAGS BUDGET_S=$BUDGET_S MODEL=$MODEL DEVICE=$DEVICE
 KNOBS
 
 for b in lazyrag-worker lazyrag-loadgen; do

@@ -47,13 +47,9 @@
 #   SERVE_DIR=.gpu-serve   WARMUP=2   REQ_TIMEOUT_S=60   SEED=1
 set -uo pipefail
 OUT=${OUT:?set OUT to the output folder}
-START=$(date +%s)
-SERVE_DIR=${SERVE_DIR:-.gpu-serve}
-BIN="$PWD/$SERVE_DIR/bin"
 QUICK=${QUICK:-1}
 MODES=${MODES:-lazy materialize full}
 DISTS=${DISTS:-zipf uniform}
-ZIPF_ALPHA=${ZIPF_ALPHA:-2.1}
 RATES=${RATES:-0.5 1 2 3 4}
 N=${N:-120}
 if [[ "$QUICK" == 1 ]]; then
@@ -68,32 +64,13 @@ SAT_S=${SAT_S:-8}
 SAT_DISTS=${SAT_DISTS:-zipf}
 POOL_GIB=${POOL_GIB:-64}
 KVSTORE=${KVSTORE:-0}
-ROUTER=${ROUTER:-1}
-WORKER_FLAGS=${WORKER_FLAGS:---prefill_chunk=2048 --max_batch_tokens=2048}
 BUDGET_S=${BUDGET_S:-540}
-WARMUP=${WARMUP:-2}
-REQ_TIMEOUT_S=${REQ_TIMEOUT_S:-60}
-SEED=${SEED:-1}
-NUM_DOCS=${NUM_DOCS:-100}
-DOC_TOKENS=${DOC_TOKENS:-2048}
-DOCS_PER_REQUEST=${DOCS_PER_REQUEST:-5}
-QUERY_TOKENS=${QUERY_TOKENS:-32}
-MAX_TOKENS=${MAX_TOKENS:-16}
-MODEL=${MODEL:-synthetic:llama3-8b}
-DEVICE=${DEVICE:-cuda}
-RESERVE_S=25  # kept for plots and the final archive
-
-WORK=/tmp/lazyrag-serve
-rm -rf "$WORK"
-mkdir -p "$OUT" "$WORK/results" "$WORK/logs"
-LOG="$OUT/log.txt"
-: >"$LOG"
+# Shared workload defaults, START, BIN, WORK, LOG, libraries and functions:
 source "$(dirname "${BASH_SOURCE[0]}")/serve_lib.sh"
 
 write_env <<KNOBS
 MODES=$MODES DISTS=$DISTS RATES=$RATES N=$N MIN_N=$MIN_N POINT_S=$POINT_S
 SAT_CONC=$SAT_CONC SAT_S=$SAT_S POOL_GIB=$POOL_GIB KVSTORE=$KVSTORE ROUTER=$ROUTER
-WORKER_FLAGS=$WORKER_FLAGS BUDGET_S=$BUDGET_S MODEL=$MODEL DEVICE=$DEVICE
 KNOBS
 
 for b in lazyrag-worker lazyrag-loadgen; do

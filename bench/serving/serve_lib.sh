@@ -1,9 +1,34 @@
-# Shell functions shared by the GPU serving scripts (run_serving.sh, run_pressure.sh): library
-# unpacking, logging, starting and stopping servers on loopback, /metrics snapshots, waiting for
-# kvstore write-backs, archiving results, and one loadgen point. Sourced, not run. The caller
-# sets: START (epoch s), SERVE_DIR, BIN, WORK (with results/ and logs/), LOG, BUDGET_S, RESERVE_S,
-# WARMUP and COMMON (the loadgen workload flags) before calling run_loadgen.
+# What the GPU serving scripts (run_serving.sh, run_pressure.sh) share: the workload defaults
+# (the paper's: 100 documents x 2048 tokens, 5 per request, Zipf 2.1, 32-token query, 16 output
+# tokens, synthetic:llama3-8b on cuda), the work folder and log, library unpacking, logging,
+# starting and stopping servers on loopback, /metrics snapshots, waiting for kvstore
+# write-backs, archiving results, and one loadgen point. Sourced, not run, after OUT and
+# BUDGET_S are set; the caller sets COMMON (the loadgen workload flags) before run_loadgen.
 # shellcheck shell=bash
+
+START=$(date +%s)
+SERVE_DIR=${SERVE_DIR:-.gpu-serve}
+BIN="$PWD/$SERVE_DIR/bin"
+ZIPF_ALPHA=${ZIPF_ALPHA:-2.1}
+ROUTER=${ROUTER:-1}
+WORKER_FLAGS=${WORKER_FLAGS:---prefill_chunk=2048 --max_batch_tokens=2048}
+WARMUP=${WARMUP:-2}
+REQ_TIMEOUT_S=${REQ_TIMEOUT_S:-60}
+SEED=${SEED:-1}
+NUM_DOCS=${NUM_DOCS:-100}
+DOC_TOKENS=${DOC_TOKENS:-2048}
+DOCS_PER_REQUEST=${DOCS_PER_REQUEST:-5}
+QUERY_TOKENS=${QUERY_TOKENS:-32}
+MAX_TOKENS=${MAX_TOKENS:-16}
+MODEL=${MODEL:-synthetic:llama3-8b}
+DEVICE=${DEVICE:-cuda}
+RESERVE_S=25  # kept for plots and the final archive
+
+WORK=/tmp/lazyrag-serve
+rm -rf "$WORK"
+mkdir -p "$OUT" "$WORK/results" "$WORK/logs"
+LOG="$OUT/log.txt"
+: >"$LOG"
 
 LIBDIR="$PWD/$SERVE_DIR/lib"
 if [[ ! -d "$LIBDIR" && -f "$SERVE_DIR/lib.tar.xz" ]]; then
@@ -141,6 +166,9 @@ write_env() {
       --format=csv 2>&1
     nproc; free -g | head -2; df -h /tmp | tail -1
     cat
+    echo "WORKER_FLAGS=$WORKER_FLAGS BUDGET_S=$BUDGET_S MODEL=$MODEL DEVICE=$DEVICE SEED=$SEED"
+    echo "NUM_DOCS=$NUM_DOCS DOC_TOKENS=$DOC_TOKENS DOCS_PER_REQUEST=$DOCS_PER_REQUEST" \
+      "QUERY_TOKENS=$QUERY_TOKENS MAX_TOKENS=$MAX_TOKENS ZIPF_ALPHA=$ZIPF_ALPHA"
     echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
     for b in "$BIN"/*; do ldd "$b" 2>&1 | grep -i "not found" | sed "s|^|$(basename "$b"): |"; done
   } >"$WORK/env.txt" 2>&1
