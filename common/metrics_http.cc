@@ -16,6 +16,10 @@ MetricsHttpServer::~MetricsHttpServer() { Stop(); }
 absl::Status MetricsHttpServer::Start() {
   if (server_ != nullptr) return absl::FailedPreconditionError("metrics server already started");
   auto server = std::make_unique<httplib::Server>();
+  // One request per connection: a scraper that keeps its connection open would otherwise hold
+  // a handler thread, and so Stop(), for httplib's keep-alive timeout (5 s). Prometheus scrapes
+  // every few seconds at most, so reusing connections saves nothing that matters.
+  server->set_keep_alive_max_count(1);
   const Registry* registry = registry_;
   server->Get("/metrics", [registry](const httplib::Request&, httplib::Response& res) {
     res.set_content(registry->Serialize(), "text/plain; version=0.0.4; charset=utf-8");

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <chrono>
+
 namespace lazyrag::metrics {
 namespace {
 
@@ -29,6 +31,24 @@ TEST(MetricsHttpTest, StopRightAfterStartDoesNotHang) {
     MetricsHttpServer server(&registry, {.host = "127.0.0.1", .port = 0});
     ASSERT_TRUE(server.Start().ok());
   }
+}
+
+// A client that asks for keep-alive gets "Connection: close", so it holds no handler thread and
+// Stop() does not wait out httplib's 5 s keep-alive timeout (it did before).
+TEST(MetricsHttpTest, KeepAliveClientDoesNotDelayStop) {
+  Registry registry;
+  MetricsHttpServer server(&registry, {.host = "127.0.0.1", .port = 0});
+  ASSERT_TRUE(server.Start().ok());
+  httplib::Client client("127.0.0.1", server.port());
+  client.set_keep_alive(true);
+  auto res = client.Get("/metrics");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->get_header_value("Connection"), "close");
+  const auto t0 = std::chrono::steady_clock::now();
+  server.Stop();
+  const double stop_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(stop_s, 2.5) << "Stop() waited for the idle keep-alive connection";
 }
 
 }  // namespace
