@@ -4,7 +4,7 @@
 # MATERIALIZE / FULL TTFT on the Llama-3.1-8B shape). Run ON THE GPU MACHINE from the
 # repository root, with the binaries built here in $GPU_DIR/bin and their non-CUDA libraries
 # in $GPU_DIR/lib (GPU_DIR defaults to .gpu). About 2-4 minutes of GPU time.
-# Results go to $OUT: log.txt, cuda_backend_test.xml, ttft.json.
+# Results go to $OUT: log.txt, cuda_backend_test.xml, ttft.json, hf_prefill.json.
 #
 # Packing here (no GPU needed; cuBLAS/cudart are on the GPU machine and are not carried):
 #   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a
@@ -16,7 +16,8 @@
 #   du -sh .gpu   # everything carried must stay under 64 MiB
 # Then on the device, carrying .gpu:  OUT=$OUT bash bench/gpu_model_run.sh
 # (or another ignored folder, carried and named:  GPU_DIR=.gpu-model OUT=$OUT bash ...)
-# TTFT_ARGS adds ttft_bench flags (e.g. TTFT_ARGS="--runs 11 --chunk 4096").
+# TTFT_ARGS adds ttft_bench flags (e.g. TTFT_ARGS="--runs 11 --chunk 4096"). HF=0 skips the
+# Hugging Face peer (bench/hf_prefill.py, FULL prefill of the same 10,272 tokens: hf_prefill.json).
 set -uo pipefail
 OUT=${OUT:?set OUT to the output folder}
 GPU_DIR=${GPU_DIR:-.gpu}
@@ -36,4 +37,10 @@ export LD_LIBRARY_PATH="$PWD/$GPU_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   # shellcheck disable=SC2086
   timeout 240 "$GPU_DIR/bin/ttft_bench" --out "$OUT/ttft.json" $TTFT_ARGS
   echo "ttft_bench: exit $? in $(( $(date +%s) - start )) s"
+  if [[ "${HF:-1}" == 1 ]]; then
+    echo "== hf_prefill (Hugging Face transformers, same shape, same GPU)"
+    start=$(date +%s)
+    PYTHONUNBUFFERED=1 timeout 240 python3 bench/hf_prefill.py --out "$OUT/hf_prefill.json"
+    echo "hf_prefill: exit $? in $(( $(date +%s) - start )) s"
+  fi
 } 2>&1 | tee "$OUT/log.txt"
