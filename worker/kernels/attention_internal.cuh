@@ -47,7 +47,7 @@ struct AttentionKernelParams {
   int num_splits;
   float* o_partial;    // [num_splits, num_q, num_heads, head_dim] when num_splits > 1
   float* lse_partial;  // [num_splits, num_q, num_heads] (log2 domain)
-  // Prefill only: query rows per block (64 / group) and query blocks per request.
+  // Prefill only: query rows per block (kBlockM / group) and query blocks per request.
   int q_rows_per_block;
   int q_blocks;
 };

@@ -278,6 +278,10 @@ struct GpuRun {
   bool decode = false;
   KeyLayout layout = KeyLayout::kRotatedLocal;
   int num_splits = 0;
+  // 0: LazyAttentionWorkspaceBytes for the problem's rows; otherwise this many bytes.
+  size_t workspace_bytes = 0;
+  // Calls on the same (not re-poisoned) workspace and output; the last output is returned.
+  int repeats = 1;
 };
 
 // Runs one kernel on device copies of the problem; returns the bf16 output as floats.
@@ -287,7 +291,10 @@ std::vector<float> RunGpu(const Problem& p, const KvPool& pool, const GpuRun& ru
   DeviceView view(p.view);
   DeviceArray<uint16_t> out(p.q.size(), 0xff);  // NaN poison
   const size_t ws_bytes =
-      LazyAttentionWorkspaceBytes(int(p.view.q_pos.size()), p.shape.num_heads, p.shape.head_dim);
+      run.workspace_bytes != 0
+          ? run.workspace_bytes
+          : LazyAttentionWorkspaceBytes(int(p.view.q_pos.size()), p.shape.num_heads,
+                                        p.shape.head_dim);
   DeviceArray<uint8_t> ws(ws_bytes, 0xff);
   LazyAttentionParams prm;
   prm.shape = p.shape;
@@ -303,9 +310,11 @@ std::vector<float> RunGpu(const Problem& p, const KvPool& pool, const GpuRun& ru
   prm.workspace = ws.get();
   prm.workspace_bytes = ws_bytes;
   prm.num_splits = run.num_splits;
-  const absl::Status st =
-      run.decode ? LazyAttentionDecode(prm, nullptr) : LazyAttentionPrefill(prm, nullptr);
-  EXPECT_TRUE(st.ok()) << st;
+  for (int i = 0; i < run.repeats; ++i) {
+    const absl::Status st =
+        run.decode ? LazyAttentionDecode(prm, nullptr) : LazyAttentionPrefill(prm, nullptr);
+    EXPECT_TRUE(st.ok()) << st;
+  }
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
   return ToFloat(out.Download());
 }
@@ -532,6 +541,89 @@ TEST(LazyAttention, PrefillBatch16QueryBlocks) {
   const Problem p = MakeRagBatch(s, pool, docs, 16, 3, 30, 32, rng);
   ExpectClose(RunGpu(p, pool, {false, KeyLayout::kRotatedLocal, 0}),
               RunCpu(p, pool, KeyLayout::kRotatedLocal), "prefill batch 16");
+}
+
+// The benchmark's shape at batch 1 (Llama-3-8B attention: 8 KV heads, groups of
+// 4, 5 documents of ~2k tokens, odd lengths), automatic splits: a 32-token
+// query block (128 packed rows per block, split over the KV) and decode (split,
+// merged by the last split block), both head dims, page sizes 16 and 64; plus
+// group 8 and a 64-token block (two query blocks).
+TEST(LazyAttention, Batch1LongContextAutoSplits) {
+  SKIP_WITHOUT_GPU();
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  std::mt19937 rng(seed);
+  for (int d : {64, 128}) {
+    for (int ps : {16, 64}) {
+      for (int group : {4, 8}) {
+        SCOPED_TRACE(absl::StrCat("d=", d, " ps=", ps, " group=", group));
+        Sizes s;
+        s.head_dim = d;
+        s.group = group;
+        s.page_size = ps;
+        s.num_kv_heads = 8;
+        KvPool pool(ps, s.num_kv_heads, d,
+                    PagesFor(5 * 2047, ps) + 5 + 2 * PagesFor(200, ps), rng);
+        const std::vector<Doc> docs = MakeDocs(pool, 5, 1990, 2047, rng);
+        Problem pre;
+        pre.shape = MakeShape(s);
+        pre.view.page_size = ps;
+        pre.inv_freq = InvFreq(d);
+        Problem dec = pre;
+        AddRequest(pre, pool, docs, {3, 0, 4, 1, 2}, 9, group == 4 ? 32 : 64,
+                   rng);
+        AddRequest(dec, pool, docs, {1, 4, 2, 0, 3}, 41, 1, rng);
+        for (KeyLayout layout :
+             {KeyLayout::kRotatedLocal, KeyLayout::kUnrotated}) {
+          if (layout == KeyLayout::kUnrotated && (ps != 16 || group != 4))
+            continue;
+          ExpectClose(RunGpu(pre, pool, {false, layout, 0}),
+                      RunCpu(pre, pool, layout),
+                      "prefill " + LayoutName(layout));
+          ExpectClose(RunGpu(dec, pool, {true, layout, 0}),
+                      RunCpu(dec, pool, layout),
+                      "decode " + LayoutName(layout));
+        }
+      }
+    }
+  }
+}
+
+// Decode split merge against the workspace size: room for all forced splits,
+// for 2, for 3 (the launcher clamps the split count to what fits), on a
+// workspace that is poisoned once and then reused as the previous call left it.
+TEST(LazyAttention, DecodeSplitMergeWorkspace) {
+  SKIP_WITHOUT_GPU();
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  std::mt19937 rng(seed);
+  Sizes s;
+  s.group = 4;
+  s.num_kv_heads = 4;
+  KvPool pool(s.page_size, s.num_kv_heads, s.head_dim,
+              PagesFor(6 * 900, 16) + 40 * 4, rng);
+  const std::vector<Doc> docs = MakeDocs(pool, 6, 300, 900, rng);
+  const Problem p = MakeRagBatch(s, pool, docs, 37, 4, 40, 1, rng);
+  const std::vector<float> ref = RunCpu(p, pool, KeyLayout::kRotatedLocal);
+  const size_t per_split =
+      LazyAttentionWorkspaceBytes(37, s.num_kv_heads * s.group, s.head_dim, 1);
+  for (int repeats : {1, 3}) {
+    for (int splits : {2, 7, 64}) {
+      const std::string what =
+          absl::StrCat("splits=", splits, " repeats=", repeats);
+      ExpectClose(
+          RunGpu(p, pool, {true, KeyLayout::kRotatedLocal, splits, 0, repeats}),
+          ref, "all splits " + what);
+      ExpectClose(RunGpu(p, pool,
+                         {true, KeyLayout::kRotatedLocal, splits,
+                          2 * per_split + 100, repeats}),
+                  ref, "2 splits " + what);
+      ExpectClose(RunGpu(p, pool,
+                         {true, KeyLayout::kRotatedLocal, splits, 3 * per_split,
+                          repeats}),
+                  ref, "3 splits " + what);
+    }
+  }
 }
 
 // Requests with many segments (more than the 32 whose metadata a block caches in shared

@@ -1,13 +1,16 @@
 // LAZY prefill attention: query blocks against their request's segments (DESIGN section 2).
 //
-// Block = 4 warps = 64 packed rows: (query row, group head) pairs of one request and one KV
-// head, so every query head of the GQA group shares each K/V tile the block loads. Each warp
-// owns 16 packed rows and the whole 64-key tile: S = Q K^T and O += P V with mma.sync
+// Block = 8 warps = 128 packed rows: (query row, group head) pairs of one request and one KV
+// head, so every query head of the GQA group shares each K/V tile the block loads (a 32-token
+// query block of a group of 4 is one block per KV head: K/V read once), one block per SM.
+// Each warp owns 16 packed rows and the whole 64-key tile: S = Q K^T and O += P V with mma.sync
 // m16n8k16 (bf16 in, fp32 accumulate), FlashAttention-2 online softmax in registers.
 // K/V tiles are gathered per token from the pages with 16-byte cp.async into a swizzled,
-// 3-stage shared-memory tile ring. The query is kept un-rotated in shared memory and
+// 4-stage shared-memory tile ring. The query is kept un-rotated in shared memory and
 // re-rotated into the warp's mma A fragments once per segment (by p - seg_start). Grid:
-// (request x KV head x query block, KV split); splits are merged by the merge kernel.
+// (request x KV head x query block, KV split), the splits filling one wave of the SMs (batch
+// 1: 8 KV heads x 16 splits); splits are merged by the merge kernel (a merge fused into the
+// last split block would put 128 rows x 16 splits of fp32 partials, ~1 MB, through one SM).
 #include "common/status.h"
 #include "worker/kernels/attention_internal.cuh"
 #include "worker/kernels/lazy_attention.h"
@@ -18,19 +21,21 @@ namespace {
 
 template <int D>
 struct PrefillConfig {
-  static constexpr int kWarps = 4;
+  // 8 warps x 16 rows = 128 packed rows: a 32-token query block of a GQA group of 4 (or 16
+  // tokens of a group of 8) shares every K/V tile the block loads, one block per SM.
+  static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockM = kWarps * 16;  // packed (query row, head) rows
   static constexpr int kBlockN = 64;           // keys per tile
-  static constexpr int kStages = 3;
+  static constexpr int kStages = 4;
   static constexpr int kTileBytes = kBlockN * D * 2;
   static constexpr int kQBytes = kBlockM * D * 2;
   // [Q][K stages][V stages][inv_freq D/2][row positions kBlockM][block max position kWarps]
   // [split plan]
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + (D / 2) * 4 + kBlockM * 4 +
                                     kWarps * 4 + int(sizeof(SplitPlan));
-  // Two blocks per multiprocessor: 228 KiB of shared memory, 1 KiB reserved per block.
-  static_assert(2 * (kSmemBytes + 1024) <= 228 * 1024, "two blocks per SM");
+  // One block per multiprocessor: 228 KiB of shared memory, 1 KiB reserved per block.
+  static_assert(kSmemBytes + 1024 <= 228 * 1024, "one block per SM");
 };
 
 template <int D, bool kRotateKeys>
@@ -276,7 +281,7 @@ __device__ __forceinline__ void PrefillBody(const AttentionKernelParams& p, char
 }
 
 template <int D, bool kRotateKeys>
-__global__ void __launch_bounds__(PrefillConfig<D>::kThreads, 2)
+__global__ void __launch_bounds__(PrefillConfig<D>::kThreads, 1)
     LazyPrefillKernel(const __grid_constant__ AttentionKernelParams p) {
   extern __shared__ __align__(128) char smem[];
   PrefillBody<D, kRotateKeys>(p, smem);
@@ -305,7 +310,7 @@ absl::Status LazyAttentionPrefill(const LazyAttentionParams& params, cudaStream_
   const int q_blocks = (params.max_q_len + rows_per_block - 1) / rows_per_block;
   const int64_t blocks = int64_t(v.num_requests) * params.shape.num_kv_heads * q_blocks;
   detail::AttentionKernelParams kp;
-  RETURN_IF_ERROR(detail::MakeKernelParams(params, static_cast<int>(blocks), /*blocks_per_sm=*/2,
+  RETURN_IF_ERROR(detail::MakeKernelParams(params, static_cast<int>(blocks), /*blocks_per_sm=*/1,
                                            /*min_split_keys=*/256, &kp));
   kp.q_rows_per_block = rows_per_block;
   kp.q_blocks = q_blocks;
