@@ -11,7 +11,8 @@
 //
 // Usage: ttft_bench [--model NAME] [--docs N] [--doc_len N] [--query N] [--runs N]
 //                   [--warmup N] [--cold_runs N] [--chunk N] [--page_size N]
-//                   [--decode_steps N] [--residual_in_gemm 0|1] [--profile] [--out PATH]
+//                   [--decode_steps N] [--residual_in_gemm 0|1] [--cuda_graphs 0|1]
+//                   [--profile] [--out PATH]
 #include <cuda_profiler_api.h>
 
 #include <algorithm>
@@ -44,6 +45,7 @@ struct BenchOptions {
   int page_size = 16;
   int decode_steps = 32;
   bool residual_in_gemm = true;  // CudaBackendOptions::residual_add_in_gemm
+  bool cuda_graphs = true;       // CudaBackendOptions::cuda_graphs
   bool profile = false;          // one LAZY request (prefill + 1 decode step) between
                                  // cudaProfilerStart/Stop after warm-up, then exit (for ncu)
   std::string out;
@@ -98,6 +100,8 @@ int Main(int argc, char** argv) {
       o.decode_steps = std::max(1, std::atoi(argv[++i]));
     else if (arg("--residual_in_gemm"))
       o.residual_in_gemm = std::atoi(argv[++i]) != 0;
+    else if (arg("--cuda_graphs"))
+      o.cuda_graphs = std::atoi(argv[++i]) != 0;
     else if (!std::strcmp(argv[i], "--profile"))
       o.profile = true;
     else if (arg("--out"))
@@ -106,7 +110,8 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: %s [--model NAME] [--docs N] [--doc_len N] [--query N] [--runs N] "
                    "[--warmup N] [--cold_runs N] [--chunk N] [--page_size N] "
-                   "[--decode_steps N] [--residual_in_gemm 0|1] [--profile] [--out PATH]\n",
+                   "[--decode_steps N] [--residual_in_gemm 0|1] [--cuda_graphs 0|1] [--profile] "
+                   "[--out PATH]\n",
                    argv[0]);
       return 2;
     }
@@ -121,6 +126,7 @@ int Main(int argc, char** argv) {
   const ModelConfig config = model->config;
   CudaBackendOptions bo;
   bo.residual_add_in_gemm = o.residual_in_gemm;
+  bo.cuda_graphs = o.cuda_graphs;
   auto backend = CreateCudaBackend(*model, bo);
   if (!backend.ok()) return Fail(backend.status(), "cuda backend");
   const double init_s = std::chrono::duration<double>(Clock::now() - t_load).count();
@@ -250,6 +256,7 @@ int Main(int argc, char** argv) {
       << "  \"docs\": " << o.docs << ", \"doc_len\": " << o.doc_len << ", \"query\": " << o.query
       << ", \"prompt_tokens\": " << prompt_tokens << ",\n"
       << "  \"residual_in_gemm\": " << (o.residual_in_gemm ? "true" : "false") << ",\n"
+      << "  \"cuda_graphs\": " << (o.cuda_graphs ? "true" : "false") << ",\n"
       << "  \"chunk\": " << o.chunk << ", \"page_size\": " << o.page_size
       << ", \"runs\": " << o.runs << ", \"warmup\": " << o.warmup << ",\n"
       << "  \"weights_init_s\": " << init_s << ",\n"

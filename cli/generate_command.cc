@@ -4,7 +4,7 @@
 //   [--max_tokens N]
 //   [--temperature T] [--top_p P] [--top_k K] [--seed S] [--stop STR ...]
 //   [--ignore_eos]
-//   [--shuffle_docs] [--page_size N] [--kv_pool_bytes N] [--json]
+//   [--shuffle_docs] [--page_size N] [--kv_pool_bytes N] [--tp N] [--json]
 // Several --query flags run several requests on one engine (documents computed
 // once; with
 // --shuffle_docs each request sees the documents in another order).
@@ -57,7 +57,7 @@ constexpr const char *kUsage =
     "lazy|materialize|prefix|full]\n"
     "  [--max_tokens N] [--temperature T] [--top_p P] [--top_k K] [--seed S] "
     "[--stop STR]...\n"
-    "  [--ignore_eos] [--shuffle_docs] [--page_size N] [--kv_pool_bytes N] "
+    "  [--ignore_eos] [--shuffle_docs] [--page_size N] [--kv_pool_bytes N] [--tp N] "
     "[--json]\n"
     "  [--server HOST:PORT [--timeout_s S]]   (send to a worker instead of "
     "running locally)\n";
@@ -91,7 +91,8 @@ bool Parse(int argc, char **argv, Args *a, std::string *err) {
   static const char *kKnown[] = {"model",         "doc",        "query",       "system",
                                  "mode",          "max_tokens", "temperature", "top_p",
                                  "top_k",         "seed",       "stop",        "page_size",
-                                 "kv_pool_bytes", "namespace",  "server",      "timeout_s"};
+                                 "kv_pool_bytes", "namespace",  "server",      "timeout_s",
+                                 "tp"};
   for (const auto &[k, v] : a->values) {
     bool known = false;
     for (const char *n : kKnown) known |= k == n;
@@ -226,6 +227,7 @@ int RunGenerateCommand(int argc, char **argv) {
   ok = ok && ParseNumber(a.Get("seed", "0"), &base.sampling.seed);
   ok = ok && ParseNumber(a.Get("page_size", "16"), &ro.page_size);
   ok = ok && ParseNumber(a.Get("kv_pool_bytes", "0"), &ro.kv_pool_bytes);
+  ok = ok && ParseNumber(a.Get("tp", "1"), &ro.tensor_parallel);
   ok = ok && ParseNumber(a.Get("timeout_s", "0"), &timeout_s);
   if (!ok) {
     std::cerr << "lazyrag-cli generate: bad value: "

@@ -1,6 +1,6 @@
 // lazyrag-worker: one model on one device, serving lazyrag.v1.Inference.
 //   lazyrag-worker --listen HOST:PORT --model PATH|synthetic:NAME --device
-//   cpu|cuda
+//   cpu|cuda [--tp N]
 //     --kvstore embedded:DIR|HOST:PORT,... --kv_pool_bytes N --page_size N
 //     --max_batch_tokens N --metrics_port N
 // Prints one line "lazyrag-worker ready grpc=HOST:PORT metrics=PORT" on stdout
@@ -16,15 +16,25 @@
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/server_main.h"
+#include "worker/peer/peer_store.h"
 #include "worker/service/worker_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC address HOST:PORT; port 0 picks one");
 ABSL_FLAG(std::string, model, "", "GGUF path, Hugging Face directory or synthetic:NAME; required");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda");
+ABSL_FLAG(int, tp, 1,
+          "tensor parallelism: ranks (cuda: GPUs 0..N-1 over NCCL; cpu: threads); 1: off");
+ABSL_FLAG(bool, cuda_graphs, true,
+          "cuda: replay decode and short query steps from CUDA graphs (captured on a step "
+          "shape's second sighting)");
 ABSL_FLAG(std::string, kvstore, "",
           "document store: embedded:DIR (in-process RocksDB) or "
           "HOST:PORT[,HOST:PORT...] "
           "(kvstore shards); empty: none (documents computed on a pool miss)");
+ABSL_FLAG(std::string, peers, "",
+          "HOST:PORT[,HOST:PORT...] of peer workers on this host, asked for a missing document "
+          "before the kvstore; empty: none");
+ABSL_FLAG(double, peer_timeout_s, 5, "deadline of one document transfer from a peer worker");
 ABSL_FLAG(int64_t, kv_pool_bytes, 0, "KV pool bytes; 0: 256 MiB on the CPU");
 ABSL_FLAG(int, page_size, 16, "tokens per KV page");
 ABSL_FLAG(int, max_batch_tokens, 2048, "per-step token budget (decode + prefill rows)");
@@ -39,7 +49,7 @@ ABSL_FLAG(double, shutdown_grace_s, 10, "seconds running calls get to finish at 
 int main(int argc, char **argv) {
   absl::SetProgramUsageMessage(
       "lazyrag-worker --listen HOST:PORT --model PATH|synthetic:NAME --device "
-      "cpu|cuda "
+      "cpu|cuda [--tp N] "
       "--kvstore embedded:DIR|HOST:PORT,... --kv_pool_bytes N --page_size N "
       "--max_batch_tokens N --metrics_port N");
   absl::ParseCommandLine(argc, argv);
@@ -48,6 +58,8 @@ int main(int argc, char **argv) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.runtime.model = absl::GetFlag(FLAGS_model);
   options.runtime.device = absl::GetFlag(FLAGS_device);
+  options.runtime.tensor_parallel = absl::GetFlag(FLAGS_tp);
+  options.runtime.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   options.runtime.kv_pool_bytes = absl::GetFlag(FLAGS_kv_pool_bytes);
   options.runtime.page_size = absl::GetFlag(FLAGS_page_size);
   options.runtime.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
@@ -55,6 +67,8 @@ int main(int argc, char **argv) {
   options.runtime.max_running = absl::GetFlag(FLAGS_max_running);
   options.runtime.max_waiting = absl::GetFlag(FLAGS_max_waiting);
   options.kvstore = absl::GetFlag(FLAGS_kvstore);
+  options.peers = lazyrag::SplitPeerList(absl::GetFlag(FLAGS_peers));
+  options.peer_timeout_s = absl::GetFlag(FLAGS_peer_timeout_s);
   options.max_tokens_limit = absl::GetFlag(FLAGS_max_tokens_limit);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);

@@ -29,6 +29,20 @@ struct ForwardBatch {
 
 enum class KvDtype { kFloat32 = 0, kBFloat16 = 1 };
 
+// A worker's KV pool as it lends it to the other workers of its host (issue 9, the peer tier's
+// fast path): an opaque handle another process can map (CUDA IPC of the pool allocation) and
+// the pool's layout, [num_layers][K | V][num_pages * page_size, kv_dim] of elem_bytes
+// (worker/backend/cuda/peer_copy.h).
+struct PeerPoolHandle {
+  std::string ipc_handle;   // opaque bytes (cudaIpcMemHandle_t)
+  std::string device_uuid;  // the GPU holding the pool (16 bytes)
+  int num_layers = 0;
+  int num_pages = 0;
+  int page_size = 0;
+  int kv_dim = 0;
+  int elem_bytes = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -61,6 +75,25 @@ class Backend {
                                 std::string* out) = 0;
   virtual absl::Status ImportKv(const std::vector<int32_t>& pages, int num_tokens,
                                 std::string_view data) = 0;
+
+  // Device-to-device document transfer between workers of one host (issue 9). Backends that
+  // cannot share their pool with another process keep these defaults (UNIMPLEMENTED); the
+  // engine then takes documents from peers in transport form (ExportKv / ImportKv).
+  // The handle of this backend's pool, to send to peer workers. REQUIRES: InitPool.
+  virtual absl::StatusOr<PeerPoolHandle> ExportPoolHandle() {
+    return absl::UnimplementedError(name() + " backend: no pool sharing between processes");
+  }
+  // Copies whole pages peer_pages[i] of `peer`'s pool (all layers, K and V) into this pool's
+  // pages own_pages[i]; returns once the copy is complete, so the peer may then unpin them.
+  // INVALID_ARGUMENT when the layouts differ in page shape or a page is out of range.
+  virtual absl::Status CopyPagesFromPeer(const PeerPoolHandle& peer,
+                                         const std::vector<int32_t>& peer_pages,
+                                         const std::vector<int32_t>& own_pages) {
+    (void)peer;
+    (void)peer_pages;
+    (void)own_pages;
+    return absl::UnimplementedError(name() + " backend: no pool sharing between processes");
+  }
 };
 
 }  // namespace lazyrag

@@ -93,7 +93,7 @@ class RemoteDocumentStore : public DocumentStore {
   absl::StatusOr<StoredDocument> Get(const std::string &ns, const std::string &id) override {
     auto value = client_->Get(kvstore::Key::Document(fingerprint_, ns, id));
     if (!value.ok()) return value.status();
-    return StoredDocument{std::move(value->header.metadata), std::move(value->bytes)};
+    return StoredDocument{std::move(value->header.metadata), std::move(value->bytes), ""};
   }
 
   absl::Status Put(const std::string &ns, const std::string &id,

@@ -20,6 +20,9 @@ namespace lazyrag {
 struct StoredDocument {
   std::string metadata;
   std::string bytes;
+  // Where a Get found it: "" = the store itself (the kvstore); "peer" = another
+  // worker's KV pool (worker/peer/peer_store.h). Not stored; metrics only.
+  std::string origin;
 };
 
 // Thread-safe: the engine calls Get from its fetch thread and Put from its
@@ -37,6 +40,18 @@ class DocumentStore {
   // Stores (or replaces) the document.
   virtual absl::Status Put(const std::string &cache_namespace, const std::string &document_id,
                            const StoredDocument &document) = 0;
+  // Get for a caller that marked this store down after a failure (it skips the
+  // store for a while): a store with cheap tiers in front of the slow one (peer
+  // workers, worker/peer/peer_store.h) still asks those. Default: UNAVAILABLE.
+  virtual absl::StatusOr<StoredDocument> GetWhileDown(const std::string &cache_namespace,
+                                                      const std::string &document_id) {
+    (void)cache_namespace;
+    (void)document_id;
+    return absl::UnavailableError("document store marked down");
+  }
+  // false when Put would keep nothing (peers only, no kvstore behind them): the
+  // engine then skips exporting computed documents for write-back.
+  virtual bool accepts_writes() const { return true; }
 };
 
 struct DocumentStoreOptions {

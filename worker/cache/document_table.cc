@@ -16,6 +16,17 @@ absl::StatusOr<DocumentRun> DocumentTable::Acquire(const std::string& id) {
   return e.run;
 }
 
+absl::StatusOr<DocumentRun> DocumentTable::Acquire(const std::string& id,
+                                                   std::vector<int32_t>* tokens) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return absl::NotFoundError("document not resident");
+  Entry& e = it->second;
+  if (e.refcount++ == 0) lru_.erase(e.lru);
+  *tokens = e.tokens;
+  return e.run;
+}
+
 void DocumentTable::Release(const std::string& id) {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(id);
@@ -23,7 +34,8 @@ void DocumentTable::Release(const std::string& id) {
   if (--it->second.refcount == 0) it->second.lru = lru_.insert(lru_.end(), id);
 }
 
-DocumentRun DocumentTable::Insert(const std::string& id, DocumentRun run) {
+DocumentRun DocumentTable::Insert(const std::string& id, DocumentRun run,
+                                  std::vector<int32_t> tokens) {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(id);
   if (it != entries_.end()) {
@@ -33,6 +45,7 @@ DocumentRun DocumentTable::Insert(const std::string& id, DocumentRun run) {
   }
   Entry& e = entries_[id];
   e.run = std::move(run);
+  e.tokens = std::move(tokens);
   e.refcount = 1;
   return e.run;
 }

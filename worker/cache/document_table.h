@@ -36,12 +36,16 @@ class DocumentTable {
 
   // Pins and returns the entry, or NOT_FOUND.
   absl::StatusOr<DocumentRun> Acquire(const std::string& id);
+  // Same, and copies the token ids the entry was inserted with into `tokens` (empty when it
+  // was inserted without them). For exporting a resident document to a peer worker.
+  absl::StatusOr<DocumentRun> Acquire(const std::string& id, std::vector<int32_t>* tokens);
   // Drops one reference taken by Acquire or Insert.
   void Release(const std::string& id);
   // Adds a computed entry that owns `run.pages`, pinned once for the caller. If the id is
   // already present (a concurrent insert), frees `run.pages`, pins the existing entry and
-  // returns it.
-  DocumentRun Insert(const std::string& id, DocumentRun run);
+  // returns it. `tokens`: the block's token ids, kept for Acquire(id, tokens) (documents and
+  // prefix blocks; empty for PREFIX-mode pages).
+  DocumentRun Insert(const std::string& id, DocumentRun run, std::vector<int32_t> tokens = {});
   // Allocates pages, evicting unreferenced entries least recently used first.
   absl::StatusOr<std::vector<int32_t>> AllocatePages(int n);
   void FreePages(const std::vector<int32_t>& pages) { allocator_->Free(pages); }
@@ -52,6 +56,7 @@ class DocumentTable {
  private:
   struct Entry {
     DocumentRun run;
+    std::vector<int32_t> tokens;  // the block's token ids; may be empty
     int refcount = 0;
     std::list<std::string>::iterator lru;  // valid while refcount == 0
   };

@@ -42,5 +42,24 @@ TEST(DocumentTableTest, DuplicateInsertKeepsFirstAndFreesSecond) {
   EXPECT_EQ(table.Stats().pinned_entries, 1);
 }
 
+TEST(DocumentTableTest, AcquireWithTokensPinsAndReturnsTheInsertedTokens) {
+  PageAllocator alloc(4);
+  DocumentTable table(&alloc);
+  auto p = table.AllocatePages(2);
+  ASSERT_TRUE(p.ok());
+  table.Insert("x", {*p, 20}, std::vector<int32_t>(20, 7));
+  table.Release("x");
+  std::vector<int32_t> tokens;
+  auto run = table.Acquire("x", &tokens);
+  ASSERT_TRUE(run.ok());
+  EXPECT_EQ(run->pages, *p);
+  EXPECT_EQ(tokens, std::vector<int32_t>(20, 7));
+  // Pinned: its pages cannot be evicted while the caller holds it.
+  EXPECT_EQ(table.AllocatePages(3).status().code(), absl::StatusCode::kResourceExhausted);
+  table.Release("x");
+  EXPECT_TRUE(table.AllocatePages(3).ok());
+  EXPECT_EQ(table.Acquire("x", &tokens).status().code(), absl::StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace lazyrag

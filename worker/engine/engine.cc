@@ -141,6 +141,29 @@ absl::StatusOr<std::vector<int32_t>> Engine::FetchDocumentTokens(const std::stri
   return std::move(doc->tokens);
 }
 
+absl::StatusOr<StoredDocument> Engine::ExportResidentDocument(const std::string &id) {
+  std::vector<int32_t> tokens;
+  auto run = table_->Acquire(id, &tokens);  // pinned from here to Release
+  if (!run.ok()) return absl::NotFoundError(absl::StrCat("document ", id, " is not resident"));
+  absl::StatusOr<StoredDocument> out;
+  if (tokens.empty() || int64_t(tokens.size()) != run->num_tokens) {
+    out = absl::NotFoundError(absl::StrCat("pool entry ", id, " is not a document"));
+  } else {
+    // The copy runs on the scheduler thread, which drives the backend; the pin taken above
+    // keeps the pages from being evicted until it is done.
+    std::string payload;
+    absl::Status st = scheduler_->RunOnLoop(
+        [&] { return backend_->ExportKv(run->pages, run->num_tokens, &payload); });
+    if (st.ok()) {
+      out = EncodeDocument(config(), backend_->kv_dtype(), tokens, payload);
+    } else {
+      out = st;
+    }
+  }
+  table_->Release(id);
+  return out;
+}
+
 EngineStats Engine::Stats() const {
   EngineStats s;
   s.running = scheduler_->running();

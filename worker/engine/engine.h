@@ -110,6 +110,14 @@ class Engine {
   absl::StatusOr<std::vector<int32_t>> FetchDocumentTokens(const std::string &cache_namespace,
                                                            const std::string &id);
 
+  // A document resident in the pool, in its stored form (document_codec.h: the
+  // same value the kvstore holds), for a peer worker (worker/peer). The entry is
+  // pinned while its KV is copied out, so it cannot be evicted mid-copy, then
+  // released. Never computes and never asks the store: NOT_FOUND when the id is
+  // not resident (or is not a document: PREFIX-mode pages). The copy itself
+  // runs on the scheduler thread between two steps (Scheduler::RunOnLoop).
+  absl::StatusOr<StoredDocument> ExportResidentDocument(const std::string &id);
+
   EngineStats Stats() const;
 
   Backend &backend() { return *backend_; }

@@ -19,6 +19,11 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
                                                    cuda_built ? "cpu, cuda" : "cpu", ")"));
   }
   if (o.page_size < 1 || o.page_size > 1024) return absl::InvalidArgumentError("page_size must be in [1, 1024]");
+  if (o.tensor_parallel < 1 || o.tensor_parallel > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor_parallel must be in [1, 64], got ", o.tensor_parallel));
+  }
+  const int tp = o.tensor_parallel;
   LoadOptions lo;
   // On the GPU, synthetic weights are generated in device memory: no host copy.
   lo.synthetic_host_weights = o.device == "cpu";
@@ -35,9 +40,19 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       absl::InvalidArgumentError("no backend");
 #ifdef LAZYRAG_WITH_CUDA
-  if (o.device == "cuda") backend = CreateCudaBackend(*loaded, CudaBackendOptions{});
+  if (o.device == "cuda") {
+    CudaBackendOptions co;
+    co.cuda_graphs = o.cuda_graphs;
+    backend = tp == 1 ? CreateCudaBackend(*loaded, co)
+                      : CreateCudaTensorParallelBackend(*loaded, tp, co);
+  }
 #endif
-  if (o.device == "cpu") backend = CreateCpuBackend(std::move(loaded->weights), {o.reference_attention});
+  if (o.device == "cpu") {
+    CpuBackendOptions co;
+    co.reference_attention = o.reference_attention;
+    backend = tp == 1 ? CreateCpuBackend(std::move(loaded->weights), co)
+                      : CreateCpuTensorParallelBackend(std::move(loaded->weights), tp, co);
+  }
   if (!backend.ok()) return backend.status();
   EngineOptions eo;
   eo.page_size = o.page_size;
@@ -54,9 +69,9 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
     rt->store = std::move(*store);
     eo.store = rt->store.get();
   }
-  // Default pool: 256 MiB on the CPU, 16 GiB on a GPU.
+  // Default pool: 256 MiB on the CPU, 16 GiB per GPU. BytesPerPage counts all ranks.
   const int64_t pool = o.kv_pool_bytes > 0         ? o.kv_pool_bytes
-                       : o.device == "cuda" ? int64_t(16) << 30
+                       : o.device == "cuda" ? (int64_t(16) << 30) * tp
                                               : int64_t(256) << 20;
   const int64_t per_page = (*backend)->BytesPerPage() / std::max(1, (*backend)->page_size()) * o.page_size;
   eo.num_pages = int(std::min<int64_t>(pool / per_page, 1 << 24));

@@ -21,9 +21,14 @@ struct RuntimeOptions {
   std::string model;           // GGUF path, HF directory or synthetic:NAME[@SEED]
   std::string device = "cpu";  // cpu | cuda
   int page_size = 16;          // tokens per KV page
-  int64_t kv_pool_bytes = 0;   // 0: 256 MiB on the CPU
+  int64_t kv_pool_bytes = 0;   // all ranks together; 0: 256 MiB on the CPU, 16 GiB per GPU
   int prefill_chunk = 512;     // query rows per forward step during prefill
   bool reference_attention = false;
+  // Tensor parallelism: ranks (CPU: threads of this process; CUDA: GPUs 0..N-1 with NCCL).
+  // 1: the plain backend, no wrapper. The model's KV heads and intermediate size must divide.
+  int tensor_parallel = 1;
+  // CUDA: replay decode and short query steps from CUDA graphs (CudaBackendOptions::cuda_graphs).
+  bool cuda_graphs = true;
   int max_batch_tokens = 2048;  // per-step token budget of the scheduler
   int max_running = 64;         // requests admitted at once
   int max_waiting = 256;        // waiting queue bound (RESOURCE_EXHAUSTED beyond)

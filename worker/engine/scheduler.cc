@@ -86,6 +86,7 @@ struct Scheduler::DocJob {
   enum State { kFetching, kNeedPages, kComputing } state = kFetching;
   std::string payload;  // fetched KV to import (kNeedPages after a store hit)
   bool have_payload = false;
+  std::string origin;  // StoredDocument::origin of the fetched payload ("" = the kvstore)
   struct Waiter {
     std::shared_ptr<Request> request;
     int block = 0;
@@ -101,6 +102,19 @@ struct Scheduler::DocJob {
 struct Scheduler::Fetched {
   std::string id;
   absl::StatusOr<DecodedDocument> doc;
+  std::string origin;  // StoredDocument::origin on a hit
+};
+
+struct Scheduler::LoopTask {
+  std::function<absl::Status()> run;
+  absl::Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
+  void Finish(absl::Status st) {
+    absl::MutexLock l(&mu);
+    status = std::move(st);
+    done = true;
+  }
 };
 
 struct Scheduler::WriteBack {
@@ -174,9 +188,24 @@ void Scheduler::Cancel(RequestChannel &ch, bool stopped_by_caller) {
   wake_ = true;
 }
 
+absl::Status Scheduler::RunOnLoop(std::function<absl::Status()> task) {
+  auto t = std::make_shared<LoopTask>();
+  t->run = std::move(task);
+  {
+    absl::MutexLock l(&mu_);
+    if (stop_) return absl::UnavailableError("engine is shutting down");
+    tasks_.push_back(t);
+    wake_ = true;
+  }
+  absl::MutexLock l(&t->mu);
+  t->mu.Await(absl::Condition(&t->done));
+  return t->status;
+}
+
 void Scheduler::Loop() {
   for (;;) {
     std::vector<Fetched> fetched;
+    std::vector<std::shared_ptr<LoopTask>> tasks;
     {
       absl::MutexLock l(&mu_);
       if (!busy_ && !stop_ && !wake_) {
@@ -191,7 +220,9 @@ void Scheduler::Loop() {
       for (auto &r : inbox_) waiting_.push_back(std::move(r));
       inbox_.clear();
       fetched.swap(fetched_);
+      tasks.swap(tasks_);
     }
+    for (auto &t : tasks) t->Finish(t->run());
     Step(std::move(fetched));
   }
   // Shutdown: everything still queued or running fails.
@@ -199,6 +230,8 @@ void Scheduler::Loop() {
     absl::MutexLock l(&mu_);
     for (auto &r : inbox_) waiting_.push_back(std::move(r));
     inbox_.clear();
+    for (auto &t : tasks_) t->Finish(absl::UnavailableError("engine is shutting down"));
+    tasks_.clear();
   }
   const absl::Status down = absl::UnavailableError("engine is shutting down");
   for (auto &r : running_) Finish(*r, down, FinishReason::kCancelled);
@@ -755,6 +788,7 @@ void Scheduler::HandleFetched(Fetched f) {
   if (f.doc.ok() && f.doc->tokens == job.tokens) {
     job.payload = std::move(f.doc->payload);
     job.have_payload = true;
+    job.origin = std::move(f.origin);
   } else if (f.doc.ok()) {
     LOG_WARNING << "kvstore value for " << f.id << " holds other tokens: recomputing";
   }
@@ -801,12 +835,13 @@ void Scheduler::StartJobPages() {
 
 void Scheduler::CompleteJob(const std::shared_ptr<DocJob> &job, bool from_store) {
   const int64_t n = int64_t(job->tokens.size());
-  table_->Insert(job->id, DocumentRun{job->pages, int32_t(n)});  // pinned for the job
+  // Pinned for the job; the tokens let a peer worker take the document (ExportResidentDocument).
+  table_->Insert(job->id, DocumentRun{job->pages, int32_t(n)}, job->tokens);
   if (!from_store && metrics_ && job->is_doc) {
     metrics_->computed->Increment();
     metrics_->computed_tokens->Increment(double(n));
   }
-  if (!from_store && store_ != nullptr) {
+  if (!from_store && store_ != nullptr && store_->accepts_writes()) {
     std::string payload;
     absl::Status st = backend_->ExportKv(job->pages, int(n), &payload);
     if (st.ok()) {
@@ -837,7 +872,8 @@ void Scheduler::CompleteJob(const std::shared_ptr<DocJob> &job, bool from_store)
     if (w.initiator && !from_store) {
       r.usage.computed_tokens += n;
     } else if (job->is_doc) {
-      const char *tier = w.initiator ? "store" : "gpu";
+      // "peer": another worker's pool (worker/peer), counted as a store hit in the usage.
+      const char *tier = !w.initiator ? "gpu" : job->origin.empty() ? "store" : "peer";
       r.usage.cached_document_tokens += n;
       (w.initiator ? r.usage.store_document_tokens : r.usage.pool_document_tokens) += n;
       if (metrics_) {
@@ -892,13 +928,24 @@ void Scheduler::FetchLoop() {
       fetch_queue_.pop_front();
       skip = NowMs() < store_down_until_ms_;
     }
-    Fetched f{item.second, absl::UnavailableError("kvstore marked down")};
+    Fetched f{item.second, absl::UnavailableError("kvstore marked down"), ""};
     if (skip) {
-      if (metrics_) metrics_->KvRequests("get", "skipped").Increment();
+      // The store failed recently; its cheap tiers (peer workers) are still asked.
+      auto got = store_->GetWhileDown(item.first, item.second);
+      if (got.ok()) {
+        f.doc = DecodeDocument(*got, config, dtype);
+        f.origin = std::move(got->origin);
+      } else if (metrics_) {
+        metrics_->KvRequests("get", "skipped").Increment();
+      }
     } else {
       const auto t0 = Clock::now();
       auto got = store_->Get(item.first, item.second);
-      if (got.ok()) {
+      if (got.ok() && !got->origin.empty()) {
+        // From a peer worker: the peer store counts it (lazyrag_worker_peer_fetch_*).
+        f.doc = DecodeDocument(*got, config, dtype);
+        f.origin = std::move(got->origin);
+      } else if (got.ok()) {
         if (metrics_) {
           metrics_->fetch_seconds->Observe(MsBetween(t0, Clock::now()) / 1000);
           metrics_->fetch_bytes->Increment(double(got->bytes.size()));

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -69,6 +70,11 @@ class Scheduler {
   // The scheduler frees the request's pages at its next step (within
   // milliseconds).
   void Cancel(RequestChannel &channel, bool stopped_by_caller);
+  // Runs `task` on the scheduler thread before its next step and returns its status, for
+  // backend calls from other threads (the backend is driven by this one thread; a tensor-
+  // parallel backend requires it). Blocks the caller meanwhile. UNAVAILABLE when the
+  // scheduler is shutting down. REQUIRES: not called from the scheduler thread.
+  absl::Status RunOnLoop(std::function<absl::Status()> task);
 
   int running() const { return running_count_.load(); }
   int waiting() const { return waiting_count_.load(); }
@@ -79,6 +85,7 @@ class Scheduler {
   struct DocJob;
   struct Fetched;
   struct WriteBack;
+  struct LoopTask;
 
   void Loop();
   void Step(std::vector<Fetched> fetched);
@@ -133,6 +140,7 @@ class Scheduler {
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::shared_ptr<Request>> inbox_ ABSL_GUARDED_BY(mu_);
   std::vector<Fetched> fetched_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<LoopTask>> tasks_ ABSL_GUARDED_BY(mu_);
 
   absl::Mutex fetch_mu_;
   bool fetch_stop_ ABSL_GUARDED_BY(fetch_mu_) = false;

@@ -482,9 +482,28 @@ absl::StatusOr<ModelConfig> SyntheticConfig(const std::string& name) {
     c.rope_scaling.original_max_position = 8192;
     c.max_position = 131072;
     c.tie_word_embeddings = false;
+  } else if (name == "llama3-70b") {
+    // Llama-3.1-70B shape: 141 GiB of bf16 weights, more than one H200 holds (tensor
+    // parallelism over 2 GPUs serves it).
+    c.vocab_size = 128256;
+    c.hidden_size = 8192;
+    c.intermediate_size = 28672;
+    c.num_layers = 80;
+    c.num_heads = 64;
+    c.num_kv_heads = 8;
+    c.head_dim = 128;
+    c.rope_theta = 500000.0f;
+    c.rms_norm_eps = 1e-5f;
+    c.rope_scaling.type = RopeScaling::Type::kLlama3;
+    c.rope_scaling.factor = 8.0f;
+    c.rope_scaling.low_freq_factor = 1.0f;
+    c.rope_scaling.high_freq_factor = 4.0f;
+    c.rope_scaling.original_max_position = 8192;
+    c.max_position = 131072;
+    c.tie_word_embeddings = false;
   } else {
-    return absl::NotFoundError(absl::StrCat("unknown synthetic model '", name,
-                                            "' (known: tiny, smollm2-135m, llama3-8b)"));
+    return absl::NotFoundError(absl::StrCat(
+        "unknown synthetic model '", name, "' (known: tiny, smollm2-135m, llama3-8b, llama3-70b)"));
   }
   RETURN_IF_ERROR(c.Validate());
   return c;

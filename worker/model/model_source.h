@@ -5,6 +5,8 @@
 //   LoadModel("synthetic:smollm2-135m")      SmolLM2-135M shape
 //   LoadModel("synthetic:llama3-8b")         Llama-3.1-8B shape (weights generated on the device;
 //                                            host weights only when options ask for them)
+//   LoadModel("synthetic:llama3-70b")        Llama-3.1-70B shape (the same; 141 GiB in bf16, so
+//                                            on the GPU only with tensor parallelism)
 #pragma once
 
 #include <cstdint>
@@ -42,7 +44,8 @@ struct LoadedModel {
 absl::StatusOr<LoadedModel> LoadModel(const std::string& path_or_name,
                                       const LoadOptions& options = {});
 
-// Synthetic configs by name ("tiny", "smollm2-135m", "llama3-8b"); NOT_FOUND otherwise.
+// Synthetic configs by name ("tiny", "smollm2-135m", "llama3-8b", "llama3-70b"); NOT_FOUND
+// otherwise.
 absl::StatusOr<ModelConfig> SyntheticConfig(const std::string& name);
 
 // The tokenizer of a model without loading its weights: for a GGUF file, its tokenizer.ggml.*

@@ -4,6 +4,8 @@
 #include "common/grpc_server.h"
 #include "common/logging.h"
 #include "common/metrics_http.h"
+#include "worker/peer/peer_service.h"
+#include "worker/peer/peer_store.h"
 #include "worker/service/inference_service.h"
 
 namespace lazyrag {
@@ -15,13 +17,26 @@ WorkerServer::~WorkerServer() { Shutdown(absl::Now()); }
 absl::Status WorkerServer::Start() {
   RuntimeOptions ro = options_.runtime;
   ro.registry = &registry_;
-  if (!options_.kvstore.empty()) {
-    const std::string spec = options_.kvstore;
-    ro.store_factory = [spec](const std::string &fingerprint) {
-      DocumentStoreOptions so;
-      so.spec = spec;
-      so.model_fingerprint = fingerprint;
-      return OpenDocumentStore(so);
+  if (!options_.kvstore.empty() || !options_.peers.empty()) {
+    ro.store_factory =
+        [this](const std::string &fingerprint) -> absl::StatusOr<std::unique_ptr<DocumentStore>> {
+      std::unique_ptr<DocumentStore> store;
+      if (!options_.kvstore.empty()) {
+        DocumentStoreOptions so;
+        so.spec = options_.kvstore;
+        so.model_fingerprint = fingerprint;
+        auto opened = OpenDocumentStore(so);
+        if (!opened.ok()) return opened.status();
+        store = std::move(*opened);
+      }
+      if (options_.peers.empty()) return store;
+      // Peers first, then the kvstore (pool -> peers -> kvstore -> compute).
+      PeerStoreOptions po;
+      po.peers = options_.peers;
+      po.model_fingerprint = fingerprint;
+      po.call_timeout_s = options_.peer_timeout_s;
+      po.registry = &registry_;
+      return OpenPeerFirstStore(po, std::move(store));
     };
   }
   auto rt = CreateRuntime(ro);
@@ -39,6 +54,14 @@ absl::Status WorkerServer::Start() {
   go.listen = options_.listen;
   grpc_ = std::make_unique<GrpcServer>(go);
   grpc_->AddService(service_.get());
+  // Every worker lends the documents of its pool to its peers.
+  PeerServiceOptions po;
+  po.model_fingerprint = runtime_->fingerprint;
+  po.registry = &registry_;
+  Engine *engine = runtime_->engine.get();
+  peer_service_ = std::make_unique<PeerDocumentsService>(
+      [engine](const std::string &id) { return engine->ExportResidentDocument(id); }, po);
+  grpc_->AddService(peer_service_.get());
   if (auto st = grpc_->Start(); !st.ok()) return st;
   if (options_.metrics_port >= 0) {
     metrics::MetricsHttpOptions mo;

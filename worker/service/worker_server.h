@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -15,6 +16,7 @@ namespace lazyrag {
 
 class GrpcServer;
 class InferenceService;
+class PeerDocumentsService;
 namespace metrics {
 class MetricsHttpServer;
 }
@@ -28,6 +30,12 @@ struct WorkerServerOptions {
   // "" (no store: pool -> compute), "embedded:DIR" or
   // "HOST:PORT[,HOST:PORT...]".
   std::string kvstore;
+  // Peer workers of the same host (HOST:PORT of their gRPC address), asked for a
+  // document before the kvstore (worker/peer/peer_store.h). Empty: none. Every
+  // worker serves lazyrag.v1.PeerDocuments whatever this says.
+  std::vector<std::string> peers;
+  // Deadline of one document transfer from a peer. Default 5 s.
+  double peer_timeout_s = 5;
   // /metrics port; 0 picks one, -1 disables. Default 0.
   int metrics_port = 0;
   std::string metrics_host = "0.0.0.0";
@@ -60,6 +68,7 @@ class WorkerServer {
   metrics::Registry registry_;
   std::unique_ptr<Runtime> runtime_;
   std::unique_ptr<InferenceService> service_;
+  std::unique_ptr<PeerDocumentsService> peer_service_;
   std::unique_ptr<GrpcServer> grpc_;
   std::unique_ptr<metrics::MetricsHttpServer> http_;
   bool shut_down_ = false;

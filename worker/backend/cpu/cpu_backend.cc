@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/parallel.h"
+#include "common/status.h"
 #include "worker/backend/rope.h"
 
 namespace lazyrag {
@@ -169,6 +170,9 @@ absl::Status CpuBackend::Forward(const ForwardBatch& batch, std::vector<float>* 
   }
   AttentionShape shape{c.num_heads, c.num_kv_heads, D, float(1.0 / std::sqrt(double(D)))};
   SegmentView view = batch.view.View();
+  const bool tp = options_.shard.size > 1;
+  const int rank = options_.shard.rank;
+  const bool residual_rank = rank == 0;
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = w_->layers[l];
     RmsNorm(x.data(), lw.attn_norm.data(), h.data(), T, d, c.rms_norm_eps);
@@ -188,14 +192,19 @@ absl::Status CpuBackend::Forward(const ForwardBatch& batch, std::vector<float>* 
     } else {
       PagedAttentionBlas(shape, view, inv_freq_.data(), q.data(), kc, vc, attn.data());
     }
-    MatMulT(attn.data(), lw.wo.data(), x.data(), T, d, qd, true);  // residual add
+    // Residual add in the GEMM; with tensor parallelism only rank 0 adds the residual, the
+    // others write their partial sum, and the all-reduce leaves residual + all partials on
+    // every rank.
+    MatMulT(attn.data(), lw.wo.data(), x.data(), T, d, qd, residual_rank);
+    if (tp) RETURN_IF_ERROR(options_.all_reduce->AllReduceSum(rank, x.data(), int64_t(T) * d));
     RmsNorm(x.data(), lw.ffn_norm.data(), h.data(), T, d, c.rms_norm_eps);
     MatMulT(h.data(), lw.w_gate.data(), g.data(), T, ff, d, false);
     MatMulT(h.data(), lw.w_up.data(), u.data(), T, ff, d, false);
     ParallelFor(int64_t(T) * ff, 4096, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
     });
-    MatMulT(g.data(), lw.w_down.data(), x.data(), T, d, ff, true);
+    MatMulT(g.data(), lw.w_down.data(), x.data(), T, d, ff, residual_rank);
+    if (tp) RETURN_IF_ERROR(options_.all_reduce->AllReduceSum(rank, x.data(), int64_t(T) * d));
   }
   const int R = int(batch.logit_rows.size());
   std::vector<float> xr(int64_t(R) * d), hr(int64_t(R) * d);
@@ -365,9 +374,36 @@ void PagedAttentionBlas(const AttentionShape& shape, const SegmentView& view,
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(std::unique_ptr<ModelWeights> weights,
                                                           const CpuBackendOptions& options) {
   if (weights == nullptr) return absl::InvalidArgumentError("cpu backend: no host weights");
+  if (options.shard.size > 1 &&
+      (options.all_reduce == nullptr || options.all_reduce->size() != options.shard.size)) {
+    return absl::InvalidArgumentError("cpu backend: tensor parallel rank without its all-reduce");
+  }
+  if (options.shard.rank < 0 || options.shard.rank >= options.shard.size) {
+    return absl::InvalidArgumentError("cpu backend: tensor parallel rank out of range");
+  }
   auto backend = std::make_unique<CpuBackend>(std::move(weights), options);
   if (auto st = backend->Validate(); !st.ok()) return st;
   return backend;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuTensorParallelBackend(
+    std::unique_ptr<ModelWeights> weights, int tensor_parallel, const CpuBackendOptions& options) {
+  if (weights == nullptr) return absl::InvalidArgumentError("cpu backend: no host weights");
+  const ModelConfig global = weights->config;
+  RETURN_IF_ERROR(global.Validate());
+  RETURN_IF_ERROR(CheckShardable(global, {tensor_parallel, 0}));
+  auto all_reduce = std::make_shared<HostAllReduce>(tensor_parallel);
+  std::vector<std::unique_ptr<Backend>> ranks;
+  for (int r = 0; r < tensor_parallel; ++r) {
+    CpuBackendOptions ro = options;
+    ro.shard = {tensor_parallel, r};
+    ro.all_reduce = all_reduce;
+    ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> slice, ShardWeights(*weights, ro.shard));
+    if (r == tensor_parallel - 1) weights.reset();  // the last slice is cut: free the whole
+    ASSIGN_OR_RETURN(std::unique_ptr<Backend> rank, CreateCpuBackend(std::move(slice), ro));
+    ranks.push_back(std::move(rank));
+  }
+  return CreateTensorParallelBackend(global, std::move(ranks), all_reduce);
 }
 
 }  // namespace lazyrag

@@ -3,18 +3,28 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#ifdef LAZYRAG_HAVE_NCCL
+#include <nccl.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <array>
 #include <limits>
+#include <map>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "worker/backend/cuda/cuda_check.h"
 #include "worker/backend/cuda/model_kernels.h"
 #include "worker/backend/rope.h"
+#include "worker/backend/tensor_parallel.h"
 #include "worker/kernels/lazy_attention.h"
 #include "worker/kernels/materialize.h"
 #include "worker/model/synthetic_init.h"
@@ -28,6 +38,17 @@ constexpr int64_t kUploadChunkFloats = int64_t(16) << 20;   // fp32 staging for 
 
 size_t AlignUp(size_t n, size_t a = kAlign) { return (n + a - 1) / a * a; }
 
+#ifdef LAZYRAG_HAVE_NCCL
+#define LAZYRAG_RETURN_IF_NCCL_ERROR(expr)                                     \
+  do {                                                                         \
+    const ncclResult_t lazyrag_nccl_result = (expr);                           \
+    if (lazyrag_nccl_result != ncclSuccess) {                                  \
+      return absl::InternalError(                                              \
+          absl::StrCat(#expr, ": ", ncclGetErrorString(lazyrag_nccl_result))); \
+    }                                                                          \
+  } while (0)
+#endif
+
 // Owning device allocation (cudaMalloc). Freeing synchronizes the device, so a buffer may be
 // replaced while earlier work on it is still queued.
 class DeviceBuffer {
@@ -40,7 +61,11 @@ class DeviceBuffer {
   absl::Status Allocate(size_t bytes) {
     Release();
     if (bytes == 0) return absl::OkStatus();
-    LAZYRAG_RETURN_IF_CUDA_ERROR(cudaMalloc(&ptr_, bytes));
+    if (const cudaError_t err = cudaMalloc(&ptr_, bytes); err != cudaSuccess) {
+      ptr_ = nullptr;
+      (void)cudaGetLastError();  // out of memory is not sticky: clear it for later launch checks
+      return CudaErrorStatus(err, "cudaMalloc(&ptr_, bytes)");
+    }
     bytes_ = bytes;
     return absl::OkStatus();
   }
@@ -131,17 +156,23 @@ struct LayerWeightsDevice {
 };
 
 // One weight tensor as the loader names it (for filling, uploading and reading back).
+// With tensor parallelism a tensor is the rank's slice: element i is element g(i) of the
+// global tensor (model_kernels.h SyntheticFillParams: first, cols, global_cols).
 struct TensorRef {
   uint32_t tag = 0;
   void* ptr = nullptr;
   int64_t count = 0;
-  int64_t fan_in = 0;  // linear weights; 0 for the embedding (uniform) and norms
+  int64_t fan_in = 0;  // linear weights (of the global tensor); 0 for the embedding and norms
   bool is_norm = false;
-  const std::vector<float>* host = nullptr;  // when uploading host weights
+  const std::vector<float>* host = nullptr;  // when uploading host weights (the rank's slice)
+  int64_t first = 0;                         // global index of element 0
+  int64_t cols = 0;         // 0: contiguous; else the slice's row length (a block of columns)
+  int64_t global_cols = 0;  // the global row length when cols > 0
 };
 
 class CudaBackend final : public Backend {
  public:
+  // `config` is the rank's (ShardConfig) config.
   CudaBackend(const ModelConfig& config, const CudaBackendOptions& options)
       : config_(config), options_(options) {}
   ~CudaBackend() override;
@@ -165,8 +196,19 @@ class CudaBackend final : public Backend {
   absl::StatusOr<std::vector<float>> ReadWeight(uint32_t tag, int64_t offset, int64_t count);
 
  private:
+  bool tensor_parallel() const { return options_.shard.size > 1; }
+  // Sums `data` over the ranks in place on the stream (no-op without tensor parallelism).
+  absl::Status AllReduce(void* data, int64_t count, bool bf16) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The transport kernel's parameters for `num_tokens` tokens of the page run at `pages` (device).
+  cuda_model::KvTransportParams TransportParams(const int32_t* pages, int num_tokens,
+                                                uint16_t* buffer, bool to_buffer) const;
+  // Also clears this thread's last CUDA error: a failed cudaMalloc (say, a pool too large,
+  // already reported) leaves it set, and the next launch check would report it as that launch's
+  // failure. With tensor parallelism that made one rank fail before its first all-reduce while
+  // the others waited in NCCL (seen on the H200 x2: tp_bench hung after a 70B TP=1 pool OOM).
   absl::Status SetDevice() const {
     LAZYRAG_RETURN_IF_CUDA_ERROR(cudaSetDevice(options_.device));
+    (void)cudaGetLastError();
     return absl::OkStatus();
   }
   std::vector<TensorRef> Tensors(const ModelWeights* host);
@@ -177,6 +219,25 @@ class CudaBackend final : public Backend {
   // device memory on the stream; returns the device base address.
   absl::StatusOr<char*> Upload(const UploadPlan& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ReserveActivations(int tokens, int rows) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // One forward step's device inputs and bounds (Forward plans it, EnqueueStep queues it).
+  struct Step {
+    const int32_t* tokens = nullptr;
+    const int32_t* kv_pos = nullptr;
+    const int64_t* kv_slot = nullptr;
+    const int32_t* logit_rows = nullptr;
+    const int32_t* row_request = nullptr;  // fallback attention only
+    SegmentView view;
+    int tokens_n = 0, rows_n = 0, max_q_len = 1, max_kv_len = 0;
+    bool decode = false;
+  };
+  // Queues every kernel of the step, from the RoPE table to the logits in logits_ (none when
+  // rows_n == 0), on stream_: run eagerly or captured into a CUDA graph.
+  absl::Status EnqueueStep(const Step& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `s` from a cached CUDA graph when one exists for its shape, captures one when the
+  // shape comes round a second time, else queues it eagerly. See CudaBackendOptions::cuda_graphs.
+  absl::Status RunStep(const Step& s, int num_segments) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ClearGraphs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // y[rows, n] (+)= x[rows, k] * w[n, k]^T, bf16 inputs, fp32 accumulation.
   absl::Status Gemm(const uint16_t* x, const uint16_t* w, void* y, cudaDataType y_type, int rows,
                     int n, int k, bool accumulate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -229,12 +290,34 @@ class CudaBackend final : public Backend {
   float* rope_ = nullptr;        // [T, head_dim / 2, 2]
   uint16_t* h_rows_ = nullptr;   // [R, hidden] bf16 final-normed logit rows
   float* logits_ = nullptr;      // [R, vocab] fp32
+
+  // CUDA graphs of small steps, by shape: (tokens, logit rows, requests, segments, max query
+  // length, max KV length rounded up to kGraphKvBucket, decode). Upload offsets depend only on
+  // the first four (page indices go last), and every buffer a graph reads stays where it is
+  // until ClearGraphs (buffer growth, a new pool, destruction).
+  using GraphKey = std::array<int, 7>;
+  struct CachedGraph {
+    cudaGraphExec_t exec = nullptr;
+    uint64_t last_use = 0;
+  };
+  std::map<GraphKey, CachedGraph> graphs_ ABSL_GUARDED_BY(mu_);
+  std::map<GraphKey, int> graph_sightings_ ABSL_GUARDED_BY(mu_);
+  uint64_t graph_clock_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 CudaBackend::~CudaBackend() {
+#ifdef LAZYRAG_HAVE_NCCL
+  if (options_.nccl_comm != nullptr) {
+    if (stream_ != nullptr && cudaSetDevice(options_.device) == cudaSuccess) {
+      cudaStreamSynchronize(stream_);
+    }
+    ncclCommDestroy(static_cast<ncclComm_t>(options_.nccl_comm));
+  }
+#endif
   if (stream_ == nullptr) return;  // Init failed before touching the device
   if (cudaSetDevice(options_.device) != cudaSuccess) return;
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
   if (cublas_ != nullptr) cublasDestroy(cublas_);
   if (upload_done_ != nullptr) cudaEventDestroy(upload_done_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -244,6 +327,9 @@ CudaBackend::~CudaBackend() {
 std::vector<TensorRef> CudaBackend::Tensors(const ModelWeights* host) {
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(), ff = c.intermediate_size;
+  // Rank r of N holds rows [r * n, (r + 1) * n) of wq / wk / wv / w_gate / w_up (n its rows) and
+  // the same block of columns of wo and w_down; fan-ins are the global ones.
+  const int64_t N = options_.shard.size, r = options_.shard.rank;
   // The host tensor of layer l, or null when not uploading.
   auto hl = [&](int l, std::vector<float> LayerWeights::*m) -> const std::vector<float>* {
     return host != nullptr ? &(host->layers[l].*m) : nullptr;
@@ -261,20 +347,22 @@ std::vector<TensorRef> CudaBackend::Tensors(const ModelWeights* host) {
     const LayerWeightsDevice& L = layers_[l];
     t.push_back(
         {SyntheticTag(kSynAttnNorm, l), L.attn_norm, d, 0, true, hl(l, &LayerWeights::attn_norm)});
-    t.push_back({SyntheticTag(kSynWq, l), L.wqkv, qd * d, d, false, hl(l, &LayerWeights::wq)});
     t.push_back(
-        {SyntheticTag(kSynWk, l), L.wqkv + qd * d, kvd * d, d, false, hl(l, &LayerWeights::wk)});
+        {SyntheticTag(kSynWq, l), L.wqkv, qd * d, d, false, hl(l, &LayerWeights::wq), r * qd * d});
+    t.push_back({SyntheticTag(kSynWk, l), L.wqkv + qd * d, kvd * d, d, false,
+                 hl(l, &LayerWeights::wk), r * kvd * d});
     t.push_back({SyntheticTag(kSynWv, l), L.wqkv + (qd + kvd) * d, kvd * d, d, false,
-                 hl(l, &LayerWeights::wv)});
-    t.push_back({SyntheticTag(kSynWo, l), L.wo, d * qd, qd, false, hl(l, &LayerWeights::wo)});
+                 hl(l, &LayerWeights::wv), r * kvd * d});
+    t.push_back({SyntheticTag(kSynWo, l), L.wo, d * qd, N * qd, false, hl(l, &LayerWeights::wo),
+                 r * qd, N > 1 ? qd : 0, N * qd});
     t.push_back(
         {SyntheticTag(kSynFfnNorm, l), L.ffn_norm, d, 0, true, hl(l, &LayerWeights::ffn_norm)});
-    t.push_back(
-        {SyntheticTag(kSynWGate, l), L.w_gate_up, ff * d, d, false, hl(l, &LayerWeights::w_gate)});
+    t.push_back({SyntheticTag(kSynWGate, l), L.w_gate_up, ff * d, d, false,
+                 hl(l, &LayerWeights::w_gate), r * ff * d});
     t.push_back({SyntheticTag(kSynWUp, l), L.w_gate_up + ff * d, ff * d, d, false,
-                 hl(l, &LayerWeights::w_up)});
-    t.push_back(
-        {SyntheticTag(kSynWDown, l), L.w_down, d * ff, ff, false, hl(l, &LayerWeights::w_down)});
+                 hl(l, &LayerWeights::w_up), r * ff * d});
+    t.push_back({SyntheticTag(kSynWDown, l), L.w_down, d * ff, N * ff, false,
+                 hl(l, &LayerWeights::w_down), r * ff, N > 1 ? ff : 0, N * ff});
   }
   return t;
 }
@@ -329,6 +417,12 @@ absl::Status CudaBackend::LoadWeights(const LoadedModel& model) {
   const ModelWeights* host = on_device ? nullptr : model.weights.get();
   if (!on_device && host == nullptr) {
     return absl::InvalidArgumentError("cuda backend: model has no host weights");
+  }
+  // Tensor parallelism: the rank's slice of the host weights, cut on the host before upload.
+  std::unique_ptr<ModelWeights> slice;
+  if (host != nullptr && tensor_parallel()) {
+    ASSIGN_OR_RETURN(slice, ShardWeights(*host, options_.shard));
+    host = slice.get();
   }
 
   // Layout of the one weight allocation.
@@ -421,6 +515,9 @@ absl::Status CudaBackend::LoadWeights(const LoadedModel& model) {
     p.seed = model.seed;
     p.tag = t.tag;
     p.bound = t.fan_in > 0 ? SyntheticLinearBound(uint32_t(t.fan_in)) : 0.0f;
+    p.first = t.first;
+    p.cols = t.cols;
+    p.global_cols = t.global_cols;
     RETURN_IF_ERROR(cuda_model::LaunchSyntheticFill(p, stream_));
   }
   LAZYRAG_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
@@ -464,6 +561,7 @@ absl::Status CudaBackend::InitPool(int num_pages, int page_size) {
   }
   RETURN_IF_ERROR(SetDevice());
   LAZYRAG_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
+  ClearGraphs();  // they address the old pool
   num_pages_ = 0;
   pool_.Release();
   const int64_t kv_elems = int64_t(num_pages) * page_size * config_.kv_dim();
@@ -549,6 +647,7 @@ absl::StatusOr<char*> CudaBackend::Upload(const UploadPlan& plan) {
   // The previous upload must have left the pinned buffer before it is rewritten.
   LAZYRAG_RETURN_IF_CUDA_ERROR(cudaEventSynchronize(upload_done_));
   RETURN_IF_ERROR(upload_host_.Reserve(bytes));
+  if (bytes > upload_device_.size()) ClearGraphs();  // they read the buffer that moves now
   RETURN_IF_ERROR(upload_device_.Reserve(bytes));
   plan.CopyTo(upload_host_.data());
   LAZYRAG_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(upload_device_.data(), upload_host_.data(), bytes,
@@ -559,6 +658,7 @@ absl::StatusOr<char*> CudaBackend::Upload(const UploadPlan& plan) {
 
 absl::Status CudaBackend::ReserveActivations(int tokens, int rows) {
   if (tokens <= act_tokens_ && rows <= act_rows_) return absl::OkStatus();
+  ClearGraphs();  // they address the old activations
   const int T = std::max(act_tokens_, (tokens + 63) / 64 * 64);
   const int R = std::max(act_rows_, (rows + 7) / 8 * 8);
   const ModelConfig& c = config_;
@@ -633,18 +733,26 @@ absl::Status CudaBackend::Forward(const ForwardBatch& batch, std::vector<float>*
     }
   }
 
+  // Page indices go last: the offsets of everything else depend only on (T, B, S, R), which
+  // the graph key holds.
   UploadPlan plan;
   const size_t o_tokens = plan.Add(batch.tokens), o_kv_pos = plan.Add(batch.kv_pos),
                o_kv_slot = plan.Add(batch.kv_slot), o_q_indptr = plan.Add(v.q_indptr),
                o_q_pos = plan.Add(v.q_pos), o_seg_indptr = plan.Add(v.seg_indptr),
                o_seg_start = plan.Add(v.seg_start), o_seg_len = plan.Add(v.seg_len),
-               o_page_indptr = plan.Add(v.page_indptr), o_page_indices = plan.Add(v.page_indices),
-               o_rows = plan.Add(batch.logit_rows), o_row_request = plan.Add(row_request);
+               o_page_indptr = plan.Add(v.page_indptr), o_rows = plan.Add(batch.logit_rows),
+               o_row_request = plan.Add(row_request), o_page_indices = plan.Add(v.page_indices);
   RETURN_IF_ERROR(ReserveActivations(T, R));
   ASSIGN_OR_RETURN(char* dev, Upload(plan));
   auto i32 = [&](size_t off) { return reinterpret_cast<const int32_t*>(dev + off); };
 
-  SegmentView view;
+  Step step;
+  step.tokens = i32(o_tokens);
+  step.kv_pos = i32(o_kv_pos);
+  step.kv_slot = reinterpret_cast<const int64_t*>(dev + o_kv_slot);
+  step.logit_rows = i32(o_rows);
+  step.row_request = i32(o_row_request);
+  SegmentView& view = step.view;
   view.num_requests = B;
   view.num_q = T;
   view.page_size = page_size_;
@@ -655,14 +763,42 @@ absl::Status CudaBackend::Forward(const ForwardBatch& batch, std::vector<float>*
   view.seg_len = i32(o_seg_len);
   view.page_indptr = i32(o_page_indptr);
   view.page_indices = i32(o_page_indices);
-  const float* inv_freq = reinterpret_cast<const float*>(inv_freq_.data());
+  step.tokens_n = T;
+  step.rows_n = R;
+  step.max_q_len = max_q_len;
+  step.max_kv_len = max_kv_len;
+  step.decode = decode;
+  RETURN_IF_ERROR(RunStep(step, int(v.seg_start.size())));
+  // No logits: no sync (the next call queues behind this one). A pending delta_ needs no
+  // applying: the residual stream does not outlive the call, the KV pool is written.
+  if (R == 0) return absl::OkStatus();
+  const size_t logit_bytes = size_t(R) * c.vocab_size * sizeof(float);
+  RETURN_IF_ERROR(logits_host_.Reserve(logit_bytes));
+  LAZYRAG_RETURN_IF_CUDA_ERROR(
+      cudaMemcpyAsync(logits_host_.data(), logits_, logit_bytes, cudaMemcpyDeviceToHost, stream_));
+  LAZYRAG_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
+  const float* host = reinterpret_cast<const float*>(logits_host_.data());
+  logits->assign(host, host + size_t(R) * c.vocab_size);
+  return absl::OkStatus();
+}
 
+absl::Status CudaBackend::EnqueueStep(const Step& s) {
+  const ModelConfig& c = config_;
+  const int T = s.tokens_n, R = s.rows_n;
+  const SegmentView& view = s.view;
+  const int max_q_len = s.max_q_len, max_kv_len = s.max_kv_len;
+  const bool decode = s.decode;
+  const float* inv_freq = reinterpret_cast<const float*>(inv_freq_.data());
   const int d = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(), ff = c.intermediate_size;
   RETURN_IF_ERROR(
-      cuda_model::LaunchRopeTable({i32(o_kv_pos), inv_freq, rope_, T, c.head_dim / 2}, stream_));
+      cuda_model::LaunchRopeTable({s.kv_pos, inv_freq, rope_, T, c.head_dim / 2}, stream_));
   // Residual add: inside the O / down GEMMs (beta = 1) or, pending in delta_, fused into the
-  // next RMSNorm.
+  // next RMSNorm. Tensor parallelism: every rank holds the same residual x_; rank 0 adds its
+  // partial to it (beta = 1), the others overwrite it with theirs (beta = 0), and the
+  // all-reduce leaves x + sum of partials on every rank. Outside the GEMM the bf16 partials in
+  // delta_ are summed and every rank's next RMSNorm adds them to its own x_.
   const bool in_gemm = options_.residual_add_in_gemm;
+  const bool residual_rank = options_.shard.rank == 0;
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeightsDevice& L = layers_[l];
     cuda_model::RmsNormParams norm;
@@ -674,7 +810,7 @@ absl::Status CudaBackend::Forward(const ForwardBatch& batch, std::vector<float>*
     norm.x_out = x_;
     if (l == 0) {  // embedding gather fused into the first norm
       norm.embedding = embedding_;
-      norm.tokens = i32(o_tokens);
+      norm.tokens = s.tokens;
     } else {
       norm.x = x_;
       if (!in_gemm) norm.residual = delta_;
@@ -684,7 +820,7 @@ absl::Status CudaBackend::Forward(const ForwardBatch& batch, std::vector<float>*
     cuda_model::QkvScatterParams scatter;
     scatter.qkv = qkv_;
     scatter.rope = rope_;
-    scatter.kv_slot = reinterpret_cast<const int64_t*>(dev + o_kv_slot);
+    scatter.kv_slot = s.kv_slot;
     scatter.q = q_;
     scatter.k_cache = LayerK(l);
     scatter.v_cache = LayerV(l);
@@ -719,14 +855,16 @@ absl::Status CudaBackend::Forward(const ForwardBatch& batch, std::vector<float>*
       ap.v_cache = LayerV(l);
       ap.out = attn_;
       ap.inv_freq = inv_freq;
-      ap.row_request = i32(o_row_request);
+      ap.row_request = s.row_request;
       ap.view = view;
       RETURN_IF_ERROR(cuda_model::LaunchFallbackAttention(ap, stream_));
     }
     if (in_gemm) {
-      RETURN_IF_ERROR(Gemm(attn_, L.wo, x_, CUDA_R_32F, T, d, qd, true));
+      RETURN_IF_ERROR(Gemm(attn_, L.wo, x_, CUDA_R_32F, T, d, qd, residual_rank));
+      RETURN_IF_ERROR(AllReduce(x_, int64_t(T) * d, false));
     } else {
       RETURN_IF_ERROR(Gemm(attn_, L.wo, delta_, CUDA_R_16BF, T, d, qd, false));
+      RETURN_IF_ERROR(AllReduce(delta_, int64_t(T) * d, true));
     }
     cuda_model::RmsNormParams ffn_norm;
     ffn_norm.x = x_;
@@ -741,18 +879,17 @@ absl::Status CudaBackend::Forward(const ForwardBatch& batch, std::vector<float>*
     RETURN_IF_ERROR(Gemm(h_, L.w_gate_up, gate_up_, CUDA_R_16BF, T, 2 * ff, d, false));
     RETURN_IF_ERROR(cuda_model::LaunchSwiGlu({gate_up_, act_, T, ff}, stream_));
     if (in_gemm) {
-      RETURN_IF_ERROR(Gemm(act_, L.w_down, x_, CUDA_R_32F, T, d, ff, true));
+      RETURN_IF_ERROR(Gemm(act_, L.w_down, x_, CUDA_R_32F, T, d, ff, residual_rank));
+      RETURN_IF_ERROR(AllReduce(x_, int64_t(T) * d, false));
     } else {
       RETURN_IF_ERROR(Gemm(act_, L.w_down, delta_, CUDA_R_16BF, T, d, ff, false));
+      RETURN_IF_ERROR(AllReduce(delta_, int64_t(T) * d, true));
     }
   }
-  // No logits: no sync (the next call queues behind this one). A pending delta_ needs no
-  // applying: the residual stream does not outlive the call, the KV pool is written.
   if (R == 0) return absl::OkStatus();
-
   cuda_model::RmsNormParams final_norm;
   final_norm.x = x_;
-  final_norm.rows = i32(o_rows);
+  final_norm.rows = s.logit_rows;
   if (!in_gemm) final_norm.residual = delta_;
   final_norm.weight = final_norm_;
   final_norm.out = h_rows_;
@@ -761,14 +898,76 @@ absl::Status CudaBackend::Forward(const ForwardBatch& batch, std::vector<float>*
   final_norm.eps = c.rms_norm_eps;
   RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(final_norm, stream_));
   RETURN_IF_ERROR(Gemm(h_rows_, lm_head_, logits_, CUDA_R_32F, R, c.vocab_size, d, false));
-  const size_t logit_bytes = size_t(R) * c.vocab_size * sizeof(float);
-  RETURN_IF_ERROR(logits_host_.Reserve(logit_bytes));
-  LAZYRAG_RETURN_IF_CUDA_ERROR(
-      cudaMemcpyAsync(logits_host_.data(), logits_, logit_bytes, cudaMemcpyDeviceToHost, stream_));
-  LAZYRAG_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
-  const float* host = reinterpret_cast<const float*>(logits_host_.data());
-  logits->assign(host, host + size_t(R) * c.vocab_size);
   return absl::OkStatus();
+}
+
+absl::Status CudaBackend::RunStep(const Step& s, int num_segments) {
+  // Graphs for small steps only (decode and short query blocks, where ~12 launches per layer
+  // cost more than the kernels), one rank (a TP rank's graph would hold NCCL calls that every
+  // rank must replay in step), tensor-core attention.
+  const bool eligible = options_.cuda_graphs && !tensor_parallel() && tensor_core_attention_ &&
+                        s.tokens_n <= options_.graph_max_tokens;
+  if (!eligible) return EnqueueStep(s);
+  // The KV bound is rounded up so that a decode batch keeps its graph for kGraphKvBucket
+  // steps; a larger bound only adds splits that find no keys (the kernels mask by each
+  // request's own length).
+  constexpr int kGraphKvBucket = 1024;
+  Step g = s;
+  g.max_kv_len = (s.max_kv_len + kGraphKvBucket - 1) / kGraphKvBucket * kGraphKvBucket;
+  const GraphKey key = {g.tokens_n, g.rows_n, g.view.num_requests, num_segments, g.max_q_len,
+                        g.max_kv_len, g.decode ? 1 : 0};
+  ++graph_clock_;
+  if (auto it = graphs_.find(key); it != graphs_.end()) {
+    it->second.last_use = graph_clock_;
+    LAZYRAG_RETURN_IF_CUDA_ERROR(cudaGraphLaunch(it->second.exec, stream_));
+    return absl::OkStatus();
+  }
+  // Capture on the second sighting: a shape seen once (say, one request's prompt) is not worth
+  // the ~1 ms an instantiation costs.
+  if (graph_sightings_.size() > 4096) graph_sightings_.clear();
+  if (++graph_sightings_[key] < 2) return EnqueueStep(s);
+  graph_sightings_.erase(key);
+  if (graphs_.size() >= size_t(std::max(1, options_.max_graphs))) {
+    auto lru = graphs_.begin();
+    for (auto it = graphs_.begin(); it != graphs_.end(); ++it) {
+      if (it->second.last_use < lru->second.last_use) lru = it;
+    }
+    LAZYRAG_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
+    cudaGraphExecDestroy(lru->second.exec);
+    graphs_.erase(lru);
+  }
+  LAZYRAG_RETURN_IF_CUDA_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  absl::Status queued = EnqueueStep(g);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+  cudaGraphExec_t exec = nullptr;
+  cudaError_t inst = cudaErrorUnknown;
+  if (queued.ok() && end == cudaSuccess && graph != nullptr) {
+    inst = cudaGraphInstantiate(&exec, graph, 0);
+  }
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  if (!queued.ok() || end != cudaSuccess || inst != cudaSuccess) {
+    // Nothing ran while capturing: run the step eagerly, and never capture this shape again
+    // (a sighting count that cannot reach 2).
+    (void)cudaGetLastError();
+    graph_sightings_[key] = std::numeric_limits<int>::min();
+    LOG_WARNING << "cuda backend: no CUDA graph for a step of " << s.tokens_n << " tokens ("
+                << (queued.ok() ? cudaGetErrorString(end != cudaSuccess ? end : inst)
+                                : queued.ToString())
+                << "); running it without";
+    return EnqueueStep(s);
+  }
+  graphs_[key] = {exec, graph_clock_};
+  LAZYRAG_RETURN_IF_CUDA_ERROR(cudaGraphLaunch(exec, stream_));
+  return absl::OkStatus();
+}
+
+void CudaBackend::ClearGraphs() {
+  if (graphs_.empty()) return;
+  cudaStreamSynchronize(stream_);  // no launch of them may still be queued
+  for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
+  graphs_.clear();
+  graph_sightings_.clear();
 }
 
 absl::Status CudaBackend::Materialize(const std::vector<MaterializeCopy>& copies) {
@@ -824,6 +1023,22 @@ absl::Status CudaBackend::Materialize(const std::vector<MaterializeCopy>& copies
   return cuda_model::LaunchFallbackMaterialize(p, stream_);
 }
 
+cuda_model::KvTransportParams CudaBackend::TransportParams(const int32_t* pages, int num_tokens,
+                                                           uint16_t* buffer, bool to_buffer) const {
+  cuda_model::KvTransportParams p;
+  p.pool = pool_k_;
+  p.layer_stride = layer_stride_;
+  p.v_offset = kv_elems_;
+  p.num_layers = config_.num_layers;
+  p.page_size = page_size_;
+  p.kv_dim = config_.kv_dim();
+  p.pages = pages;
+  p.num_tokens = num_tokens;
+  p.buffer = buffer;
+  p.to_buffer = to_buffer;
+  return p;
+}
+
 absl::Status CudaBackend::ExportKv(const std::vector<int32_t>& pages, int num_tokens,
                                    std::string* out) {
   absl::MutexLock lock(&mu_);
@@ -838,18 +1053,10 @@ absl::Status CudaBackend::ExportKv(const std::vector<int32_t>& pages, int num_to
   ASSIGN_OR_RETURN(char* dev, Upload(plan));
   DeviceBuffer staging;
   RETURN_IF_ERROR(staging.Allocate(bytes));
-  cuda_model::KvTransportParams p;
-  p.pool = pool_k_;
-  p.layer_stride = layer_stride_;
-  p.v_offset = kv_elems_;
-  p.num_layers = config_.num_layers;
-  p.page_size = page_size_;
-  p.kv_dim = config_.kv_dim();
-  p.pages = reinterpret_cast<const int32_t*>(dev + o_pages);
-  p.num_tokens = num_tokens;
-  p.buffer = reinterpret_cast<uint16_t*>(staging.data());
-  p.to_buffer = true;
-  RETURN_IF_ERROR(cuda_model::LaunchKvTransport(p, stream_));
+  RETURN_IF_ERROR(cuda_model::LaunchKvTransport(
+      TransportParams(reinterpret_cast<const int32_t*>(dev + o_pages), num_tokens,
+                      reinterpret_cast<uint16_t*>(staging.data()), /*to_buffer=*/true),
+      stream_));
   LAZYRAG_RETURN_IF_CUDA_ERROR(
       cudaMemcpyAsync(out->data(), staging.data(), bytes, cudaMemcpyDeviceToHost, stream_));
   LAZYRAG_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
@@ -875,29 +1082,118 @@ absl::Status CudaBackend::ImportKv(const std::vector<int32_t>& pages, int num_to
   RETURN_IF_ERROR(staging.Allocate(bytes));
   LAZYRAG_RETURN_IF_CUDA_ERROR(
       cudaMemcpyAsync(staging.data(), data.data(), bytes, cudaMemcpyHostToDevice, stream_));
-  cuda_model::KvTransportParams p;
-  p.pool = pool_k_;
-  p.layer_stride = layer_stride_;
-  p.v_offset = kv_elems_;
-  p.num_layers = config_.num_layers;
-  p.page_size = page_size_;
-  p.kv_dim = config_.kv_dim();
-  p.pages = reinterpret_cast<const int32_t*>(dev + o_pages);
-  p.num_tokens = num_tokens;
-  p.buffer = reinterpret_cast<uint16_t*>(staging.data());
-  p.to_buffer = false;
-  RETURN_IF_ERROR(cuda_model::LaunchKvTransport(p, stream_));
+  RETURN_IF_ERROR(cuda_model::LaunchKvTransport(
+      TransportParams(reinterpret_cast<const int32_t*>(dev + o_pages), num_tokens,
+                      reinterpret_cast<uint16_t*>(staging.data()), /*to_buffer=*/false),
+      stream_));
   LAZYRAG_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
+}
+
+absl::Status CudaBackend::AllReduce(void* data, int64_t count, bool bf16) {
+  if (!tensor_parallel() || count == 0) return absl::OkStatus();
+#ifdef LAZYRAG_HAVE_NCCL
+  LAZYRAG_RETURN_IF_NCCL_ERROR(ncclAllReduce(data, data, size_t(count),
+                                             bf16 ? ncclBfloat16 : ncclFloat, ncclSum,
+                                             static_cast<ncclComm_t>(options_.nccl_comm), stream_));
+  return absl::OkStatus();
+#else
+  (void)data;
+  (void)bf16;
+  return absl::UnimplementedError("cuda backend: built without NCCL (no tensor parallelism)");
+#endif
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const LoadedModel& model,
                                                            const CudaBackendOptions& options) {
-  auto backend = std::make_unique<CudaBackend>(model.config, options);
+  absl::StatusOr<ModelConfig> config = ShardConfig(model.config, options.shard);
+  absl::Status st = config.status();
+  if (st.ok() && options.shard.size > 1 && options.nccl_comm == nullptr) {
+    st = absl::InvalidArgumentError("cuda backend: tensor parallel rank without an NCCL comm");
+  }
+#ifndef LAZYRAG_HAVE_NCCL
+  if (st.ok() && options.shard.size > 1) {
+    st = absl::UnimplementedError("cuda backend: built without NCCL (no tensor parallelism)");
+  }
+#endif
+  if (!st.ok()) {
+#ifdef LAZYRAG_HAVE_NCCL
+    if (options.nccl_comm != nullptr) ncclCommDestroy(static_cast<ncclComm_t>(options.nccl_comm));
+#endif
+    return st;
+  }
+  // From here the backend owns the comm.
+  auto backend = std::make_unique<CudaBackend>(*config, options);
   RETURN_IF_ERROR(backend->Init(model));
   return std::unique_ptr<Backend>(std::move(backend));
+}
+
+bool CudaBackendHasNccl() {
+#ifdef LAZYRAG_HAVE_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaTensorParallelBackend(
+    const LoadedModel& model, int tensor_parallel, const CudaBackendOptions& options) {
+  RETURN_IF_ERROR(model.config.Validate());
+  RETURN_IF_ERROR(CheckShardable(model.config, {tensor_parallel, 0}));
+  const int n = tensor_parallel;
+  std::vector<std::unique_ptr<Backend>> ranks(n);
+  if (n == 1) {
+    CudaBackendOptions o = options;
+    o.shard = {};
+    o.nccl_comm = nullptr;
+    ASSIGN_OR_RETURN(ranks[0], CreateCudaBackend(model, o));
+    return CreateTensorParallelBackend(model.config, std::move(ranks));
+  }
+#ifndef LAZYRAG_HAVE_NCCL
+  return absl::UnimplementedError(absl::StrCat("cuda backend: tensor parallelism over ", n,
+                                               " GPUs needs NCCL, not found at build time"));
+#else
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+  if (options.device < 0 || options.device + n > count) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuda backend: tensor parallelism over ", n, " GPUs from device ", options.device,
+        " needs devices up to ", options.device + n - 1, "; ", count, " present"));
+  }
+  // NVLink multicast (NVLS) off unless the user set it: setenv does not overwrite.
+  setenv("NCCL_NVLS_ENABLE", "0", 0);
+  std::vector<int> devices(n);
+  for (int r = 0; r < n; ++r) devices[r] = options.device + r;
+  std::vector<ncclComm_t> comms(n, nullptr);
+  LAZYRAG_RETURN_IF_NCCL_ERROR(ncclCommInitAll(comms.data(), n, devices.data()));
+  // One thread per rank: weight generation / upload on every device at once.
+  std::vector<absl::Status> status(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      CudaBackendOptions o = options;
+      o.device = devices[r];
+      o.shard = {n, r};
+      o.nccl_comm = comms[r];  // owned by the rank from here, also on failure
+      auto b = CreateCudaBackend(model, o);
+      if (b.ok()) {
+        ranks[r] = std::move(*b);
+      } else {
+        status[r] = b.status();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    if (!status[r].ok()) {
+      return absl::Status(status[r].code(),
+                          absl::StrCat("tensor parallel rank ", r, ": ", status[r].message()));
+    }
+  }
+  return CreateTensorParallelBackend(model.config, std::move(ranks));
+#endif
 }
 
 absl::StatusOr<std::vector<float>> ReadCudaWeight(Backend& backend, uint32_t tag, int64_t offset,

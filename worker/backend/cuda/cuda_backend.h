@@ -13,6 +13,14 @@
 // * Attention: worker/kernels LazyAttentionDecode when every request has one query row, else
 //   LazyAttentionPrefill (head dims 64 and 128); a CUDA-core fallback for other head dims.
 //
+// * Tensor parallelism (options.shard, worker/backend/tp_shard.h): the backend holds rank r's
+//   slice (heads, KV heads, intermediate columns); synthetic slices are generated with their
+//   global indices, so TP=N weights are bit-identical slices of TP=1's; host weights are sliced
+//   on the host before upload. The O and down projections' partial sums are all-reduced with
+//   NCCL on the backend's stream (rank 0 adds the residual inside the GEMM, the others write
+//   their partials, ncclAllReduce(x) leaves residual + partials on every rank; with the
+//   residual outside the GEMM the bf16 projection outputs are all-reduced in bf16).
+//
 // Thread safety: every method takes an internal lock; calls are serialized on one stream.
 #pragma once
 
@@ -22,6 +30,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/backend/backend.h"
+#include "worker/backend/tp_shard.h"
 #include "worker/model/model_source.h"
 
 namespace lazyrag {
@@ -39,6 +48,22 @@ struct CudaBackendOptions {
   // on the H200 (2026-11-29, 8B shape) they were within 1% of each other, so the default keeps
   // the fp32 residual add (one rounding less).
   bool residual_add_in_gemm = true;
+  // CUDA graphs for steps of at most graph_max_tokens tokens (decode batches, short query
+  // blocks): a step shape seen a second time is captured once and replayed from then on
+  // (~12 kernels per layer launched as one graph). Keyed by tokens, logit rows, requests,
+  // segments, longest query and longest KV rounded up to 1024; at most max_graphs kept (least
+  // recently used dropped). One rank only (not with tensor parallelism). ttft_bench
+  // --cuda_graphs 0|1 measures both.
+  bool cuda_graphs = true;
+  int graph_max_tokens = 256;
+  int max_graphs = 64;
+  // Tensor parallelism: this backend is rank shard.rank of shard.size (CreateCudaBackend takes
+  // the global model and keeps the rank's slice). `nccl_comm` is that rank's ncclComm_t
+  // (opaque here so that this header needs no NCCL), REQUIRED when shard.size > 1; the backend
+  // takes ownership (ncclCommDestroy), also when creation fails.
+  // CreateCudaTensorParallelBackend sets these.
+  TpShard shard;
+  void* nccl_comm = nullptr;
 };
 
 // INVALID_ARGUMENT for a config the backend cannot run or host weights of the wrong size;
@@ -47,8 +72,22 @@ struct CudaBackendOptions {
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const LoadedModel& model,
                                                            const CudaBackendOptions& options = {});
 
+// N ranks of the CUDA backend on devices options.device .. options.device + N - 1 behind one
+// TensorParallelBackend (worker/backend/tensor_parallel.h), with one NCCL communicator per rank
+// (ncclCommInitAll; NCCL_NVLS_ENABLE defaults to 0 here: NVLink multicast off unless the
+// environment says otherwise). Ranks are built in parallel, one thread per device. N = 1 gives
+// the wrapper over one plain backend (no NCCL). INVALID_ARGUMENT when the model does not split
+// into N ranks; FAILED_PRECONDITION with fewer than N devices; UNIMPLEMENTED for N > 1 in a
+// build without NCCL.
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaTensorParallelBackend(
+    const LoadedModel& model, int tensor_parallel, const CudaBackendOptions& options = {});
+
+// True when this build has NCCL (tensor parallelism over several GPUs).
+bool CudaBackendHasNccl();
+
 // For tests: elements [offset, offset + count) of one weight tensor as stored on the device
-// (bf16 widened to fp32; norm weights are fp32), named by its synthetic tag
+// (bf16 widened to fp32; norm weights are fp32; a tensor-parallel rank's own slice), named by
+// its synthetic tag
 // (worker/model/synthetic_init.h: SyntheticTag(kind, layer)). INVALID_ARGUMENT when `backend`
 // is not a CUDA backend or the range is outside the tensor.
 absl::StatusOr<std::vector<float>> ReadCudaWeight(Backend& backend, uint32_t tag, int64_t offset,

@@ -263,6 +263,40 @@ TEST(CudaBackendTest, SmolLm2ShapeMatchesCpuAllModes) {
   }
 }
 
+// CUDA graphs (CudaBackendOptions::cuda_graphs): the same requests run three times on a backend
+// with graphs and on one without. Step shapes repeat across runs and across decode steps (one
+// 1024-token KV bucket), so steps run eagerly, are captured, then replayed; LAZY and
+// MATERIALIZE alternate (MATERIALIZE's copies grow the upload buffer, which drops the graphs).
+// Replays must give the eager logits (up to the split count the rounded KV bound may change).
+TEST(CudaBackendTest, CudaGraphReplaysMatchEagerSteps) {
+  SKIP_WITHOUT_DEVICE();
+  LoadedModel m = LoadWithHostWeights("synthetic:smollm2-135m@5");
+  CudaBackendOptions with, without;
+  with.cuda_graphs = true;
+  without.cuda_graphs = false;
+  auto g = CreateCudaBackend(m, with);
+  auto e = CreateCudaBackend(m, without);
+  ASSERT_TRUE(g.ok() && e.ok());
+  auto cpu = CreateCpuBackend(std::move(m.weights));
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  std::unique_ptr<Engine> graphs = MakeEngine(std::move(*g), 16, 128);
+  std::unique_ptr<Engine> eager = MakeEngine(std::move(*e), 16, 128);
+  std::unique_ptr<Engine> ref = MakeEngine(std::move(*cpu), 16, 128);
+  ASSERT_TRUE(graphs && eager && ref);
+  std::mt19937 rng(11);
+  const int vocab = ref->config().vocab_size;
+  TokenPrompt rag = RagPrompt(rng, vocab, {37, 250, 100}, 21);
+  for (int run = 0; run < 3; ++run) {
+    for (AttentionMode mode : {AttentionMode::kLazy, AttentionMode::kMaterialize}) {
+      SCOPED_TRACE(testing::Message() << "run " << run << ", mode " << int(mode));
+      const ModeRun replayed = RunMode(*graphs, rag, mode, 6);
+      ExpectRunsMatch(replayed, RunMode(*eager, rag, mode, 6), 2e-3, "graphs vs eager");
+      if (run == 2) ExpectRunsMatch(replayed, RunMode(*ref, rag, mode, 6), kLogitTolerance,
+                                    "graphs vs CPU");
+    }
+  }
+}
+
 // Backend-level batches with several requests: prefill chunks, decode-only (the decode
 // kernel with 2 requests) and a mixed prefill + decode batch over shared segments.
 TEST(CudaBackendTest, MultiRequestBatchesMatchCpu) {

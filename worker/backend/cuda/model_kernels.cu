@@ -251,8 +251,10 @@ __device__ __forceinline__ void SyntheticFillBody(const SyntheticFillParams& p) 
        i += int64_t(gridDim.x) * blockDim.x) {
     // The loader's expressions (worker/model/synthetic_init.h): products of two factors only,
     // so no fused multiply-add can make device and host values differ.
-    const float v = p.bound > 0.0f ? SyntheticLinearWeight(p.seed, p.tag, uint64_t(i), p.bound)
-                                   : SyntheticUniform(p.seed, p.tag, uint64_t(i));
+    const uint64_t g =
+        uint64_t(p.first + (p.cols > 0 ? (i / p.cols) * p.global_cols + i % p.cols : i));
+    const float v = p.bound > 0.0f ? SyntheticLinearWeight(p.seed, p.tag, g, p.bound)
+                                   : SyntheticUniform(p.seed, p.tag, g);
     p.dst[i] = FloatToBf16(v);
   }
 }

@@ -78,14 +78,20 @@ struct SwiGluParams {
 absl::Status LaunchSwiGlu(const SwiGluParams& p, cudaStream_t stream);
 
 // Synthetic weights in device memory, bit-identical to the loader's fp32 values before bf16
-// rounding: dst[i] = bf16(bound * u(seed, tag, offset + i)) when bound > 0 (linear weights),
-// bf16(u(seed, tag, offset + i)) when bound == 0 (embeddings).
+// rounding: dst[i] = bf16(bound * u(seed, tag, g(i))) when bound > 0 (linear weights),
+// bf16(u(seed, tag, g(i))) when bound == 0 (embeddings), where g(i) is the element's index in
+// the whole tensor: first + i for a contiguous range (cols == 0), or, for a block of columns of
+// a row-major [rows, global_cols] matrix (a tensor-parallel rank's slice of wo / w_down),
+// first + (i / cols) * global_cols + i % cols.
 struct SyntheticFillParams {
   uint16_t* dst = nullptr;
   int64_t n = 0;
   uint64_t seed = 0;
   uint32_t tag = 0;
   float bound = 0.0f;
+  int64_t first = 0;
+  int64_t cols = 0;
+  int64_t global_cols = 0;
 };
 absl::Status LaunchSyntheticFill(const SyntheticFillParams& p, cudaStream_t stream);
 

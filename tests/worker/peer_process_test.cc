@@ -1,0 +1,241 @@
+// Issue 9 (peer tier), against real processes on loopback: a worker that lacks a document
+// takes it from a peer worker's pool (lazyrag.v1.PeerDocuments) instead of computing it or
+// reading the kvstore; a peer that is down means the kvstore, then compute; bad --peers
+// refuses to start.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kvstore/tests/test_util.h"
+#include "lazyrag/v1/inference.grpc.pb.h"
+#include "lazyrag/v1/peer.grpc.pb.h"
+
+namespace lazyrag {
+namespace {
+
+using kvstore::testing::FetchMetrics;
+using kvstore::testing::KvStoreProcess;
+using kvstore::testing::MetricValue;
+using kvstore::testing::ReadyProcess;
+using kvstore::testing::TempDir;
+
+const char kModel[] = "synthetic:tiny";
+
+class WorkerProcess {
+ public:
+  explicit WorkerProcess(std::vector<std::string> args) : args_(std::move(args)) {}
+  absl::Status Start() {
+    std::vector<std::string> args = {LAZYRAG_WORKER_BINARY, "--listen=127.0.0.1:0",
+                                     "--metrics_port=0", "--metrics_host=127.0.0.1",
+                                     std::string("--model=") + kModel};
+    args.insert(args.end(), args_.begin(), args_.end());
+    if (absl::Status st = process_.Start(std::move(args)); !st.ok()) return st;
+    stub_ = v1::Inference::NewStub(
+        grpc::CreateChannel(process_.address(), grpc::InsecureChannelCredentials()));
+    return absl::OkStatus();
+  }
+  void Stop(int signal) { process_.Stop(signal); }
+  v1::Inference::Stub &stub() { return *stub_; }
+  const std::string &address() const { return process_.address(); }
+  double Metric(const std::string &name) {
+    auto m = FetchMetrics(process_.metrics_port());
+    return m.ok() ? MetricValue(*m, name) : -2;
+  }
+
+ private:
+  std::vector<std::string> args_;
+  ReadyProcess process_;
+  std::unique_ptr<v1::Inference::Stub> stub_;
+};
+
+struct Reply {
+  grpc::Status status;
+  std::vector<int32_t> tokens;
+  v1::GenerateResponse last;
+};
+
+Reply Generate(v1::Inference::Stub &stub, const v1::GenerateRequest &req) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto reader = stub.Generate(&ctx, req);
+  Reply r;
+  v1::GenerateResponse m;
+  while (reader->Read(&m)) {
+    r.tokens.insert(r.tokens.end(), m.token_ids().begin(), m.token_ids().end());
+    if (m.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) r.last = m;
+  }
+  r.status = reader->Finish();
+  return r;
+}
+
+std::string DocText(int i) {
+  return absl::StrCat("Peer document ", i, ": the ferry ", i * 3 % 7, " crosses lake ", i * 11 % 13,
+                      " twice a day, carrying ", i + 4, " carts of apples.");
+}
+
+v1::GenerateRequest Request(const std::vector<int> &docs, const std::string &query) {
+  v1::GenerateRequest r;
+  for (int d : docs) r.add_documents()->set_text(DocText(d));
+  r.set_query(query);
+  r.set_max_tokens(10);
+  r.set_ignore_eos(true);
+  return r;
+}
+
+const std::string kModelLabel = std::string("{model=\"") + kModel + "\"}";
+std::string Tier(const char *tier) {
+  return absl::StrCat("lazyrag_doc_cache_hits_total{model=\"", kModel, "\",tier=\"", tier, "\"}");
+}
+
+TEST(PeerProcessTest, WorkerTakesDocumentsFromAPeerInsteadOfComputingOrTheKvstore) {
+  TempDir dir;
+  KvStoreProcess kv(LAZYRAG_KVSTORE_BINARY, dir.path() + "/kv", {"--sync_commits=false"});
+  ASSERT_TRUE(kv.Start().ok());
+  WorkerProcess b({});  // holds the documents; no kvstore
+  ASSERT_TRUE(b.Start().ok());
+  Reply warm = Generate(b.stub(), Request({0, 1, 2}, "Which ferry carries apples?"));
+  ASSERT_TRUE(warm.status.ok()) << warm.status.error_message();
+
+  WorkerProcess a({"--peers=" + b.address(), "--kvstore=" + kv.address()});
+  ASSERT_TRUE(a.Start().ok());
+  const v1::GenerateRequest req = Request({2, 0, 1}, "How often does the ferry cross?");
+  Reply got = Generate(a.stub(), req);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  const v1::Usage &u = got.last.usage();
+  EXPECT_GT(u.document_tokens(), 0);
+  EXPECT_EQ(u.store_document_tokens(), u.document_tokens());
+  EXPECT_EQ(u.cached_document_tokens(), u.document_tokens());
+  EXPECT_EQ(a.Metric("lazyrag_doc_computed_total" + kModelLabel), 0);
+  EXPECT_EQ(a.Metric(Tier("peer")), 3);
+  EXPECT_EQ(a.Metric(Tier("store")), 0);
+  // Three documents, plus the system-prompt block when the template has one.
+  const double hits = a.Metric("lazyrag_worker_peer_fetch_total{result=\"hit\"}");
+  EXPECT_GE(hits, 3);
+  EXPECT_GT(a.Metric("lazyrag_worker_peer_fetch_bytes_total"), 0);
+  EXPECT_EQ(b.Metric("lazyrag_worker_peer_serve_total{result=\"hit\"}"), hits);
+  // The kvstore was never asked for them (no get at all), and nothing came from a peer is
+  // written back to it.
+  EXPECT_LE(a.Metric("lazyrag_kvstore_requests_total{op=\"get\",result=\"miss\"}"), 0);
+  EXPECT_LE(a.Metric("lazyrag_kvstore_requests_total{op=\"get\",result=\"hit\"}"), 0);
+  EXPECT_LE(a.Metric("lazyrag_kvstore_requests_total{op=\"put\",result=\"ok\"}"), 0);
+
+  // Equal to a fresh computation of the same request.
+  WorkerProcess fresh({});
+  ASSERT_TRUE(fresh.Start().ok());
+  Reply ref = Generate(fresh.stub(), req);
+  ASSERT_TRUE(ref.status.ok());
+  EXPECT_EQ(ref.last.usage().cached_document_tokens(), 0);
+  EXPECT_EQ(got.tokens, ref.tokens);
+  EXPECT_EQ(got.tokens.size(), 10u);
+
+  // A document no peer holds: the peers miss, the kvstore misses, A computes it.
+  Reply other = Generate(a.stub(), Request({5}, "And the fifth?"));
+  ASSERT_TRUE(other.status.ok()) << other.status.error_message();
+  EXPECT_EQ(other.last.usage().computed_tokens(), other.last.usage().prompt_tokens());
+  EXPECT_GE(a.Metric("lazyrag_worker_peer_fetch_total{result=\"miss\"}"), 1);
+  EXPECT_GE(a.Metric("lazyrag_kvstore_requests_total{op=\"get\",result=\"miss\"}"), 1);
+  EXPECT_EQ(a.Metric("lazyrag_doc_computed_total" + kModelLabel), 1);
+}
+
+TEST(PeerProcessTest, PeerDownFallsBackToTheKvstoreThenToCompute) {
+  TempDir dir;
+  KvStoreProcess kv(LAZYRAG_KVSTORE_BINARY, dir.path() + "/kv", {"--sync_commits=false"});
+  ASSERT_TRUE(kv.Start().ok());
+  // W writes documents 3 and 4 back to the kvstore.
+  Reply first;
+  {
+    WorkerProcess w({"--kvstore=" + kv.address()});
+    ASSERT_TRUE(w.Start().ok());
+    first = Generate(w.stub(), Request({3, 4}, "Where is lake four?"));
+    ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+    for (int i = 0; i < 200; ++i) {
+      if (w.Metric("lazyrag_kvstore_requests_total{op=\"put\",result=\"ok\"}") >=
+          first.last.document_ids_size()) {
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    w.Stop(SIGKILL);
+  }
+  // A peer that held them is gone.
+  WorkerProcess dead({});
+  ASSERT_TRUE(dead.Start().ok());
+  ASSERT_TRUE(Generate(dead.stub(), Request({3, 4, 6}, "warm")).status.ok());
+  const std::string dead_address = dead.address();
+  dead.Stop(SIGKILL);
+
+  WorkerProcess a({"--peers=" + dead_address, "--kvstore=" + kv.address()});
+  ASSERT_TRUE(a.Start().ok());
+  Reply got = Generate(a.stub(), Request({3, 4}, "Where is lake four?"));
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.last.usage().store_document_tokens(), got.last.usage().document_tokens());
+  EXPECT_EQ(got.tokens, first.tokens);
+  EXPECT_EQ(a.Metric(Tier("store")), 2);
+  EXPECT_GE(a.Metric("lazyrag_worker_peer_fetch_total{result=\"unavailable\"}"), 1);
+  // Neither the dead peer nor the kvstore has document 6: computed, and the request succeeds.
+  Reply six = Generate(a.stub(), Request({6}, "And six?"));
+  ASSERT_TRUE(six.status.ok()) << six.status.error_message();
+  EXPECT_EQ(six.last.usage().cached_document_tokens(), 0);
+  EXPECT_EQ(a.Metric("lazyrag_doc_computed_total" + kModelLabel), 1);
+}
+
+TEST(PeerProcessTest, PeersOnlyWithoutKvstoreComputesOnAMiss) {
+  WorkerProcess b({});
+  ASSERT_TRUE(b.Start().ok());
+  WorkerProcess a({"--peers=" + b.address()});
+  ASSERT_TRUE(a.Start().ok());
+  Reply r = Generate(a.stub(), Request({8}, "Nobody has eight"));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.last.usage().cached_document_tokens(), 0);
+  EXPECT_GE(a.Metric("lazyrag_worker_peer_fetch_total{result=\"miss\"}"), 1);
+  // Now B asks A (a one-way --peers is enough for the direction that has it).
+  WorkerProcess c({"--peers=" + a.address()});
+  ASSERT_TRUE(c.Start().ok());
+  Reply rc = Generate(c.stub(), Request({8}, "Nobody has eight"));
+  ASSERT_TRUE(rc.status.ok());
+  EXPECT_EQ(rc.last.usage().store_document_tokens(), rc.last.usage().document_tokens());
+  EXPECT_EQ(rc.tokens, r.tokens);
+}
+
+TEST(PeerProcessTest, BadPeersFlagRefusesToStartAndBadCallsGetAClearStatus) {
+  WorkerProcess bad({"--peers=no-port-here"});
+  EXPECT_FALSE(bad.Start().ok());
+  WorkerProcess w({});
+  ASSERT_TRUE(w.Start().ok());
+  auto stub = v1::PeerDocuments::NewStub(
+      grpc::CreateChannel(w.address(), grpc::InsecureChannelCredentials()));
+  auto call = [&](const v1::PeerGetRequest &req) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto reader = stub->GetDocument(&ctx, req);
+    v1::PeerGetResponse m;
+    while (reader->Read(&m)) {
+    }
+    return reader->Finish();
+  };
+  v1::PeerGetRequest req;
+  req.set_document_id(std::string(64, 'a'));
+  EXPECT_EQ(call(req).error_code(), grpc::StatusCode::INVALID_ARGUMENT);  // no fingerprint
+  req.set_model_fingerprint("some-other-model");
+  grpc::Status st = call(req);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(st.error_message().find("some-other-model"), std::string::npos);
+  // With the worker's own fingerprint (named in that message): an id it does not hold.
+  const std::string msg = st.error_message();
+  const size_t from = msg.find("serves model ") + 13, to = msg.find(", not ");
+  ASSERT_NE(to, std::string::npos) << msg;
+  req.set_model_fingerprint(msg.substr(from, to - from));
+  st = call(req);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND) << st.error_message();
+  EXPECT_EQ(w.Metric("lazyrag_worker_peer_serve_total{result=\"miss\"}"), 1);
+}
+
+}  // namespace
+}  // namespace lazyrag
