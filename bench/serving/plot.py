@@ -82,12 +82,20 @@ def open_points(rows, mode, dist):
     return sorted(pts, key=lambda r: r["rate"])
 
 
+# An open-loop point keeps up when its achieved throughput is at least this share of the offered
+# rate. Throughput is measured from the first send to the last completion, which for 120
+# requests reads ~15% under the offered rate even when the server keeps up (ramp-down).
+KEEPS_UP = 0.8
+
+
 def sustained_rate(rows, mode, dist, bound_ms):
-    """Highest offered rate whose points up to it all succeeded with p99 TTFT under the bound."""
+    """Highest offered rate whose points up to it all succeeded, kept up (achieved >= KEEPS_UP x
+    offered) and had p99 TTFT under the bound."""
     best = None
     for r in open_points(rows, mode, dist):
         p99 = r["ttft"]["p99"]
-        if r["failed"] == 0 and p99 is not None and p99 <= bound_ms:
+        if (r["failed"] == 0 and p99 is not None and p99 <= bound_ms and
+                r["req_s"] >= KEEPS_UP * r["rate"]):
             best = r["rate"]
         else:
             break
@@ -176,8 +184,8 @@ def write_tables(rows, out, bound_ms):
                 cells(lz) + cells(mt) + [fmt(t_ratio), fmt(q_ratio)]) + " |")
             p["materialize_over_lazy_ttft"] = t_ratio
             p["lazy_over_materialize_req_s"] = q_ratio
-    lines += ["", f"## Saturation (highest offered rate with every request ok and p99 TTFT <= "
-              f"{bound_ms:g} ms; closed-loop throughput)", "",
+    lines += ["", f"## Saturation (highest offered rate with every request ok, achieved >= "
+              f"{KEEPS_UP:g} x offered and p99 TTFT <= {bound_ms:g} ms; closed-loop throughput)", "",
               "| mode | dist | sustained rate (req/s) | closed loop | req/s | output tok/s | "
               "TTFT mean |", "|---|---|---|---|---|---|---|"]
     sat = []
