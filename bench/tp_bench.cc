@@ -1,6 +1,7 @@
 // Tensor parallelism on the GPU (issue 9, must-show 2): for each (model, TP degree) — by default
-// synthetic:llama3-8b at TP=1 and TP=2 and synthetic:llama3-70b at TP=2 (141 GiB of bf16
-// weights: it does not fit one H200, which the bench shows by asking for it at TP=1) —
+// synthetic:llama3-8b at TP=1 and TP=2 and synthetic:llama3-70b at TP=2 (141 GB = 131 GiB of
+// bf16 weights: they fit one H200 but leave no room for a useful KV pool, which the bench
+// shows by asking for the 70B at TP=1 last) —
 //   * prefill throughput: one request of --prefill tokens in one forward step (tokens/s);
 //   * decode step latency at batch 1 and 64, each request over --decode_ctx cached tokens
 //     (backend Forward: upload, every layer, logits of every request to the host);
