@@ -55,7 +55,7 @@ export LD_LIBRARY_PATH="$PWD/$GPU_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   if [[ -x "$GPU_DIR/bin/tp_bench" && -n "${TP_CONFIGS:-}" ]]; then
     echo "== tp_bench $TP_CONFIGS"
     start=$(date +%s)
-    timeout 300 "$GPU_DIR/bin/tp_bench" --configs "$TP_CONFIGS" --out "$OUT/tp.json"
+    timeout "${TP_TIMEOUT:-300}" "$GPU_DIR/bin/tp_bench" --configs "$TP_CONFIGS" --out "$OUT/tp.json"
     echo "tp_bench: exit $? in $(( $(date +%s) - start )) s"
   fi
   if [[ "${HF:-1}" == 1 ]]; then
