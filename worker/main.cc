@@ -1,6 +1,6 @@
 // lazyrag-worker: one model on one device, serving lazyrag.v1.Inference.
 //   lazyrag-worker --listen HOST:PORT --model PATH|synthetic:NAME --device
-//   cpu|cuda [--tp N]
+//   cpu|cuda [--cuda_device N] [--tp N] [--peers HOST:PORT,...]
 //     --kvstore embedded:DIR|HOST:PORT,... --kv_pool_bytes N --page_size N
 //     --max_batch_tokens N --metrics_port N
 // Prints one line "lazyrag-worker ready grpc=HOST:PORT metrics=PORT" on stdout
@@ -22,8 +22,10 @@
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC address HOST:PORT; port 0 picks one");
 ABSL_FLAG(std::string, model, "", "GGUF path, Hugging Face directory or synthetic:NAME; required");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda");
+ABSL_FLAG(int, cuda_device, 0,
+          "cuda: the GPU index to run on (with --tp N: GPUs cuda_device..cuda_device+N-1)");
 ABSL_FLAG(int, tp, 1,
-          "tensor parallelism: ranks (cuda: GPUs 0..N-1 over NCCL; cpu: threads); 1: off");
+          "tensor parallelism: ranks (cuda: GPUs cuda_device.. over NCCL; cpu: threads); 1: off");
 ABSL_FLAG(bool, cuda_graphs, true,
           "cuda: replay decode and short query steps from CUDA graphs (captured on a step "
           "shape's second sighting)");
@@ -35,6 +37,11 @@ ABSL_FLAG(std::string, peers, "",
           "HOST:PORT[,HOST:PORT...] of peer workers on this host, asked for a missing document "
           "before the kvstore; empty: none");
 ABSL_FLAG(double, peer_timeout_s, 5, "deadline of one document transfer from a peer worker");
+ABSL_FLAG(bool, peer_device_copy, true,
+          "cuda: copy documents from peer workers' pools GPU to GPU when both can (false: always "
+          "as bytes over gRPC)");
+ABSL_FLAG(double, peer_lease_s, 10,
+          "cuda: how long a peer keeps a document pinned for this worker's GPU-to-GPU copy");
 ABSL_FLAG(int64_t, kv_pool_bytes, 0, "KV pool bytes; 0: 256 MiB on the CPU");
 ABSL_FLAG(int, page_size, 16, "tokens per KV page");
 ABSL_FLAG(int, max_batch_tokens, 2048, "per-step token budget (decode + prefill rows)");
@@ -49,7 +56,7 @@ ABSL_FLAG(double, shutdown_grace_s, 10, "seconds running calls get to finish at 
 int main(int argc, char **argv) {
   absl::SetProgramUsageMessage(
       "lazyrag-worker --listen HOST:PORT --model PATH|synthetic:NAME --device "
-      "cpu|cuda [--tp N] "
+      "cpu|cuda [--cuda_device N] [--tp N] [--peers HOST:PORT,...] "
       "--kvstore embedded:DIR|HOST:PORT,... --kv_pool_bytes N --page_size N "
       "--max_batch_tokens N --metrics_port N");
   absl::ParseCommandLine(argc, argv);
@@ -59,6 +66,7 @@ int main(int argc, char **argv) {
   options.runtime.model = absl::GetFlag(FLAGS_model);
   options.runtime.device = absl::GetFlag(FLAGS_device);
   options.runtime.tensor_parallel = absl::GetFlag(FLAGS_tp);
+  options.runtime.cuda_device = absl::GetFlag(FLAGS_cuda_device);
   options.runtime.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   options.runtime.kv_pool_bytes = absl::GetFlag(FLAGS_kv_pool_bytes);
   options.runtime.page_size = absl::GetFlag(FLAGS_page_size);
@@ -69,6 +77,8 @@ int main(int argc, char **argv) {
   options.kvstore = absl::GetFlag(FLAGS_kvstore);
   options.peers = lazyrag::SplitPeerList(absl::GetFlag(FLAGS_peers));
   options.peer_timeout_s = absl::GetFlag(FLAGS_peer_timeout_s);
+  options.peer_lease_s = absl::GetFlag(FLAGS_peer_lease_s);
+  options.peer_device_copy = absl::GetFlag(FLAGS_peer_device_copy);
   options.max_tokens_limit = absl::GetFlag(FLAGS_max_tokens_limit);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);

@@ -1,7 +1,9 @@
 // Issue 9 (peer tier), against real processes on loopback: a worker that lacks a document
 // takes it from a peer worker's pool (lazyrag.v1.PeerDocuments) instead of computing it or
 // reading the kvstore; a peer that is down means the kvstore, then compute; bad --peers
-// refuses to start.
+// refuses to start. CPU workers cannot lend their pool (the fast path, GetPool / LeaseDocument:
+// UNIMPLEMENTED), so documents travel as bytes (path 1); the GPU-to-GPU path is
+// peer_gpu_process_test.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
@@ -119,6 +121,10 @@ TEST(PeerProcessTest, WorkerTakesDocumentsFromAPeerInsteadOfComputingOrTheKvstor
   const double hits = a.Metric("lazyrag_worker_peer_fetch_total{result=\"hit\"}");
   EXPECT_GE(hits, 3);
   EXPECT_GT(a.Metric("lazyrag_worker_peer_fetch_bytes_total"), 0);
+  // CPU backends: no device leases, path 1 only.
+  EXPECT_EQ(a.Metric("lazyrag_worker_peer_fetch_total{result=\"lease\"}"), 0);
+  EXPECT_EQ(a.Metric("lazyrag_worker_peer_device_copy_total{result=\"ok\"}"), 0);
+  EXPECT_EQ(b.Metric("lazyrag_worker_peer_leases_total{result=\"granted\"}"), 0);
   EXPECT_EQ(b.Metric("lazyrag_worker_peer_serve_total{result=\"hit\"}"), hits);
   // The kvstore was never asked for them (no get at all), and nothing came from a peer is
   // written back to it.
@@ -235,6 +241,53 @@ TEST(PeerProcessTest, BadPeersFlagRefusesToStartAndBadCallsGetAClearStatus) {
   st = call(req);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND) << st.error_message();
   EXPECT_EQ(w.Metric("lazyrag_worker_peer_serve_total{result=\"miss\"}"), 1);
+
+  // The fast path's calls on a CPU worker: its pool cannot be lent.
+  const std::string fingerprint = req.model_fingerprint();
+  auto deadline = [](grpc::ClientContext &ctx) {
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  };
+  auto get_pool = [&](const std::string &fp) {
+    grpc::ClientContext ctx;
+    deadline(ctx);
+    v1::PeerPoolRequest r;
+    r.set_model_fingerprint(fp);
+    v1::PeerPool resp;
+    return stub->GetPool(&ctx, r, &resp);
+  };
+  auto lease = [&](const std::string &fp, const std::string &id, uint32_t ms) {
+    grpc::ClientContext ctx;
+    deadline(ctx);
+    v1::PeerLeaseRequest r;
+    r.set_model_fingerprint(fp);
+    r.set_document_id(id);
+    r.set_lease_ms(ms);
+    v1::PeerLease resp;
+    return stub->LeaseDocument(&ctx, r, &resp);
+  };
+  auto release = [&](uint64_t id) {
+    grpc::ClientContext ctx;
+    deadline(ctx);
+    v1::PeerReleaseRequest r;
+    r.set_lease_id(id);
+    v1::PeerReleaseResponse resp;
+    return stub->ReleaseLease(&ctx, r, &resp);
+  };
+  st = get_pool(fingerprint);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNIMPLEMENTED) << st.error_message();
+  EXPECT_FALSE(st.error_message().empty());
+  EXPECT_EQ(get_pool("").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(get_pool("some-other-model").error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  const std::string id(64, 'a');
+  st = lease(fingerprint, id, 0);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNIMPLEMENTED) << st.error_message();
+  EXPECT_EQ(lease("", id, 0).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(lease(fingerprint, "", 0).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(lease(fingerprint, id, 60001).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(lease("some-other-model", id, 0).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  st = release(12345);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND) << st.error_message();
+  EXPECT_EQ(release(0).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 }  // namespace

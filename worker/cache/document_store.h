@@ -9,10 +9,36 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
 namespace lazyrag {
+
+struct PeerPoolHandle;  // worker/backend/backend.h
+
+// A document lent in device memory instead of bytes (the peer tier's fast path, issue 9): its
+// pages stay pinned in a peer worker's KV pool until Finish (or the lease's expiry), and the
+// engine copies them into its own pages with Backend::CopyPagesFromPeer. Only stores that were
+// given EnableDeviceLeases hand these out. Thread-compatible: one owner at a time.
+class DeviceLease {
+ public:
+  // Releases the lease when Finish was not called (as Finish(CANCELLED)).
+  virtual ~DeviceLease() = default;
+  // The peer's pool, to pass to Backend::CopyPagesFromPeer.
+  virtual const PeerPoolHandle &pool() const = 0;
+  // The document's pages in the peer's pool, in document order.
+  virtual const std::vector<int32_t> &pages() const = 0;
+  // The document's token ids (checked by the store to hash to the id asked for).
+  virtual const std::vector<int32_t> &tokens() const = 0;
+  // False once the peer may have unpinned the pages (the lease expired, with a margin): the
+  // pages must not be read then, and a copy that ended after it must be thrown away.
+  virtual bool Valid() const = 0;
+  // Ends the lease (the peer unpins; asynchronous, never blocks on the network) and reports how
+  // the copy went: OK counts a device transfer; an error other than CANCELLED makes the store
+  // serve bytes from that peer for a while instead. Idempotent.
+  virtual void Finish(const absl::Status &copy_status) = 0;
+};
 
 // One stored document. `metadata` is the small header
 // (worker/engine/document_codec.h), `bytes` the token ids and KV payload. Both
@@ -23,6 +49,9 @@ struct StoredDocument {
   // Where a Get found it: "" = the store itself (the kvstore); "peer" = another
   // worker's KV pool (worker/peer/peer_store.h). Not stored; metrics only.
   std::string origin;
+  // Set instead of metadata and bytes when a peer lent the document in device memory (only
+  // after EnableDeviceLeases). The engine copies it, then calls Finish.
+  std::shared_ptr<DeviceLease> lease = nullptr;
 };
 
 // Thread-safe: the engine calls Get from its fetch thread and Put from its
@@ -52,6 +81,11 @@ class DocumentStore {
   // false when Put would keep nothing (peers only, no kvstore behind them): the
   // engine then skips exporting computed documents for write-back.
   virtual bool accepts_writes() const { return true; }
+  // Called once by the engine, before any Get, when its backend can copy pages from another
+  // worker's pool (Backend::ExportPoolHandle succeeded): `local` is its own pool. From then on
+  // a tier that can (peer workers whose pool layout matches) may answer Get with a lease.
+  // Default: ignored (bytes only).
+  virtual void EnableDeviceLeases(const PeerPoolHandle &local) { (void)local; }
 };
 
 struct DocumentStoreOptions {

@@ -18,6 +18,12 @@ int PagesFor(int64_t tokens, int page_size) { return int((tokens + page_size - 1
 
 Engine::Engine(std::unique_ptr<Backend> backend, const EngineOptions &options)
     : options_(options), backend_(std::move(backend)) {
+  // REQUIRES: InitPool done (Create). Asked here, before the scheduler thread drives the backend.
+  pool_handle_ = backend_->ExportPoolHandle();
+  if (options.store != nullptr && pool_handle_.ok()) {
+    // Peer workers whose pool layout matches may lend documents in device memory.
+    options.store->EnableDeviceLeases(*pool_handle_);
+  }
   allocator_ = std::make_unique<PageAllocator>(options.num_pages);
   table_ = std::make_unique<DocumentTable>(allocator_.get());
   if (options.registry != nullptr) {
@@ -163,6 +169,21 @@ absl::StatusOr<StoredDocument> Engine::ExportResidentDocument(const std::string 
   table_->Release(id);
   return out;
 }
+
+absl::StatusOr<Engine::PinnedDocument> Engine::PinResidentDocument(const std::string &id) {
+  PinnedDocument d;
+  auto run = table_->Acquire(id, &d.tokens);  // pinned from here to UnpinDocument
+  if (!run.ok()) return absl::NotFoundError(absl::StrCat("document ", id, " is not resident"));
+  if (d.tokens.empty() || int64_t(d.tokens.size()) != run->num_tokens) {
+    table_->Release(id);
+    return absl::NotFoundError(absl::StrCat("pool entry ", id, " is not a document"));
+  }
+  d.pages = run->pages;
+  d.num_tokens = run->num_tokens;
+  return d;
+}
+
+void Engine::UnpinDocument(const std::string &id) { table_->Release(id); }
 
 EngineStats Engine::Stats() const {
   EngineStats s;

@@ -118,6 +118,21 @@ class Engine {
   // runs on the scheduler thread between two steps (Scheduler::RunOnLoop).
   absl::StatusOr<StoredDocument> ExportResidentDocument(const std::string &id);
 
+  // The peer tier's fast path, serving side. This engine's KV pool as it lends it to peer
+  // workers (Backend::ExportPoolHandle, asked once at creation): UNIMPLEMENTED or
+  // FAILED_PRECONDITION when the backend cannot share it (CPU, tensor parallelism).
+  const absl::StatusOr<PeerPoolHandle> &PoolHandle() const { return pool_handle_; }
+  // Pins a resident document for a peer to copy its pages: the pin holds until
+  // UnpinDocument(id) (one call per successful PinResidentDocument). Never computes and never
+  // asks the store: NOT_FOUND when the id is not resident or is not a document.
+  struct PinnedDocument {
+    std::vector<int32_t> pages;  // in document order
+    int32_t num_tokens = 0;
+    std::vector<int32_t> tokens;  // [num_tokens]
+  };
+  absl::StatusOr<PinnedDocument> PinResidentDocument(const std::string &id);
+  void UnpinDocument(const std::string &id);
+
   EngineStats Stats() const;
 
   Backend &backend() { return *backend_; }
@@ -136,6 +151,7 @@ class Engine {
   std::unique_ptr<DocumentTable> table_;
   std::unique_ptr<EngineMetrics> metrics_;
   std::unique_ptr<Scheduler> scheduler_;
+  absl::StatusOr<PeerPoolHandle> pool_handle_;
 };
 
 }  // namespace lazyrag

@@ -24,6 +24,10 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
         absl::StrCat("tensor_parallel must be in [1, 64], got ", o.tensor_parallel));
   }
   const int tp = o.tensor_parallel;
+  if (o.cuda_device < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda_device must be >= 0, got ", o.cuda_device));
+  }
   LoadOptions lo;
   // On the GPU, synthetic weights are generated in device memory: no host copy.
   lo.synthetic_host_weights = o.device == "cpu";
@@ -43,6 +47,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
   if (o.device == "cuda") {
     CudaBackendOptions co;
     co.cuda_graphs = o.cuda_graphs;
+    co.device = o.cuda_device;
     backend = tp == 1 ? CreateCudaBackend(*loaded, co)
                       : CreateCudaTensorParallelBackend(*loaded, tp, co);
   }

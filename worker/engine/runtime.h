@@ -24,7 +24,11 @@ struct RuntimeOptions {
   int64_t kv_pool_bytes = 0;   // all ranks together; 0: 256 MiB on the CPU, 16 GiB per GPU
   int prefill_chunk = 512;     // query rows per forward step during prefill
   bool reference_attention = false;
-  // Tensor parallelism: ranks (CPU: threads of this process; CUDA: GPUs 0..N-1 with NCCL).
+  // CUDA: the GPU index the backend runs on (with tensor parallelism the first of
+  // cuda_device .. cuda_device + N - 1). Default 0. Two workers of one host on GPUs 0 and 1 take
+  // documents from each other GPU to GPU (worker/peer).
+  int cuda_device = 0;
+  // Tensor parallelism: ranks (CPU: threads of this process; CUDA: GPUs cuda_device..+N-1, NCCL).
   // 1: the plain backend, no wrapper. The model's KV heads and intermediate size must divide.
   int tensor_parallel = 1;
   // CUDA: replay decode and short query steps from CUDA graphs (CudaBackendOptions::cuda_graphs).

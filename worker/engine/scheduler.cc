@@ -87,6 +87,10 @@ struct Scheduler::DocJob {
   std::string payload;  // fetched KV to import (kNeedPages after a store hit)
   bool have_payload = false;
   std::string origin;  // StoredDocument::origin of the fetched payload ("" = the kvstore)
+  // Instead of a payload: the document lent in a peer's device pool (copied with
+  // Backend::CopyPagesFromPeer once pages are allocated, then finished).
+  std::shared_ptr<DeviceLease> lease;
+  bool lease_failed = false;  // a device copy failed once: never again for this job
   struct Waiter {
     std::shared_ptr<Request> request;
     int block = 0;
@@ -101,8 +105,9 @@ struct Scheduler::DocJob {
 
 struct Scheduler::Fetched {
   std::string id;
-  absl::StatusOr<DecodedDocument> doc;
-  std::string origin;  // StoredDocument::origin on a hit
+  absl::StatusOr<DecodedDocument> doc;  // tokens only (no payload) when `lease` is set
+  std::string origin;                   // StoredDocument::origin on a hit
+  std::shared_ptr<DeviceLease> lease;
 };
 
 struct Scheduler::LoopTask {
@@ -785,6 +790,17 @@ void Scheduler::HandleFetched(Fetched f) {
   if (it == jobs_.end()) return;
   DocJob &job = *it->second;
   job.state = DocJob::kNeedPages;
+  if (f.lease != nullptr) {
+    if (f.doc.ok() && f.doc->tokens == job.tokens && !job.lease_failed) {
+      job.lease = std::move(f.lease);
+      job.origin = std::move(f.origin);
+    } else {
+      // Never copies the same document twice by lease; a token mismatch cannot come from a
+      // store that checked the id, but is recomputed all the same.
+      f.lease->Finish(absl::CancelledError("not used"));
+    }
+    return;
+  }
   if (f.doc.ok() && f.doc->tokens == job.tokens) {
     job.payload = std::move(f.doc->payload);
     job.have_payload = true;
@@ -819,6 +835,35 @@ void Scheduler::StartJobPages() {
       continue;
     }
     job->pages = *pages;
+    if (job->lease != nullptr) {
+      // The fast path: the peer's pages straight into ours, GPU to GPU, on this thread (it
+      // drives the backend). A lease that expired (or a copy that outlived it) is not trusted:
+      // the peer may have reused those pages.
+      std::shared_ptr<DeviceLease> lease = std::move(job->lease);
+      absl::Status st = lease->Valid()
+                            ? backend_->CopyPagesFromPeer(lease->pool(), lease->pages(), job->pages)
+                            : absl::DeadlineExceededError("peer lease expired before the copy");
+      if (st.ok() && !lease->Valid()) {
+        st = absl::DeadlineExceededError("peer lease expired during the copy");
+      }
+      lease->Finish(st);
+      if (st.ok()) {
+        CompleteJob(job, /*from_store=*/true);
+        continue;
+      }
+      // Fall back: fetch again (the store now serves bytes from that peer, else the kvstore),
+      // else compute.
+      LOG_WARNING << "device copy of document " << job->id << " from a peer failed (" << st
+                  << "): fetching it again";
+      table_->FreePages(job->pages);
+      job->pages.clear();
+      job->lease_failed = true;
+      job->origin.clear();
+      job->state = DocJob::kFetching;
+      absl::MutexLock l(&fetch_mu_);
+      fetch_queue_.emplace_back(job->ns, job->id);
+      continue;
+    }
     if (job->have_payload) {
       absl::Status st = backend_->ImportKv(job->pages, n, job->payload);
       job->payload.clear();
@@ -928,11 +973,15 @@ void Scheduler::FetchLoop() {
       fetch_queue_.pop_front();
       skip = NowMs() < store_down_until_ms_;
     }
-    Fetched f{item.second, absl::UnavailableError("kvstore marked down"), ""};
+    Fetched f{item.second, absl::UnavailableError("kvstore marked down"), "", nullptr};
     if (skip) {
       // The store failed recently; its cheap tiers (peer workers) are still asked.
       auto got = store_->GetWhileDown(item.first, item.second);
-      if (got.ok()) {
+      if (got.ok() && got->lease != nullptr) {
+        f.doc = DecodedDocument{{}, got->lease->tokens(), {}};
+        f.origin = std::move(got->origin);
+        f.lease = std::move(got->lease);
+      } else if (got.ok()) {
         f.doc = DecodeDocument(*got, config, dtype);
         f.origin = std::move(got->origin);
       } else if (metrics_) {
@@ -941,7 +990,12 @@ void Scheduler::FetchLoop() {
     } else {
       const auto t0 = Clock::now();
       auto got = store_->Get(item.first, item.second);
-      if (got.ok() && !got->origin.empty()) {
+      if (got.ok() && got->lease != nullptr) {
+        // Lent in a peer's device pool: the peer store counts it (lazyrag_worker_peer_*).
+        f.doc = DecodedDocument{{}, got->lease->tokens(), {}};
+        f.origin = std::move(got->origin);
+        f.lease = std::move(got->lease);
+      } else if (got.ok() && !got->origin.empty()) {
         // From a peer worker: the peer store counts it (lazyrag_worker_peer_fetch_*).
         f.doc = DecodeDocument(*got, config, dtype);
         f.origin = std::move(got->origin);

@@ -6,6 +6,13 @@
 // PeerFirstStore is a DocumentStore: Get asks the peers in the order given (a peer that failed
 // is skipped for a while), then the wrapped store (the kvstore); Put goes to the wrapped store
 // only. The engine sees one store; the documents a peer served carry origin "peer".
+//
+// The fast path: once the engine calls EnableDeviceLeases (its backend can copy pages from
+// another process's pool), the store asks each peer for its pool once (GetPool); a peer whose
+// pool layout matches lends documents as DeviceLease (LeaseDocument) instead of bytes, and the
+// lease is given back (ReleaseLease) from a background thread when the engine finishes it. A
+// peer that cannot lend (UNIMPLEMENTED, FAILED_PRECONDITION, another layout), or whose lease
+// copy failed, serves bytes (GetDocument) for bytes_only_s.
 #pragma once
 
 #include <memory>
@@ -33,8 +40,19 @@ struct PeerStoreOptions {
   double down_s = 2;
   // Chunk size asked of the peer; 0: the peer's default (2 MiB).
   uint32_t chunk_size = 0;
-  // Optional, not owned, must outlive the store: lazyrag_worker_peer_fetch_total{result},
-  // lazyrag_worker_peer_fetch_bytes_total, lazyrag_worker_peer_fetch_seconds.
+  // Fast path on or off: false ignores EnableDeviceLeases (bytes only; for measuring path 1
+  // against it, or as a switch). Default true.
+  bool device_leases = true;
+  // Fast path: lease length asked of the peer. Default 10 s; at most 60 s. The engine does not
+  // copy a lease past 80% of it (clocks of one host; the peer counts from its receipt).
+  double lease_s = 10;
+  // Fast path: a peer that cannot lend, or whose copy failed, serves bytes this long before it
+  // is asked for its pool again. Default 60 s.
+  double bytes_only_s = 60;
+  // Optional, not owned, must outlive the store: lazyrag_worker_peer_fetch_total{result}
+  // (hit = bytes, lease = lent in device memory), lazyrag_worker_peer_fetch_bytes_total,
+  // lazyrag_worker_peer_fetch_seconds, lazyrag_worker_peer_device_copy_total{result},
+  // lazyrag_worker_peer_device_copy_bytes_total.
   metrics::Registry *registry = nullptr;
 };
 

@@ -1,7 +1,10 @@
 // The peer tier in-process: PeerFirstStore against a real PeerDocumentsService on a loopback
 // port (hits, misses, a peer that goes down, a peer that corrupts chunks, the kvstore behind),
 // the service's bad-input statuses, and two engines where the second takes documents from the
-// first's pool instead of computing them.
+// first's pool instead of computing them. The fast path's protocol on the CPU: the lease table
+// (grant, release, expiry, bad input), and two engines over a test backend that "shares" its pool
+// in-process, where the second copies pages by lease, falls back to bytes when the copy fails,
+// and uses bytes when the peer cannot lend (the CPU backend).
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -13,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/crc32c.h"
+#include "common/document_id.h"
 #include "common/grpc_server.h"
 #include "common/metrics.h"
 #include "gtest/gtest.h"
@@ -488,6 +492,440 @@ TEST(PeerEngineTest, SecondEngineTakesDocumentsFromThePeerInsteadOfComputing) {
   ASSERT_TRUE(rf.ok());
   EXPECT_EQ(rb->token_ids, rf->token_ids);
   server.Shutdown(absl::Now());
+}
+
+// --- The fast path's lease table (no engine). ---
+
+// A lender over a set of resident ids that counts pins.
+struct FakeLender {
+  absl::Mutex mu;
+  std::map<std::string, int> pins;
+  absl::Status pool_status = absl::OkStatus();
+  DocumentLender Lender(const std::vector<std::string> &resident) {
+    DocumentLender l;
+    l.pool = [this]() -> absl::StatusOr<PeerPoolHandle> {
+      if (!pool_status.ok()) return pool_status;
+      PeerPoolHandle h;
+      h.ipc_handle = "handle";
+      h.num_layers = 2;
+      h.num_pages = 8;
+      h.page_size = 4;
+      h.kv_dim = 8;
+      h.elem_bytes = 2;
+      return h;
+    };
+    l.pin = [this, resident](const std::string &id) -> absl::StatusOr<LentDocument> {
+      if (std::find(resident.begin(), resident.end(), id) == resident.end()) {
+        return absl::NotFoundError("not resident");
+      }
+      absl::MutexLock lock(&mu);
+      ++pins[id];
+      return LentDocument{{3, 5}, 6, {1, 2, 3, 4, 5, 6}};
+    };
+    l.unpin = [this](const std::string &id) {
+      absl::MutexLock lock(&mu);
+      --pins[id];
+    };
+    return l;
+  }
+  int Pins(const std::string &id) {
+    absl::MutexLock lock(&mu);
+    return pins[id];
+  }
+};
+
+v1::PeerLeaseRequest LeaseRequest(const std::string &id, uint32_t ms = 0) {
+  v1::PeerLeaseRequest r;
+  r.set_model_fingerprint(kFingerprint);
+  r.set_document_id(id);
+  r.set_lease_ms(ms);
+  return r;
+}
+
+TEST(PeerLeaseTest, GrantReleaseAndBadInput) {
+  FakeLender fl;
+  PeerServiceOptions o;
+  o.model_fingerprint = kFingerprint;
+  o.max_leases = 2;
+  metrics::Registry reg;
+  o.registry = &reg;
+  PeerDocumentsService svc([](const std::string &) { return absl::NotFoundError("x"); }, o,
+                           fl.Lender({"d"}));
+  v1::PeerPoolRequest pr;
+  pr.set_model_fingerprint(kFingerprint);
+  auto pool = svc.Pool(pr);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_EQ(pool->ipc_handle(), "handle");
+  EXPECT_EQ(pool->page_size(), 4u);
+  pr.set_model_fingerprint("other");
+  EXPECT_EQ(svc.Pool(pr).status().code(), absl::StatusCode::kFailedPrecondition);
+  pr.clear_model_fingerprint();
+  EXPECT_EQ(svc.Pool(pr).status().code(), absl::StatusCode::kInvalidArgument);
+
+  auto lease = svc.Lease(LeaseRequest("d"));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_NE(lease->lease_id(), 0u);
+  EXPECT_EQ(lease->expires_in_ms(), 10000u);
+  EXPECT_EQ(lease->num_tokens(), 6u);
+  EXPECT_EQ(lease->pages_size(), 2);
+  EXPECT_EQ(lease->token_ids_size(), 6);
+  EXPECT_EQ(lease->pool().ipc_handle(), "handle");
+  EXPECT_EQ(fl.Pins("d"), 1);
+  EXPECT_EQ(svc.leases(), 1);
+  EXPECT_EQ(Metric(reg, "lazyrag_worker_peer_leases_outstanding"), 1);
+  // Bad input and refusals pin nothing.
+  auto code = [&](const v1::PeerLeaseRequest &r) { return svc.Lease(r).status().code(); };
+  EXPECT_EQ(code(LeaseRequest("absent")), absl::StatusCode::kNotFound);
+  EXPECT_EQ(code(LeaseRequest("")), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(LeaseRequest(std::string(300, 'a'))), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(LeaseRequest("d", 60001)), absl::StatusCode::kInvalidArgument);
+  v1::PeerLeaseRequest other = LeaseRequest("d");
+  other.set_model_fingerprint("other");
+  EXPECT_EQ(code(other), absl::StatusCode::kFailedPrecondition);
+  other.clear_model_fingerprint();
+  EXPECT_EQ(code(other), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(fl.Pins("d"), 1);
+  // max_leases = 2.
+  auto second = svc.Lease(LeaseRequest("d"));
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(code(LeaseRequest("d")), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(fl.Pins("d"), 2);
+  // Release: once each; unknown and 0 are refused.
+  EXPECT_TRUE(svc.Release(lease->lease_id()).ok());
+  EXPECT_EQ(fl.Pins("d"), 1);
+  EXPECT_EQ(svc.Release(lease->lease_id()).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(svc.Release(987654).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(svc.Release(0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(fl.Pins("d"), 1);
+  // The destructor unpins what is left (here: StopLeases, then new leases are UNAVAILABLE).
+  svc.StopLeases();
+  EXPECT_EQ(fl.Pins("d"), 0);
+  EXPECT_EQ(code(LeaseRequest("d")), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(fl.Pins("d"), 0);
+}
+
+TEST(PeerLeaseTest, ExpiredLeaseIsUnpinnedAndUnknownAfterwards) {
+  FakeLender fl;
+  PeerServiceOptions o;
+  o.model_fingerprint = kFingerprint;
+  metrics::Registry reg;
+  o.registry = &reg;
+  PeerDocumentsService svc([](const std::string &) { return absl::NotFoundError("x"); }, o,
+                           fl.Lender({"d"}));
+  auto short_lease = svc.Lease(LeaseRequest("d", 100));
+  auto long_lease = svc.Lease(LeaseRequest("d", 30000));
+  ASSERT_TRUE(short_lease.ok() && long_lease.ok());
+  EXPECT_EQ(short_lease->expires_in_ms(), 100u);
+  EXPECT_EQ(fl.Pins("d"), 2);
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  while (fl.Pins("d") != 1 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(fl.Pins("d"), 1);  // the short one expired; the long one holds
+  EXPECT_EQ(svc.leases(), 1);
+  EXPECT_EQ(svc.Release(short_lease->lease_id()).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Metric(reg, "lazyrag_worker_peer_leases_total{result=\"expired\"}"), 1);
+  EXPECT_TRUE(svc.Release(long_lease->lease_id()).ok());
+  EXPECT_EQ(fl.Pins("d"), 0);
+}
+
+TEST(PeerLeaseTest, PoolThatCannotBeLentOverGrpc) {
+  // No lender at all (a service built for bytes only), and a lender whose pool is refused (the
+  // CPU backend: UNIMPLEMENTED; tensor parallelism: FAILED_PRECONDITION).
+  for (int variant = 0; variant < 3; ++variant) {
+    FakeLender fl;
+    fl.pool_status = variant == 1 ? absl::UnimplementedError("cpu backend")
+                                  : absl::FailedPreconditionError("tensor parallel");
+    PeerServiceOptions o;
+    o.model_fingerprint = kFingerprint;
+    auto svc = variant == 0 ? std::make_unique<PeerDocumentsService>(
+                                  [](const std::string &) { return absl::NotFoundError("x"); }, o)
+                            : std::make_unique<PeerDocumentsService>(
+                                  [](const std::string &) { return absl::NotFoundError("x"); }, o,
+                                  fl.Lender({"d"}));
+    GrpcServer server{GrpcServerOptions{}};
+    server.AddService(svc.get());
+    ASSERT_TRUE(server.Start().ok());
+    auto stub = v1::PeerDocuments::NewStub(
+        grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+    const grpc::StatusCode want =
+        variant == 2 ? grpc::StatusCode::FAILED_PRECONDITION : grpc::StatusCode::UNIMPLEMENTED;
+    {
+      grpc::ClientContext ctx;
+      v1::PeerPoolRequest req;
+      req.set_model_fingerprint(kFingerprint);
+      v1::PeerPool resp;
+      grpc::Status st = stub->GetPool(&ctx, req, &resp);
+      EXPECT_EQ(st.error_code(), want) << variant << ": " << st.error_message();
+      EXPECT_FALSE(st.error_message().empty());
+    }
+    {
+      grpc::ClientContext ctx;
+      v1::PeerLease resp;
+      grpc::Status st = stub->LeaseDocument(&ctx, LeaseRequest("d"), &resp);
+      EXPECT_EQ(st.error_code(), want) << variant << ": " << st.error_message();
+    }
+    {
+      grpc::ClientContext ctx;
+      v1::PeerReleaseRequest req;
+      req.set_lease_id(42);
+      v1::PeerReleaseResponse resp;
+      grpc::Status st = stub->ReleaseLease(&ctx, req, &resp);
+      EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND) << st.error_message();
+    }
+    EXPECT_EQ(fl.Pins("d"), 0);
+    server.Shutdown(absl::Now());
+  }
+}
+
+// --- The fast path end to end on the CPU: a backend that "shares" its pool in-process. ---
+
+// Wraps a backend and lends its pool by a name in a process-wide table; CopyPagesFromPeer copies
+// whole pages from the named backend (ExportKv / ImportKv of page-aligned runs), or fails on
+// demand. Stands in for the CUDA backend's IPC handle and NVLink gather.
+class SharingBackend final : public Backend {
+ public:
+  explicit SharingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {
+    absl::MutexLock l(&RegistryMu());
+    name_ = absl::StrCat("shared-pool-", Registry().size());
+    Registry()[name_] = inner_.get();
+  }
+  ~SharingBackend() override {
+    absl::MutexLock l(&RegistryMu());
+    Registry().erase(name_);
+  }
+  std::string name() const override { return "sharing-" + inner_->name(); }
+  const ModelConfig &config() const override { return inner_->config(); }
+  absl::Status InitPool(int n, int ps) override { return inner_->InitPool(n, ps); }
+  int num_pages() const override { return inner_->num_pages(); }
+  int page_size() const override { return inner_->page_size(); }
+  KvDtype kv_dtype() const override { return inner_->kv_dtype(); }
+  absl::Status Forward(const ForwardBatch &b, std::vector<float> *logits) override {
+    return inner_->Forward(b, logits);
+  }
+  absl::Status Materialize(const std::vector<MaterializeCopy> &c) override {
+    return inner_->Materialize(c);
+  }
+  absl::Status ExportKv(const std::vector<int32_t> &pages, int n, std::string *out) override {
+    return inner_->ExportKv(pages, n, out);
+  }
+  absl::Status ImportKv(const std::vector<int32_t> &pages, int n, std::string_view d) override {
+    return inner_->ImportKv(pages, n, d);
+  }
+  absl::StatusOr<PeerPoolHandle> ExportPoolHandle() override {
+    PeerPoolHandle h;
+    h.ipc_handle = name_;
+    h.device_uuid = "host";
+    h.num_layers = config().num_layers;
+    h.num_pages = num_pages();
+    h.page_size = page_size();
+    h.kv_dim = config().kv_dim();
+    h.elem_bytes = 4;
+    return h;
+  }
+  absl::Status CopyPagesFromPeer(const PeerPoolHandle &peer, const std::vector<int32_t> &from,
+                                 const std::vector<int32_t> &to) override {
+    copies.fetch_add(1);
+    if (fail_copies.load()) return absl::InternalError("injected copy failure");
+    if (from.size() != to.size() || peer.page_size != page_size()) {
+      return absl::InvalidArgumentError("layout");
+    }
+    Backend *src = nullptr;
+    {
+      absl::MutexLock l(&RegistryMu());
+      auto it = Registry().find(peer.ipc_handle);
+      if (it == Registry().end()) return absl::NotFoundError("no such pool");
+      src = it->second;
+    }
+    std::string kv;
+    const int n = int(from.size()) * page_size();
+    if (auto st = src->ExportKv(from, n, &kv); !st.ok()) return st;
+    return inner_->ImportKv(to, n, kv);
+  }
+  std::atomic<bool> fail_copies{false};
+  std::atomic<int> copies{0};
+
+ private:
+  static absl::Mutex &RegistryMu() {
+    static absl::Mutex mu;
+    return mu;
+  }
+  static std::map<std::string, Backend *> &Registry() {
+    static auto *m = new std::map<std::string, Backend *>;
+    return *m;
+  }
+  std::unique_ptr<Backend> inner_;
+  std::string name_;
+};
+
+std::unique_ptr<Engine> MakeEngineOn(std::unique_ptr<Backend> backend, DocumentStore *store,
+                                     metrics::Registry *registry) {
+  auto loaded = LoadModel("synthetic:tiny");
+  EngineOptions o;
+  o.num_pages = 256;
+  o.page_size = 16;
+  o.fingerprint = loaded->fingerprint;
+  o.model_name = "tiny";
+  o.store = store;
+  o.registry = registry;
+  auto e = Engine::Create(std::move(backend), o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return std::move(*e);
+}
+
+std::unique_ptr<Backend> CpuBackendFor(bool sharing, SharingBackend **out = nullptr) {
+  auto loaded = LoadModel("synthetic:tiny");
+  auto cpu = CreateCpuBackend(std::move(loaded->weights), {});
+  EXPECT_TRUE(cpu.ok()) << cpu.status();
+  if (!sharing) return std::move(*cpu);
+  auto s = std::make_unique<SharingBackend>(std::move(*cpu));
+  if (out != nullptr) *out = s.get();
+  return s;
+}
+
+DocumentLender LenderOf(Engine *e) {
+  DocumentLender l;
+  l.pool = [e]() { return e->PoolHandle(); };
+  l.pin = [e](const std::string &id) -> absl::StatusOr<LentDocument> {
+    auto d = e->PinResidentDocument(id);
+    if (!d.ok()) return d.status();
+    return LentDocument{d->pages, d->num_tokens, d->tokens};
+  };
+  l.unpin = [e](const std::string &id) { e->UnpinDocument(id); };
+  return l;
+}
+
+// A holds documents; B (fast path or not, by the backends) takes them through a PeerFirstStore.
+struct FastPathPair {
+  metrics::Registry reg_a, reg_b;
+  std::unique_ptr<Engine> a;
+  std::unique_ptr<PeerDocumentsService> service;
+  std::unique_ptr<GrpcServer> server;
+  MemoryStore kv;
+  std::unique_ptr<DocumentStore> peers;
+  SharingBackend *b_backend = nullptr;
+  std::unique_ptr<Engine> b;
+  TokenPrompt prompt;
+  TokenRunOptions opts;
+
+  FastPathPair(bool a_shares, bool b_shares) {
+    a = MakeEngineOn(CpuBackendFor(a_shares), nullptr, &reg_a);
+    prompt.prefix = Tokens(7, 9);
+    prompt.documents = {Tokens(1, 40), Tokens(2, 33), Tokens(4, 50)};
+    prompt.suffix = Tokens(3, 5);
+    opts.max_tokens = 6;
+    opts.ignore_eos = true;
+    EXPECT_TRUE(a->RunTokens(prompt, opts).ok());
+    PeerServiceOptions so;
+    so.model_fingerprint = a->options().fingerprint;
+    so.registry = &reg_a;
+    Engine *ea = a.get();
+    service = std::make_unique<PeerDocumentsService>(
+        [ea](const std::string &id) { return ea->ExportResidentDocument(id); }, so, LenderOf(ea));
+    server = std::make_unique<GrpcServer>(GrpcServerOptions{});
+    server->AddService(service.get());
+    EXPECT_TRUE(server->Start().ok());
+    PeerStoreOptions po;
+    po.peers = {server->address()};
+    po.model_fingerprint = a->options().fingerprint;
+    po.registry = &reg_b;
+    auto opened = OpenPeerFirstStore(po, std::make_unique<Borrowed>(&kv));
+    EXPECT_TRUE(opened.ok()) << opened.status();
+    peers = std::move(*opened);
+    b = MakeEngineOn(CpuBackendFor(b_shares, &b_backend), peers.get(), &reg_b);
+    std::swap(prompt.documents[0], prompt.documents[2]);  // a new order, the same ids
+  }
+  ~FastPathPair() {
+    b.reset();
+    peers.reset();  // sends the releases still queued
+    server->Shutdown(absl::Now());
+  }
+  // Waits until A holds no pin for B (releases are sent in the background).
+  void ExpectAllReleased() {
+    const absl::Time until = absl::Now() + absl::Seconds(5);
+    while ((service->leases() != 0 || a->Stats().pages_pinned != 0) && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    EXPECT_EQ(service->leases(), 0);
+    EXPECT_EQ(a->Stats().pages_pinned, 0);
+  }
+  std::vector<int32_t> Fresh() {
+    auto fresh = MakeEngineOn(CpuBackendFor(false), nullptr, nullptr);
+    auto rf = fresh->RunTokens(prompt, opts);
+    EXPECT_TRUE(rf.ok());
+    return rf.ok() ? rf->token_ids : std::vector<int32_t>{};
+  }
+};
+
+TEST(PeerFastPathTest, DocumentsArriveByLeaseAndPageCopyNotBytes) {
+  FastPathPair t(/*a_shares=*/true, /*b_shares=*/true);
+  auto rb = t.b->RunTokens(t.prompt, t.opts);
+  ASSERT_TRUE(rb.ok()) << rb.status();
+  const Usage &u = rb->usage;
+  EXPECT_EQ(u.store_document_tokens, u.document_tokens);
+  EXPECT_EQ(u.cached_document_tokens, u.document_tokens);
+  EXPECT_EQ(u.computed_tokens, int64_t(t.prompt.suffix.size()));
+  EXPECT_EQ(t.kv.Gets(), 0);
+  EXPECT_EQ(t.kv.Puts(), 0);
+  EXPECT_EQ(t.b_backend->copies.load(), 4);  // 3 documents + the prefix block
+  EXPECT_EQ(Metric(t.reg_b, "lazyrag_doc_computed_total{model=\"tiny\"}"), 0);
+  EXPECT_EQ(Metric(t.reg_b, "lazyrag_doc_cache_hits_total{model=\"tiny\",tier=\"peer\"}"), 3);
+  EXPECT_EQ(Metric(t.reg_b, "lazyrag_worker_peer_fetch_total{result=\"lease\"}"), 4);
+  EXPECT_EQ(Metric(t.reg_b, "lazyrag_worker_peer_fetch_total{result=\"hit\"}"), 0);
+  EXPECT_EQ(Metric(t.reg_b, "lazyrag_worker_peer_device_copy_total{result=\"ok\"}"), 4);
+  EXPECT_GT(Metric(t.reg_b, "lazyrag_worker_peer_device_copy_bytes_total"), 0);
+  EXPECT_EQ(Metric(t.reg_a, "lazyrag_worker_peer_serve_total{result=\"hit\"}"), 0);
+  EXPECT_EQ(rb->token_ids, t.Fresh());
+  t.ExpectAllReleased();
+  EXPECT_EQ(Metric(t.reg_a, "lazyrag_worker_peer_leases_total{result=\"granted\"}"), 4);
+  EXPECT_EQ(Metric(t.reg_a, "lazyrag_worker_peer_leases_total{result=\"released\"}"), 4);
+  // Again with the documents in B's pool now: no peer call at all.
+  auto again = t.b->RunTokens(t.prompt, t.opts);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->token_ids, rb->token_ids);
+  EXPECT_EQ(t.b_backend->copies.load(), 4);
+}
+
+TEST(PeerFastPathTest, FailedCopyFallsBackToBytesAndUsageStaysRight) {
+  FastPathPair t(/*a_shares=*/true, /*b_shares=*/true);
+  t.b_backend->fail_copies = true;
+  auto rb = t.b->RunTokens(t.prompt, t.opts);
+  ASSERT_TRUE(rb.ok()) << rb.status();
+  const Usage &u = rb->usage;
+  EXPECT_EQ(u.store_document_tokens, u.document_tokens);
+  EXPECT_EQ(u.computed_tokens, int64_t(t.prompt.suffix.size()));
+  EXPECT_EQ(Metric(t.reg_b, "lazyrag_doc_computed_total{model=\"tiny\"}"), 0);
+  EXPECT_EQ(Metric(t.reg_b, "lazyrag_doc_cache_hits_total{model=\"tiny\",tier=\"peer\"}"), 3);
+  // The first failure turns the peer to bytes: every block then arrives as bytes.
+  EXPECT_GE(Metric(t.reg_b, "lazyrag_worker_peer_device_copy_total{result=\"internal\"}"), 1);
+  EXPECT_EQ(Metric(t.reg_b, "lazyrag_worker_peer_device_copy_total{result=\"ok\"}"), 0);
+  EXPECT_EQ(Metric(t.reg_b, "lazyrag_worker_peer_fetch_total{result=\"hit\"}"), 4);
+  EXPECT_EQ(t.kv.Gets(), 0);
+  EXPECT_EQ(rb->token_ids, t.Fresh());
+  t.ExpectAllReleased();
+}
+
+TEST(PeerFastPathTest, PeerOnTheCpuBackendServesBytes) {
+  // B could copy pages, but A's pool cannot be lent (CPU backend: UNIMPLEMENTED): path 1.
+  FastPathPair t(/*a_shares=*/false, /*b_shares=*/true);
+  EXPECT_EQ(t.a->PoolHandle().status().code(), absl::StatusCode::kUnimplemented);
+  auto rb = t.b->RunTokens(t.prompt, t.opts);
+  ASSERT_TRUE(rb.ok()) << rb.status();
+  EXPECT_EQ(rb->usage.store_document_tokens, rb->usage.document_tokens);
+  EXPECT_EQ(t.b_backend->copies.load(), 0);
+  EXPECT_EQ(Metric(t.reg_b, "lazyrag_worker_peer_fetch_total{result=\"hit\"}"), 4);
+  EXPECT_EQ(Metric(t.reg_b, "lazyrag_worker_peer_fetch_total{result=\"lease\"}"), 0);
+  EXPECT_EQ(Metric(t.reg_b, "lazyrag_doc_computed_total{model=\"tiny\"}"), 0);
+  EXPECT_EQ(rb->token_ids, t.Fresh());
+}
+
+TEST(PeerFastPathTest, RequesterOnTheCpuBackendNeverAsksForLeases) {
+  // A could lend, B cannot copy (plain CPU backend): B never enables leases, path 1.
+  FastPathPair t(/*a_shares=*/true, /*b_shares=*/false);
+  auto rb = t.b->RunTokens(t.prompt, t.opts);
+  ASSERT_TRUE(rb.ok()) << rb.status();
+  EXPECT_EQ(Metric(t.reg_b, "lazyrag_worker_peer_fetch_total{result=\"hit\"}"), 4);
+  EXPECT_EQ(Metric(t.reg_b, "lazyrag_worker_peer_fetch_total{result=\"lease\"}"), 0);
+  EXPECT_EQ(Metric(t.reg_a, "lazyrag_worker_peer_leases_total{result=\"granted\"}"), 0);
+  EXPECT_EQ(rb->token_ids, t.Fresh());
 }
 
 }  // namespace

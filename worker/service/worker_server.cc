@@ -4,6 +4,7 @@
 #include "common/grpc_server.h"
 #include "common/logging.h"
 #include "common/metrics_http.h"
+#include "common/status.h"
 #include "worker/peer/peer_service.h"
 #include "worker/peer/peer_store.h"
 #include "worker/service/inference_service.h"
@@ -35,6 +36,8 @@ absl::Status WorkerServer::Start() {
       po.peers = options_.peers;
       po.model_fingerprint = fingerprint;
       po.call_timeout_s = options_.peer_timeout_s;
+      po.lease_s = options_.peer_lease_s;
+      po.device_leases = options_.peer_device_copy;
       po.registry = &registry_;
       return OpenPeerFirstStore(po, std::move(store));
     };
@@ -59,8 +62,20 @@ absl::Status WorkerServer::Start() {
   po.model_fingerprint = runtime_->fingerprint;
   po.registry = &registry_;
   Engine *engine = runtime_->engine.get();
+  // Fast path: the pool itself, lent by device leases, when the backend can share it.
+  DocumentLender lender;
+  lender.pool = [engine]() { return engine->PoolHandle(); };
+  lender.pin = [engine](const std::string &id) -> absl::StatusOr<LentDocument> {
+    ASSIGN_OR_RETURN(Engine::PinnedDocument d, engine->PinResidentDocument(id));
+    return LentDocument{std::move(d.pages), d.num_tokens, std::move(d.tokens)};
+  };
+  lender.unpin = [engine](const std::string &id) { engine->UnpinDocument(id); };
+  if (engine->PoolHandle().ok()) {
+    LOG_INFO << "lazyrag-worker: lends its KV pool to peer workers (device leases)";
+  }
   peer_service_ = std::make_unique<PeerDocumentsService>(
-      [engine](const std::string &id) { return engine->ExportResidentDocument(id); }, po);
+      [engine](const std::string &id) { return engine->ExportResidentDocument(id); }, po,
+      std::move(lender));
   grpc_->AddService(peer_service_.get());
   if (auto st = grpc_->Start(); !st.ok()) return st;
   if (options_.metrics_port >= 0) {
@@ -78,6 +93,7 @@ void WorkerServer::Shutdown(absl::Time deadline) {
   shut_down_ = true;
   if (grpc_) grpc_->Shutdown(deadline);
   if (http_) http_->Stop();
+  if (peer_service_) peer_service_->StopLeases();  // unpins leases while the engine lives
   runtime_.reset();  // engine (fails what still runs, drains write-backs), then
                      // the store
 }

@@ -36,6 +36,11 @@ struct WorkerServerOptions {
   std::vector<std::string> peers;
   // Deadline of one document transfer from a peer. Default 5 s.
   double peer_timeout_s = 5;
+  // Fast path (CUDA backends on GPUs of one host): how long a peer keeps a document pinned for
+  // this worker's GPU-to-GPU copy without a release. Default 10 s.
+  double peer_lease_s = 10;
+  // false: documents from peers always travel as bytes (path 1), even GPU to GPU. Default true.
+  bool peer_device_copy = true;
   // /metrics port; 0 picks one, -1 disables. Default 0.
   int metrics_port = 0;
   std::string metrics_host = "0.0.0.0";

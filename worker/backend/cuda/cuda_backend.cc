@@ -8,10 +8,10 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <array>
 #include <limits>
 #include <map>
 #include <thread>
@@ -23,6 +23,7 @@
 #include "common/status.h"
 #include "worker/backend/cuda/cuda_check.h"
 #include "worker/backend/cuda/model_kernels.h"
+#include "worker/backend/cuda/peer_copy.h"
 #include "worker/backend/rope.h"
 #include "worker/backend/tensor_parallel.h"
 #include "worker/kernels/lazy_attention.h"
@@ -192,6 +193,10 @@ class CudaBackend final : public Backend {
                         std::string* out) override;
   absl::Status ImportKv(const std::vector<int32_t>& pages, int num_tokens,
                         std::string_view data) override;
+  // The peer tier's fast path (issue 9): the pool lent by CUDA IPC, pages pulled from a peer's.
+  absl::StatusOr<PeerPoolHandle> ExportPoolHandle() override;
+  absl::Status CopyPagesFromPeer(const PeerPoolHandle& peer, const std::vector<int32_t>& peer_pages,
+                                 const std::vector<int32_t>& own_pages) override;
 
   absl::StatusOr<std::vector<float>> ReadWeight(uint32_t tag, int64_t offset, int64_t count);
 
@@ -270,6 +275,18 @@ class CudaBackend final : public Backend {
   int64_t layer_stride_ = 0;  // 2 * kv_elems_
   int num_pages_ = 0;
   int page_size_ = 16;
+  peer_copy::PoolLayout PoolLayoutOf() const {
+    peer_copy::PoolLayout l;
+    l.num_layers = config_.num_layers;
+    l.num_pages = num_pages_;
+    l.page_size = page_size_;
+    l.kv_dim = config_.kv_dim();
+    l.elem_bytes = sizeof(uint16_t);
+    return l;
+  }
+  // Peer pools mapped by CUDA IPC, by handle bytes (a restarted peer has a new handle); mapped
+  // once, unmapped in the destructor.
+  std::map<std::string, void*> peer_pools_ ABSL_GUARDED_BY(mu_);
 
   PinnedBuffer upload_host_ ABSL_GUARDED_BY(mu_);
   DeviceBuffer upload_device_ ABSL_GUARDED_BY(mu_);
@@ -318,6 +335,7 @@ CudaBackend::~CudaBackend() {
   if (cudaSetDevice(options_.device) != cudaSuccess) return;
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g.exec);
+  for (auto& [handle, mapped] : peer_pools_) (void)peer_copy::ClosePoolIpcHandle(mapped);
   if (cublas_ != nullptr) cublasDestroy(cublas_);
   if (upload_done_ != nullptr) cudaEventDestroy(upload_done_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -1086,6 +1104,76 @@ absl::Status CudaBackend::ImportKv(const std::vector<int32_t>& pages, int num_to
       TransportParams(reinterpret_cast<const int32_t*>(dev + o_pages), num_tokens,
                       reinterpret_cast<uint16_t*>(staging.data()), /*to_buffer=*/false),
       stream_));
+  LAZYRAG_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PeerPoolHandle> CudaBackend::ExportPoolHandle() {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(SetDevice());
+  if (num_pages_ == 0) return absl::FailedPreconditionError("kv pool not initialised");
+  if (tensor_parallel()) {
+    // A rank holds a slice of every page: a peer could not copy whole pages from one pool.
+    return absl::FailedPreconditionError("cuda backend: no pool lending with tensor parallelism");
+  }
+  PeerPoolHandle h;
+  ASSIGN_OR_RETURN(h.ipc_handle, peer_copy::PoolIpcHandle(pool_.data()));
+  cudaDeviceProp prop;
+  LAZYRAG_RETURN_IF_CUDA_ERROR(cudaGetDeviceProperties(&prop, options_.device));
+  h.device_uuid.assign(prop.uuid.bytes, sizeof(prop.uuid.bytes));
+  const peer_copy::PoolLayout l = PoolLayoutOf();
+  h.num_layers = l.num_layers;
+  h.num_pages = l.num_pages;
+  h.page_size = l.page_size;
+  h.kv_dim = l.kv_dim;
+  h.elem_bytes = l.elem_bytes;
+  return h;
+}
+
+absl::Status CudaBackend::CopyPagesFromPeer(const PeerPoolHandle& peer,
+                                            const std::vector<int32_t>& peer_pages,
+                                            const std::vector<int32_t>& own_pages) {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(SetDevice());
+  if (num_pages_ == 0) return absl::FailedPreconditionError("kv pool not initialised");
+  peer_copy::PoolLayout src;
+  src.num_layers = peer.num_layers;
+  src.num_pages = peer.num_pages;
+  src.page_size = peer.page_size;
+  src.kv_dim = peer.kv_dim;
+  src.elem_bytes = peer.elem_bytes;
+  const peer_copy::PoolLayout dst = PoolLayoutOf();
+  RETURN_IF_ERROR(peer_copy::CheckPageCopy(src, dst, peer_pages, own_pages));
+  if (peer_pages.empty()) return absl::OkStatus();
+  auto it = peer_pools_.find(peer.ipc_handle);
+  if (it == peer_pools_.end()) {
+    // Maps the peer's whole pool once; peer access between the two GPUs is enabled by the
+    // driver (cudaIpcMemLazyEnablePeerAccess). Same GPU: a plain device mapping.
+    auto mapped = peer_copy::OpenPoolIpcHandle(peer.ipc_handle);
+    if (!mapped.ok()) {
+      // Not sticky, but recorded as the last error: clear it, or the next launch check of a
+      // forward step would report it (the engine falls back to bytes and carries on).
+      (void)cudaGetLastError();
+      return mapped.status();
+    }
+    it = peer_pools_.emplace(peer.ipc_handle, *mapped).first;
+  }
+  UploadPlan plan;
+  const size_t o_src = plan.Add(peer_pages);
+  const size_t o_dst = plan.Add(own_pages);
+  ASSIGN_OR_RETURN(char* dev, Upload(plan));
+  peer_copy::PageGatherParams p;
+  p.src_pool = it->second;
+  p.dst_pool = pool_.data();
+  p.src = src;
+  p.dst = dst;
+  p.src_pages = reinterpret_cast<const int32_t*>(dev + o_src);
+  p.dst_pages = reinterpret_cast<const int32_t*>(dev + o_dst);
+  p.num_pages = int(peer_pages.size());
+  // Pull: this GPU's SMs read the peer's pages over NVLink (bench/peer_transfer_bench measures
+  // pull, push and the copy engines).
+  RETURN_IF_ERROR(peer_copy::LaunchPageGather(p, stream_));
+  // Complete before returning: the caller then lets the peer unpin (release its lease).
   LAZYRAG_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
 }

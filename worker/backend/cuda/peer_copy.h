@@ -1,7 +1,7 @@
 // Document KV copied between the paged pools of two GPUs of one host (issue 9, the fast path of
 // the peer tier): pages of a peer's pool straight into free pages of ours over NVLink, no host
 // round trip. Free functions on raw device pointers and a pool layout, so that a backend hooks
-// them in with a few lines (worker/backend/cuda/peer_hooks.inc) and bench/peer_transfer_bench
+// them in with a few lines (CudaBackend::ExportPoolHandle / CopyPagesFromPeer) and bench/peer_transfer_bench
 // measures them beside the kvstore path's device parts.
 //
 // Pool layout (CudaBackend, cuda_backend.h): one allocation
