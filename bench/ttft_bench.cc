@@ -44,7 +44,7 @@ struct BenchOptions {
   int chunk = 2048;  // prefill rows per forward step
   int page_size = 16;
   int decode_steps = 32;
-  bool residual_in_gemm = true;  // CudaBackendOptions::residual_add_in_gemm
+  bool residual_in_gemm = false;  // CudaBackendOptions::residual_add_in_gemm
   bool cuda_graphs = true;       // CudaBackendOptions::cuda_graphs
   bool profile = false;          // one LAZY request (prefill + 1 decode step) between
                                  // cudaProfilerStart/Stop after warm-up, then exit (for ncu)

@@ -920,18 +920,19 @@ absl::Status CudaBackend::EnqueueStep(const Step& s) {
 }
 
 absl::Status CudaBackend::RunStep(const Step& s, int num_segments) {
-  // Graphs for small steps only (decode and short query blocks, where ~12 launches per layer
-  // cost more than the kernels), one rank (a TP rank's graph would hold NCCL calls that every
-  // rank must replay in step), tensor-core attention.
-  const bool eligible = options_.cuda_graphs && !tensor_parallel() && tensor_core_attention_ &&
-                        s.tokens_n <= options_.graph_max_tokens;
-  if (!eligible) return EnqueueStep(s);
-  // The KV bound is rounded up so that a decode batch keeps its graph for kGraphKvBucket
-  // steps; a larger bound only adds splits that find no keys (the kernels mask by each
-  // request's own length).
-  constexpr int kGraphKvBucket = 1024;
+  // Small steps (decode and short query blocks, where ~12 launches per layer can cost more
+  // than the kernels) on one rank (a TP rank's graph would hold NCCL calls that every rank must
+  // replay in step) with tensor-core attention: graph candidates. Their KV bound is rounded up
+  // so that a decode batch keeps one shape for kGraphKvBucket steps; a larger bound only adds
+  // splits that find no keys (the kernels mask by each request's own length). The rounding is
+  // applied with graphs off too, so that a replay computes exactly what the eager step does.
+  const bool small = !tensor_parallel() && tensor_core_attention_ &&
+                     s.tokens_n <= options_.graph_max_tokens;
+  if (!small) return EnqueueStep(s);
+  constexpr int kGraphKvBucket = 256;
   Step g = s;
   g.max_kv_len = (s.max_kv_len + kGraphKvBucket - 1) / kGraphKvBucket * kGraphKvBucket;
+  if (!options_.cuda_graphs) return EnqueueStep(g);
   const GraphKey key = {g.tokens_n, g.rows_n, g.view.num_requests, num_segments, g.max_q_len,
                         g.max_kv_len, g.decode ? 1 : 0};
   ++graph_clock_;
@@ -943,7 +944,7 @@ absl::Status CudaBackend::RunStep(const Step& s, int num_segments) {
   // Capture on the second sighting: a shape seen once (say, one request's prompt) is not worth
   // the ~1 ms an instantiation costs.
   if (graph_sightings_.size() > 4096) graph_sightings_.clear();
-  if (++graph_sightings_[key] < 2) return EnqueueStep(s);
+  if (++graph_sightings_[key] < 2) return EnqueueStep(g);
   graph_sightings_.erase(key);
   if (graphs_.size() >= size_t(std::max(1, options_.max_graphs))) {
     auto lru = graphs_.begin();
@@ -973,7 +974,7 @@ absl::Status CudaBackend::RunStep(const Step& s, int num_segments) {
                 << (queued.ok() ? cudaGetErrorString(end != cudaSuccess ? end : inst)
                                 : queued.ToString())
                 << "); running it without";
-    return EnqueueStep(s);
+    return EnqueueStep(g);
   }
   graphs_[key] = {exec, graph_clock_};
   LAZYRAG_RETURN_IF_CUDA_ERROR(cudaGraphLaunch(exec, stream_));

@@ -45,13 +45,16 @@ struct CudaBackendOptions {
   // true: the O and down projections add into the fp32 residual inside the GEMM (cuBLAS
   // beta = 1, fp32 output); false: they write bf16 and the next RMSNorm kernel adds them to
   // the residual (the fused residual-add + norm). ttft_bench --residual_in_gemm measures both:
-  // on the H200 (2026-11-29, 8B shape) they were within 1% of each other, so the default keeps
-  // the fp32 residual add (one rounding less).
-  bool residual_add_in_gemm = true;
+  // on the H200 (2026-11-29, 8B shape, same call) LAZY TTFT 6.86 ms without vs 7.18 ms with
+  // (cuBLAS adds split-K reduction kernels for the fp32 beta = 1 outputs), MATERIALIZE 7.47 vs
+  // 7.76, decode step 5.64 vs 5.68, FULL equal; so the default is false (the projection
+  // output is rounded to bf16 once before the fp32 add).
+  bool residual_add_in_gemm = false;
   // CUDA graphs for steps of at most graph_max_tokens tokens (decode batches, short query
   // blocks): a step shape seen a second time is captured once and replayed from then on
   // (~12 kernels per layer launched as one graph). Keyed by tokens, logit rows, requests,
-  // segments, longest query and longest KV rounded up to 1024; at most max_graphs kept (least
+  // segments, longest query and longest KV rounded up to 256 (rounded with graphs off too, so
+  // a replay gives the eager step's logits bit for bit); at most max_graphs kept (least
   // recently used dropped). One rank only (not with tensor parallelism). ttft_bench
   // --cuda_graphs 0|1 measures both.
   bool cuda_graphs = true;

@@ -192,11 +192,14 @@ TEST(CudaTensorParallelTest, TwoRanksMatchOneRankOn8BShapeAllModes) {
                   "8B TP=2 LAZY reordered");
 }
 
-TEST(CudaTensorParallelTest, TwoRanksResidualOutsideGemmMatchesOneRank) {
+// The non-default residual path (added inside the O / down GEMMs, fp32 all-reduce of the
+// residual stream itself); the other tests use the default (bf16 projection outputs
+// all-reduced, added in the next RMSNorm).
+TEST(CudaTensorParallelTest, TwoRanksResidualInsideGemmMatchesOneRank) {
   SKIP_WITH_FEWER_DEVICES(2);
   LoadedModel m = Llama8BShape(2);
   CudaBackendOptions co;
-  co.residual_add_in_gemm = false;
+  co.residual_add_in_gemm = true;
   std::unique_ptr<Engine> tp2 = MakeEngine(CreateCudaTensorParallelBackend(m, 2, co), 64);
   std::unique_ptr<Engine> tp1 = MakeEngine(CreateCudaBackend(m, co), 64);
   ASSERT_TRUE(tp1 && tp2);
@@ -204,7 +207,7 @@ TEST(CudaTensorParallelTest, TwoRanksResidualOutsideGemmMatchesOneRank) {
   TokenPrompt rag = RagPrompt(rng, m.config.vocab_size, {100, 70}, 17);
   ExpectRunsMatch(RunMode(*tp2, rag, AttentionMode::kLazy, 4),
                   RunMode(*tp1, rag, AttentionMode::kLazy, 4), kTpTolerance,
-                  "8B TP=2 residual outside GEMM LAZY");
+                  "8B TP=2 residual inside GEMM LAZY");
 }
 
 ForwardBatch DocumentBatch(const std::vector<int32_t>& tokens, const std::vector<int32_t>& pages,
