@@ -19,10 +19,17 @@
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/backend/tp_shard.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/engine_test_util.h"
 #include "worker/model/model_source.h"
 
 namespace lazyrag {
 namespace {
+
+using engine_test::ModeRun;
+using engine_test::RagPrompt;
+using engine_test::RandomTokens;
+using engine_test::RelError;
+using engine_test::RunMode;
 
 constexpr double kTpTolerance = 1e-5;
 
@@ -104,41 +111,8 @@ std::unique_ptr<Backend> Tp(const ModelWeights& w, int n) {
   return b.ok() ? std::move(*b) : nullptr;
 }
 
-std::vector<int32_t> RandomTokens(std::mt19937& rng, int n, int vocab) {
-  std::uniform_int_distribution<int> d(3, vocab - 1);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = d(rng);
-  return t;
-}
-
-struct ModeRun {
-  std::vector<std::vector<float>> logits;
-  std::vector<int32_t> tokens;
-};
-ModeRun RunMode(Engine& e, const TokenPrompt& p, AttentionMode mode, int steps) {
-  ModeRun r;
-  TokenRunOptions o;
-  o.mode = mode;
-  o.max_tokens = steps;
-  o.ignore_eos = true;
-  o.step_logits = &r.logits;
-  auto res = e.RunTokens(p, o);
-  EXPECT_TRUE(res.ok()) << res.status();
-  if (res.ok()) r.tokens = res->token_ids;
-  return r;
-}
-
-double RelError(const std::vector<float>& a, const std::vector<float>& ref) {
-  EXPECT_EQ(a.size(), ref.size());
-  double diff = 0, mx = 0;
-  for (size_t i = 0; i < std::min(a.size(), ref.size()); ++i) {
-    diff = std::max(diff, double(std::fabs(a[i] - ref[i])));
-    mx = std::max(mx, double(std::fabs(ref[i])));
-  }
-  return diff / std::max(mx, 1e-30);
-}
-
-void ExpectRunsMatch(const ModeRun& got, const ModeRun& ref, double tolerance,
+// Logits within `tolerance` at every step and every greedy token equal.
+void ExpectRunsEqual(const ModeRun& got, const ModeRun& ref, double tolerance,
                      const std::string& what) {
   ASSERT_EQ(got.logits.size(), ref.logits.size()) << what;
   EXPECT_EQ(got.tokens, ref.tokens) << what;
@@ -152,14 +126,6 @@ void ExpectRunsMatch(const ModeRun& got, const ModeRun& ref, double tolerance,
               worst);
 }
 
-TokenPrompt RagPrompt(std::mt19937& rng, int vocab, std::vector<int> doc_lens, int suffix) {
-  TokenPrompt p;
-  p.prefix = RandomTokens(rng, 7, vocab);
-  for (int n : doc_lens) p.documents.push_back(RandomTokens(rng, n, vocab));
-  p.suffix = RandomTokens(rng, suffix, vocab);
-  return p;
-}
-
 // FULL, LAZY and MATERIALIZE with decode steps on `got` and `ref` (same weights); LAZY again
 // with the documents reordered (reused from the pool).
 void ExpectEnginesMatch(Engine& got, Engine& ref, double tolerance, const std::string& what,
@@ -168,16 +134,16 @@ void ExpectEnginesMatch(Engine& got, Engine& ref, double tolerance, const std::s
   const int vocab = ref.config().vocab_size;
   TokenPrompt full;
   full.suffix = RandomTokens(rng, 90, vocab);
-  ExpectRunsMatch(RunMode(got, full, AttentionMode::kFull, 4),
+  ExpectRunsEqual(RunMode(got, full, AttentionMode::kFull, 4),
                   RunMode(ref, full, AttentionMode::kFull, 4), tolerance, what + " FULL");
   TokenPrompt rag = RagPrompt(rng, vocab, {37, 70, 5}, 13);
   for (AttentionMode mode : {AttentionMode::kLazy, AttentionMode::kMaterialize}) {
-    ExpectRunsMatch(RunMode(got, rag, mode, 4), RunMode(ref, rag, mode, 4), tolerance,
+    ExpectRunsEqual(RunMode(got, rag, mode, 4), RunMode(ref, rag, mode, 4), tolerance,
                     what + (mode == AttentionMode::kLazy ? " LAZY" : " MATERIALIZE"));
   }
   std::shuffle(rag.documents.begin(), rag.documents.end(), rng);
   rag.suffix = RandomTokens(rng, 9, vocab);
-  ExpectRunsMatch(RunMode(got, rag, AttentionMode::kLazy, 3),
+  ExpectRunsEqual(RunMode(got, rag, AttentionMode::kLazy, 3),
                   RunMode(ref, rag, AttentionMode::kLazy, 3), tolerance, what + " LAZY reordered");
 }
 

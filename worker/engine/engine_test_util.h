@@ -1,0 +1,90 @@
+// Test helpers for running one prompt through two engines (a backend against its reference:
+// CUDA against CPU, tensor-parallel against plain, graphs against eager) and comparing the
+// logits of every step. Header-only; include from gtest files only.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "worker/engine/engine.h"
+
+namespace lazyrag::engine_test {
+
+inline std::vector<int32_t> RandomTokens(std::mt19937& rng, int n, int vocab) {
+  std::uniform_int_distribution<int> d(3, vocab - 1);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = d(rng);
+  return t;
+}
+
+// A prefix of 7 tokens, documents of the given lengths and a suffix, all random.
+inline TokenPrompt RagPrompt(std::mt19937& rng, int vocab, const std::vector<int>& doc_lens,
+                             int suffix) {
+  TokenPrompt p;
+  p.prefix = RandomTokens(rng, 7, vocab);
+  for (int n : doc_lens) p.documents.push_back(RandomTokens(rng, n, vocab));
+  p.suffix = RandomTokens(rng, suffix, vocab);
+  return p;
+}
+
+// The logits of every step (prefill, then each greedy decode step) and the tokens.
+struct ModeRun {
+  std::vector<std::vector<float>> logits;
+  std::vector<int32_t> tokens;
+};
+
+inline ModeRun RunMode(Engine& e, const TokenPrompt& p, AttentionMode mode, int steps) {
+  ModeRun r;
+  TokenRunOptions o;
+  o.mode = mode;
+  o.max_tokens = steps;
+  o.ignore_eos = true;
+  o.step_logits = &r.logits;
+  auto res = e.RunTokens(p, o);
+  EXPECT_TRUE(res.ok()) << res.status();
+  if (res.ok()) r.tokens = res->token_ids;
+  return r;
+}
+
+// max |a - ref| / max |ref|.
+inline double RelError(const std::vector<float>& a, const std::vector<float>& ref) {
+  EXPECT_EQ(a.size(), ref.size());
+  double diff = 0, mx = 0;
+  for (size_t i = 0; i < std::min(a.size(), ref.size()); ++i) {
+    diff = std::max(diff, double(std::fabs(a[i] - ref[i])));
+    mx = std::max(mx, double(std::fabs(ref[i])));
+  }
+  return diff / std::max(mx, 1e-30);
+}
+
+// Compares step logits (RelError <= tolerance, printed) while the generated tokens agree. A
+// different greedy token is accepted only at a near tie of the reference (top-2 gap within
+// 2 x tolerance x max |logit|); later steps are then not compared.
+inline void ExpectRunsMatch(const ModeRun& got, const ModeRun& ref, double tolerance,
+                            const std::string& what) {
+  ASSERT_EQ(got.logits.size(), ref.logits.size()) << what;
+  for (size_t s = 0; s < ref.logits.size(); ++s) {
+    const double err = RelError(got.logits[s], ref.logits[s]);
+    EXPECT_LE(err, tolerance) << what << " step " << s;
+    std::printf("[ %s ] step %zu: max|diff|/max|ref| = %.3g\n", what.c_str(), s, err);
+    if (s < ref.tokens.size() && s < got.tokens.size() && got.tokens[s] != ref.tokens[s]) {
+      std::vector<float> sorted = ref.logits[s];
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+      float mx = 0;
+      for (float v : ref.logits[s]) mx = std::max(mx, std::fabs(v));
+      EXPECT_LE(sorted[0] - sorted[1], 2 * tolerance * mx)
+          << what << ": greedy token differs at step " << s << " without a near tie";
+      std::printf("[ %s ] tokens diverge at step %zu (near tie); later steps not compared\n",
+                  what.c_str(), s);
+      return;
+    }
+  }
+}
+
+}  // namespace lazyrag::engine_test
