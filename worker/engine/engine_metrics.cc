@@ -23,10 +23,11 @@ EngineMetrics::EngineMetrics(metrics::Registry *r, const std::string &model) : m
            .Add(m);
   hits_ = &r->AddCounter("lazyrag_doc_cache_hits_total",
                          "Document lookups served without computing, by tier (gpu = the KV pool "
-                         "on any device; store = the kvstore).");
+                         "on any device; peer = another worker of this host; store = the "
+                         "kvstore).");
   hit_tokens_ = &r->AddCounter("lazyrag_doc_cache_hit_tokens_total",
                                "Tokens of the document lookups served without computing.");
-  for (const char *tier : {"gpu", "store"}) {
+  for (const char *tier : {"gpu", "peer", "store"}) {
     Hits(tier);
     HitTokens(tier);
   }

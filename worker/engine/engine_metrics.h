@@ -12,6 +12,8 @@
 //                                                (the pool of a CPU worker is
 //                                                labelled "gpu" too, so
 //                                                dashboards need one query);
+//                                                "peer": another worker of
+//                                                this host (--peers);
 //                                                "store": kvstore
 //   doc_cache_hit_tokens_total{tier,model}
 //   doc_computed_total{model}, doc_computed_tokens_total{model}  documents run
