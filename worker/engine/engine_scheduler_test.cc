@@ -13,41 +13,14 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "worker/backend/cpu/cpu_backend.h"
+#include "worker/cache/memory_store_test_util.h"
 #include "worker/engine/engine.h"
 #include "worker/model/model_source.h"
 
 namespace lazyrag {
 namespace {
 
-// Counts calls; fails every call while `down` is set.
-class MemoryStore : public DocumentStore {
- public:
-  std::string name() const override { return "memory"; }
-  absl::StatusOr<StoredDocument> Get(const std::string &ns, const std::string &id) override {
-    absl::MutexLock l(&mu_);
-    ++gets;
-    if (down) return absl::UnavailableError("store down");
-    auto it = docs_.find(ns + "/" + id);
-    if (it == docs_.end()) return absl::NotFoundError("absent");
-    return it->second;
-  }
-  absl::Status Put(const std::string &ns, const std::string &id,
-                   const StoredDocument &doc) override {
-    absl::MutexLock l(&mu_);
-    ++puts;
-    if (down) return absl::UnavailableError("store down");
-    docs_[ns + "/" + id] = doc;
-    return absl::OkStatus();
-  }
-  int Puts() {
-    absl::MutexLock l(&mu_);
-    return puts;
-  }
-  absl::Mutex mu_;
-  std::map<std::string, StoredDocument> docs_;
-  int gets = 0, puts = 0;
-  bool down = false;
-};
+using MemoryStore = MemoryDocumentStore;
 
 std::unique_ptr<Engine> MakeEngine(int num_pages, DocumentStore *store = nullptr,
                                    int max_waiting = 256, int max_running = 64) {

@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/engine/document_codec.h"
+#include "worker/cache/memory_store_test_util.h"
 #include "worker/engine/engine.h"
 #include "worker/model/model_source.h"
 #include "worker/peer/peer_service.h"
@@ -32,39 +33,7 @@ namespace {
 
 constexpr char kFingerprint[] = "model-fp";
 
-// An in-memory kvstore stand-in that counts calls; fails every call while `down` is set.
-class MemoryStore : public DocumentStore {
- public:
-  std::string name() const override { return "memory"; }
-  absl::StatusOr<StoredDocument> Get(const std::string &ns, const std::string &id) override {
-    absl::MutexLock l(&mu);
-    ++gets;
-    if (down) return absl::UnavailableError("store down");
-    auto it = docs.find(ns + "/" + id);
-    if (it == docs.end()) return absl::NotFoundError("absent");
-    return it->second;
-  }
-  absl::Status Put(const std::string &ns, const std::string &id,
-                   const StoredDocument &doc) override {
-    absl::MutexLock l(&mu);
-    ++puts;
-    if (down) return absl::UnavailableError("store down");
-    docs[ns + "/" + id] = doc;
-    return absl::OkStatus();
-  }
-  int Gets() {
-    absl::MutexLock l(&mu);
-    return gets;
-  }
-  int Puts() {
-    absl::MutexLock l(&mu);
-    return puts;
-  }
-  absl::Mutex mu;
-  std::map<std::string, StoredDocument> docs;
-  int gets = 0, puts = 0;
-  bool down = false;
-};
+using MemoryStore = MemoryDocumentStore;
 
 // Wraps a store it does not own (the tests keep a pointer to look at its counters).
 class Borrowed : public DocumentStore {
