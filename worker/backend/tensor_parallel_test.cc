@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/backend/tp_shard.h"
+#include "worker/backend/forward_batch_test_util.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_test_util.h"
 #include "worker/model/model_source.h"
@@ -368,44 +369,8 @@ TEST(TensorParallelCpuTest, SmolLm2ShapeThreeRanksMatchPlain) {
 // ---------------------------------------------------------------------------------------------
 // Backend-level batches: a document prefilled into pages, then a query over it.
 
-ForwardBatch DocumentBatch(const std::vector<int32_t>& tokens, const std::vector<int32_t>& pages,
-                           int page_size) {
-  ForwardBatch b;
-  const int n = int(tokens.size());
-  b.tokens = tokens;
-  b.view.page_size = page_size;
-  std::vector<int32_t> pos(n);
-  for (int j = 0; j < n; ++j) {
-    pos[j] = j;
-    b.kv_pos.push_back(j);
-    b.kv_slot.push_back(int64_t(pages[j / page_size]) * page_size + j % page_size);
-  }
-  b.view.AddSegment(0, n, pages);
-  b.view.EndRequest(pos);
-  b.logit_rows = {n - 1};
-  return b;
-}
-
-// The query attends to the document (logical start 0) and causally to itself (start doc_len).
-ForwardBatch QueryBatch(const std::vector<int32_t>& doc_pages, int doc_len,
-                        const std::vector<int32_t>& tokens, const std::vector<int32_t>& pages,
-                        int page_size) {
-  ForwardBatch b;
-  const int m = int(tokens.size());
-  b.tokens = tokens;
-  b.view.page_size = page_size;
-  std::vector<int32_t> pos(m);
-  for (int j = 0; j < m; ++j) {
-    pos[j] = doc_len + j;
-    b.kv_pos.push_back(j);
-    b.kv_slot.push_back(int64_t(pages[j / page_size]) * page_size + j % page_size);
-    b.logit_rows.push_back(j);
-  }
-  b.view.AddSegment(0, doc_len, doc_pages);
-  b.view.AddSegment(doc_len, m, pages);
-  b.view.EndRequest(pos);
-  return b;
-}
+using backend_test::DocumentBatch;
+using backend_test::QueryBatch;
 
 std::vector<float> Floats(const std::string& bytes) {
   std::vector<float> f(bytes.size() / sizeof(float));

@@ -19,6 +19,7 @@
 
 #include "gtest/gtest.h"
 #include "worker/backend/cuda/cuda_backend.h"
+#include "worker/backend/forward_batch_test_util.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_test_util.h"
 #include "worker/model/model_source.h"
@@ -156,43 +157,8 @@ TEST(CudaTensorParallelTest, TwoRanksResidualInsideGemmMatchesOneRank) {
                   "8B TP=2 residual inside GEMM LAZY");
 }
 
-ForwardBatch DocumentBatch(const std::vector<int32_t>& tokens, const std::vector<int32_t>& pages,
-                           int page_size) {
-  ForwardBatch b;
-  const int n = int(tokens.size());
-  b.tokens = tokens;
-  b.view.page_size = page_size;
-  std::vector<int32_t> pos(n);
-  for (int j = 0; j < n; ++j) {
-    pos[j] = j;
-    b.kv_pos.push_back(j);
-    b.kv_slot.push_back(int64_t(pages[j / page_size]) * page_size + j % page_size);
-  }
-  b.view.AddSegment(0, n, pages);
-  b.view.EndRequest(pos);
-  b.logit_rows = {n - 1};
-  return b;
-}
-
-ForwardBatch QueryBatch(const std::vector<int32_t>& doc_pages, int doc_len,
-                        const std::vector<int32_t>& tokens, const std::vector<int32_t>& pages,
-                        int page_size) {
-  ForwardBatch b;
-  const int m = int(tokens.size());
-  b.tokens = tokens;
-  b.view.page_size = page_size;
-  std::vector<int32_t> pos(m);
-  for (int j = 0; j < m; ++j) {
-    pos[j] = doc_len + j;
-    b.kv_pos.push_back(j);
-    b.kv_slot.push_back(int64_t(pages[j / page_size]) * page_size + j % page_size);
-    b.logit_rows.push_back(j);
-  }
-  b.view.AddSegment(0, doc_len, doc_pages);
-  b.view.AddSegment(doc_len, m, pages);
-  b.view.EndRequest(pos);
-  return b;
-}
+using backend_test::DocumentBatch;
+using backend_test::QueryBatch;
 
 float Bf16ToFloat(uint16_t h) {
   uint32_t u = uint32_t(h) << 16;
