@@ -4,8 +4,12 @@
 //     a vectorized copy kernel, a read-only kernel);
 //   * decode, batch 1/16/64/128, 10,240-token context (5 documents of 2,040 tokens + the
 //     request's own 40), LAZY vs all-zero deltas vs the key-rotating (MEPIC) variant;
-//   * 32-token query block, batch 1 and 16, against the same 10,240 cached tokens;
-//   * batch 1 decode and query block against forced KV split counts;
+//   * 32-token query block, batch 1 and 16, against the same 10,240 cached tokens, with the
+//     launcher's kernel (variant lazy: wgmma on sm_90a) and the mma.sync kernel forced
+//     (lazy_mma);
+//   * large prefill: 2,048-token chunks (the request's own tokens, causal) after the same
+//     10,200 document tokens, batch 1 and 4, wgmma vs mma.sync;
+//   * batch 1 decode and query block against forced KV split counts (both prefill kernels);
 //   * MATERIALIZE of 10,240 tokens x 32 layers (copy + re-rotate K, copy V).
 // Timing: CUDA events around graph replays of 20 launches after warm-up, median of many
 // samples (see TimeMedianMs); inputs rotate
@@ -13,7 +17,9 @@
 // pages (shuffled page order) so bytes are not shared through L2. Prints a table, writes
 // JSON with --out PATH.
 //
-// Usage: kernel_bench [--out PATH] [--iters N]
+// Usage: kernel_bench [--out PATH] [--iters N] [--prefill-kernel auto|mma]
+// (--prefill-kernel mma: every prefill row that would take the launcher's choice runs the
+// mma.sync kernel instead; a fallback for when the wgmma kernel is broken.)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -56,6 +62,9 @@ namespace {
 
 constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128, kPageSize = 16;
 constexpr int kDocs = 5, kDocLen = 2040, kOwnLen = 40;  // 10,240 tokens of context
+
+// The prefill kernel of rows that do not force one (--prefill-kernel).
+PrefillKernel g_default_prefill_kernel = PrefillKernel::kAuto;
 
 __global__ void FillRandomBf16(uint16_t* x, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
@@ -170,12 +179,15 @@ struct AttentionSetup {
     return v;
   }
 
-  AttentionSetup(int batch_, int q_len_, size_t l2_bytes, std::mt19937& rng, bool shuffle = true)
+  // own_len: the request's own tokens after the documents (queries are its last q_len);
+  // max_splits sizes the split workspace.
+  AttentionSetup(int batch_, int q_len_, size_t l2_bytes, std::mt19937& rng, bool shuffle = true,
+                 int own_len = kOwnLen, int max_splits = kMaxKvSplits)
       : batch(batch_), q_len(q_len_) {
     const int doc_pages = (kDocLen + kPageSize - 1) / kPageSize;
-    const int own_pages = (kOwnLen + kPageSize - 1) / kPageSize;
+    const int own_pages = (own_len + kPageSize - 1) / kPageSize;
     const int pages_per_request = kDocs * doc_pages + own_pages;
-    kv_len = kDocs * kDocLen + kOwnLen;
+    kv_len = kDocs * kDocLen + own_len;
     const size_t page_bytes = size_t(kPageSize) * kKvHeads * kHeadDim * 2;
     const size_t bytes_per_copy = size_t(batch) * pages_per_request * page_bytes * 2;
     copies = int(std::min<size_t>(16, std::max<size_t>(1, (4 * l2_bytes) / bytes_per_copy + 1)));
@@ -192,7 +204,7 @@ struct AttentionSetup {
     std::vector<float> f(kHeadDim / 2);
     for (int i = 0; i < kHeadDim / 2; ++i) f[i] = float(std::pow(500000.0, -2.0 * i / kHeadDim));
     inv_freq = DeviceUpload(f);
-    workspace_bytes = LazyAttentionWorkspaceBytes(batch * q_len, kHeads, kHeadDim);
+    workspace_bytes = LazyAttentionWorkspaceBytes(batch * q_len, kHeads, kHeadDim, max_splits);
     workspace = DeviceAlloc<uint8_t>(workspace_bytes);
 
     std::vector<int32_t> perm(num_pages);
@@ -213,11 +225,11 @@ struct AttentionSetup {
           }
           std::vector<int32_t> pages(perm.begin() + next, perm.begin() + next + own_pages);
           next += own_pages;
-          h.AddSegment(zero ? 0 : start, kOwnLen, pages);
+          h.AddSegment(zero ? 0 : start, own_len, pages);
           // Queries: the last q_len tokens of the own segment (positions as in LAZY; with
           // zero deltas every key is still visible, so the work is the same).
           std::vector<int32_t> pos(q_len);
-          for (int i = 0; i < q_len; ++i) pos[i] = start + kOwnLen - q_len + i;
+          for (int i = 0; i < q_len; ++i) pos[i] = start + own_len - q_len + i;
           h.EndRequest(pos);
         }
         views[zero].push_back(Upload(h));
@@ -251,6 +263,7 @@ struct AttentionSetup {
     p.max_kv_len = kv_len;
     p.workspace = workspace;
     p.workspace_bytes = workspace_bytes;
+    p.prefill_kernel = g_default_prefill_kernel;
     return p;
   }
   // KV bytes one launch reads (K and V of every key of every request, all KV heads).
@@ -407,8 +420,13 @@ int Main(int argc, char** argv) {
       out_path = argv[++i];
     } else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) {
       iters = std::max(1, std::atoi(argv[++i]));
+    } else if (!std::strcmp(argv[i], "--prefill-kernel") && i + 1 < argc &&
+               (!std::strcmp(argv[i + 1], "auto") || !std::strcmp(argv[i + 1], "mma"))) {
+      g_default_prefill_kernel =
+          !std::strcmp(argv[++i], "mma") ? PrefillKernel::kMmaSync : PrefillKernel::kAuto;
     } else {
-      std::fprintf(stderr, "usage: %s [--out PATH] [--iters N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--out PATH] [--iters N] [--prefill-kernel auto|mma]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -456,16 +474,53 @@ int Main(int argc, char** argv) {
                          ms, s.KvBytes(), flops});
     }
   }
-  // 32-token query blocks.
+  // 32-token query blocks: the launcher's choice for every variant (lazy and zero_deltas run
+  // the wgmma kernel on sm_90a), then the mma.sync kernel forced (lazy_mma).
+  {
+    LazyAttentionParams probe;
+    probe.shape.num_heads = kHeads;
+    probe.shape.num_kv_heads = kKvHeads;
+    probe.shape.head_dim = kHeadDim;
+    probe.prefill_kernel = g_default_prefill_kernel;
+    std::printf("prefill kernel for variant lazy: %s\n",
+                LazyAttentionPrefillUsesWgmma(probe) ? "wgmma" : "mma.sync");
+  }
   for (int batch : {1, 16}) {
     AttentionSetup s(batch, 32, prop.l2CacheSize, rng);
+    const double flops = 4.0 * batch * 32 * kHeads * kHeadDim * double(s.kv_len);
     for (const auto& var : variants) {
       const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
         BENCH_OK(LazyAttentionPrefill(s.Params(i % s.copies, var.zero, var.layout), st));
       });
-      const double flops = 4.0 * batch * 32 * kHeads * kHeadDim * double(s.kv_len);
       results.push_back({"prefill_q32_b" + std::to_string(batch), "prefill", batch, 32, s.kv_len,
                          var.name, ms, s.KvBytes(), flops});
+    }
+    const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+      LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
+      p.prefill_kernel = PrefillKernel::kMmaSync;
+      BENCH_OK(LazyAttentionPrefill(p, st));
+    });
+    results.push_back({"prefill_q32_b" + std::to_string(batch), "prefill", batch, 32, s.kv_len,
+                       "lazy_mma", ms, s.KvBytes(), flops});
+  }
+  // Large prefill: a 2,048-token chunk of the request's own tokens (causal among themselves)
+  // after 10,200 document tokens. FLOPs count the visible (query, key) pairs only.
+  for (int batch : {1, 4}) {
+    constexpr int kChunk = 2048;
+    AttentionSetup s(batch, kChunk, prop.l2CacheSize, rng, true, /*own_len=*/kChunk,
+                     /*max_splits=*/4);
+    double pairs = 0;
+    for (int i = 0; i < kChunk; ++i) pairs += kDocs * kDocLen + i + 1;
+    const double flops = 4.0 * batch * kHeads * kHeadDim * pairs;
+    for (PrefillKernel kernel : {g_default_prefill_kernel, PrefillKernel::kMmaSync}) {
+      const double ms = TimeMedianMs(2, std::max(5, iters / 5), [&](int i, cudaStream_t st) {
+        LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
+        p.prefill_kernel = kernel;
+        BENCH_OK(LazyAttentionPrefill(p, st));
+      });
+      results.push_back({"prefill_q2048_b" + std::to_string(batch), "prefill", batch, kChunk,
+                         s.kv_len, kernel == PrefillKernel::kAuto ? "lazy" : "lazy_mma", ms,
+                         s.KvBytes(), flops});
     }
   }
   // Batch 1 against forced KV split counts (LAZY only): how the fixed costs move with the
@@ -483,15 +538,19 @@ int Main(int argc, char** argv) {
                          4.0 * kHeads * kHeadDim * double(d.kv_len)});
     }
     AttentionSetup q(1, 32, prop.l2CacheSize, rng);
-    for (int splits : {4, 8, 12, 16, 24, 32}) {
-      const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
-        LazyAttentionParams p = q.Params(i % q.copies, false, KeyLayout::kRotatedLocal);
-        p.num_splits = splits;
-        BENCH_OK(LazyAttentionPrefill(p, st));
-      });
-      results.push_back({"prefill_q32_b1_splits", "prefill", 1, 32, q.kv_len,
-                         "lazy_s" + std::to_string(splits), ms, q.KvBytes(),
-                         4.0 * 32 * kHeads * kHeadDim * double(q.kv_len)});
+    for (PrefillKernel kernel : {g_default_prefill_kernel, PrefillKernel::kMmaSync}) {
+      for (int splits : {4, 8, 12, 16, 24, 32}) {
+        const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+          LazyAttentionParams p = q.Params(i % q.copies, false, KeyLayout::kRotatedLocal);
+          p.num_splits = splits;
+          p.prefill_kernel = kernel;
+          BENCH_OK(LazyAttentionPrefill(p, st));
+        });
+        results.push_back(
+            {"prefill_q32_b1_splits", "prefill", 1, 32, q.kv_len,
+             (kernel == PrefillKernel::kAuto ? "lazy_s" : "mma_s") + std::to_string(splits), ms,
+             q.KvBytes(), 4.0 * 32 * kHeads * kHeadDim * double(q.kv_len)});
+      }
     }
   }
   // Diagnostics for the batch-1 fixed costs, timed like the kernels (graphs of 20 calls):

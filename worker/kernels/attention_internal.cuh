@@ -130,6 +130,17 @@ __device__ __forceinline__ uint32_t TileOffset(int row, int chunk) {
   return static_cast<uint32_t>(row * (D * 2) + ((chunk ^ (row & 7)) << 4));
 }
 
+// K/V tiles for wgmma (lazy_attention_prefill_wgmma.cu): the tile's kRows x 128 bf16 split
+// into two column halves of 64 (128 bytes per row), each half [kRows][128 B] with row stride
+// 128 B and chunk c of row r at chunk c ^ (r & 7): the 128-byte-swizzle canonical layout that
+// a wgmma descriptor reads both K-major (K as the B operand of Q K^T) and MN-major (V as the B
+// operand of P V). REQUIRES: the tile base 1024-byte aligned.
+template <int kRows>
+__device__ __forceinline__ uint32_t Sw128Offset(int row, int chunk) {
+  return static_cast<uint32_t>((chunk >> 3) * (kRows * 128) + row * 128 +
+                               (((chunk & 7) ^ (row & 7)) << 4));
+}
+
 // Builds the mma A fragments of a warp's 16 query rows, rotated by RoPE: rows r_lo and
 // r_lo + 8 of the raw (un-rotated) bf16 tile at q_smem, rotated by pos_lo / pos_hi.
 // The rotate-half partner of column c (c < D/2) is c + D/2, which lands in the same register
@@ -364,12 +375,14 @@ struct TileCursor {
 // into shared memory with 16-byte cp.async. Thread `tid` moves chunk tid % (D/8) of rows
 // tid / (D/8) + i * kRowsPerPass. The page ids of the next tile are fetched (Prefetch) one
 // tile ahead of the copy (Issue), so their latency hides behind a tile of math.
-template <int D, int kBlockN, int kThreads>
+// kSw128: store in the wgmma layout (Sw128Offset, D = 128 only) instead of TileOffset.
+template <int D, int kBlockN, int kThreads, bool kSw128 = false>
 struct KvTileLoader {
   static constexpr int kChunks = D / 8;
   static constexpr int kRowsPerPass = kThreads / kChunks;
   static constexpr int kPasses = kBlockN / kRowsPerPass;
   static_assert(kThreads % kChunks == 0 && kBlockN % kRowsPerPass == 0, "tile shape");
+  static_assert(!kSw128 || D == 128, "the 128-byte-swizzle layout is for head dim 128");
 
   // Pool token index (page * page_size + slot) of each row this thread moves, -1 = not
   // loadable (zero-fill). One register per row: the prefill kernel runs at the register cap.
@@ -406,7 +419,7 @@ struct KvTileLoader {
       const int row = row0 + p * kRowsPerPass;
       const bool ok = tok[p] >= 0;
       const int64_t off = ok ? int64_t(tok[p]) * token_stride + head_offset + chunk * 8 : 0;
-      const uint32_t dst = TileOffset<D>(row, chunk);
+      const uint32_t dst = kSw128 ? Sw128Offset<kBlockN>(row, chunk) : TileOffset<D>(row, chunk);
       CpAsync16(SmemAddr(k_smem) + dst, k_cache + off, ok);
       CpAsync16(SmemAddr(v_smem) + dst, v_cache + off, ok);
     }
@@ -454,6 +467,14 @@ inline absl::Status LaunchAttentionKernel(void (*kernel)(AttentionKernelParams),
   LAZYRAG_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, kp));
   return absl::OkStatus();
 }
+
+// The wgmma prefill kernel (lazy_attention_prefill_wgmma.cu): head dim 128, LAZY layout,
+// 128 packed rows per block exactly as the mma.sync kernel (same grid, same kp fields).
+// WgmmaPrefillSupported: the current device is compute capability 9.0 and the kernel was
+// built for it (sm_90a); otherwise the launcher must use the mma.sync kernel.
+bool WgmmaPrefillSupported();
+absl::Status LaunchPrefillWgmma128(const AttentionKernelParams& kp, int blocks,
+                                   cudaStream_t stream);
 
 // Combines the partial results of kp.num_splits splits into kp.out (only when > 1 split).
 absl::Status LaunchMergeSplits(const AttentionKernelParams& kp, int num_q, int head_dim,

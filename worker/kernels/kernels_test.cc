@@ -10,11 +10,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -282,6 +284,7 @@ struct GpuRun {
   size_t workspace_bytes = 0;
   // Calls on the same (not re-poisoned) workspace and output; the last output is returned.
   int repeats = 1;
+  PrefillKernel prefill_kernel = PrefillKernel::kAuto;
 };
 
 // Runs one kernel on device copies of the problem; returns the bf16 output as floats.
@@ -310,6 +313,7 @@ std::vector<float> RunGpu(const Problem& p, const KvPool& pool, const GpuRun& ru
   prm.workspace = ws.get();
   prm.workspace_bytes = ws_bytes;
   prm.num_splits = run.num_splits;
+  prm.prefill_kernel = run.prefill_kernel;
   for (int i = 0; i < run.repeats; ++i) {
     const absl::Status st =
         run.decode ? LazyAttentionDecode(prm, nullptr) : LazyAttentionPrefill(prm, nullptr);
@@ -707,6 +711,66 @@ TEST(LazyAttention, FullCausalDocumentEncoding) {
     AddRequest(p, pool, {}, {}, 0, 777, rng);
     ExpectClose(RunGpu(p, pool, {false, KeyLayout::kRotatedLocal, 0}),
                 RunCpu(p, pool, KeyLayout::kRotatedLocal), absl::StrCat("full d=", d));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// The wgmma prefill kernel (head dim 128, LAZY; the default where it applies) and the
+// mma.sync kernel forced on the same inputs, each against the CPU reference and against each
+// other: a batch-1 query block over odd-length documents, a batch of 16 query blocks, and
+// chunked causal prefill of the requests' own tokens (several query blocks per request,
+// uneven rows), page sizes 16 and 64, groups 4 and 8, automatic and forced splits.
+TEST(LazyAttention, PrefillWgmmaMatchesCpuAndMmaSync) {
+  SKIP_WITHOUT_GPU();
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  std::mt19937 rng(seed);
+  int major = 0, minor = 0;
+  ASSERT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  ASSERT_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
+  for (int ps : {16, 64}) {
+    for (int group : {4, 8}) {
+      SCOPED_TRACE(absl::StrCat("ps=", ps, " group=", group));
+      Sizes s;
+      s.head_dim = 128;
+      s.group = group;
+      s.page_size = ps;
+      s.num_kv_heads = 2;
+      KvPool pool(ps, s.num_kv_heads, s.head_dim, PagesFor(8 * 1200, ps) + 40 * 16, rng);
+      const std::vector<Doc> docs = MakeDocs(pool, 8, 1, 1200, rng);
+      Problem b1;
+      b1.shape = MakeShape(s);
+      b1.view.page_size = ps;
+      b1.inv_freq = InvFreq(s.head_dim);
+      Problem causal = b1;
+      AddRequest(b1, pool, docs, {5, 2, 7, 0, 3}, 9, 32, rng);
+      AddRequest(causal, pool, docs, {}, 200, 100, rng);
+      AddRequest(causal, pool, docs, {1, 6}, 7, 37, rng);
+      const Problem b16 = MakeRagBatch(s, pool, docs, 16, 3, 40, 32, rng);
+      LazyAttentionParams probe;
+      probe.shape = b1.shape;
+      const bool wgmma = LazyAttentionPrefillUsesWgmma(probe);
+      if (major == 9 && minor == 0) {
+        EXPECT_TRUE(wgmma) << "compute capability 9.0 device but no wgmma kernel";
+      }
+      if (!wgmma) std::printf("note: wgmma prefill kernel unavailable; mma.sync twice\n");
+      const std::pair<const char*, const Problem*> problems[] = {
+          {"b1", &b1}, {"b16", &b16}, {"causal", &causal}};
+      for (const auto& [name, prob] : problems) {
+        const std::vector<float> ref = RunCpu(*prob, pool, KeyLayout::kRotatedLocal);
+        for (int splits : {0, 1, 3}) {
+          const std::string what = absl::StrCat(name, " splits=", splits);
+          GpuRun run{false, KeyLayout::kRotatedLocal, splits};
+          run.prefill_kernel = PrefillKernel::kWgmma;
+          const std::vector<float> got = RunGpu(*prob, pool, run);
+          run.prefill_kernel = PrefillKernel::kMmaSync;
+          const std::vector<float> old = RunGpu(*prob, pool, run);
+          ExpectClose(got, ref, "wgmma " + what);
+          ExpectClose(old, ref, "mma.sync " + what);
+          ExpectClose(got, old, "wgmma vs mma.sync " + what, 2e-3f, 1e-2f);
+        }
+      }
+    }
   }
 }
 

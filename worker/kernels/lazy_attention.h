@@ -35,6 +35,13 @@ typedef struct CUstream_st* cudaStream_t;
 
 namespace lazyrag::kernels {
 
+// Which prefill kernel runs (A/B benchmarking and tests; serving leaves kAuto).
+enum class PrefillKernel {
+  kAuto,     // wgmma where it applies (head_dim 128, kRotatedLocal, sm_90a), else mma.sync
+  kMmaSync,  // always the mma.sync kernel
+  kWgmma,    // same as kAuto (the wgmma kernel where it applies, mma.sync elsewhere)
+};
+
 struct LazyAttentionParams {
   AttentionShape shape;  // num_heads % num_kv_heads == 0; head_dim 64 or 128; group <= 16
   KeyLayout key_layout = KeyLayout::kRotatedLocal;
@@ -59,6 +66,8 @@ struct LazyAttentionParams {
   // 0: choose the number of KV splits from the grid size (the default); n > 0: use n
   // (clamped to kMaxKvSplits and to the workspace). Tests force splits with it.
   int num_splits = 0;
+  // Prefill only; decode ignores it.
+  PrefillKernel prefill_kernel = PrefillKernel::kAuto;
 };
 
 inline constexpr int kMaxKvSplits = 128;
@@ -69,8 +78,15 @@ size_t LazyAttentionWorkspaceBytes(int num_q, int num_heads, int head_dim,
 
 // Prefill: any number of query rows per request (query blocks against cached segments,
 // chunked causal prefill of the request's own tokens, FULL document encoding). Tensor-core
-// tiles of 64 packed (query row x group head) rows against 64-key tiles gathered from pages.
+// tiles of 128 packed (query row x group head) rows against 64-key tiles gathered from pages:
+// wgmma (two warpgroups) for head_dim 128 with the LAZY layout on sm_90a, mma.sync otherwise
+// (params.prefill_kernel).
 absl::Status LazyAttentionPrefill(const LazyAttentionParams& params, cudaStream_t stream);
+
+// Whether LazyAttentionPrefill(params) runs the wgmma kernel (head_dim 128, kRotatedLocal,
+// prefill_kernel != kMmaSync, a compute capability 9.0 device and an sm_90a build). Needs the
+// current device; false when it cannot be queried.
+bool LazyAttentionPrefillUsesWgmma(const LazyAttentionParams& params);
 
 // Decode: exactly one query row per request (REQUIRES view.num_q == view.num_requests).
 // Flash-decoding: the KV of each (request, KV head) is split so that the grid fills the GPU,

@@ -11,6 +11,9 @@
 // (request x KV head x query block, KV split), the splits filling one wave of the SMs (batch
 // 1: 8 KV heads x 16 splits); splits are merged by the merge kernel (a merge fused into the
 // last split block would put 128 rows x 16 splits of fp32 partials, ~1 MB, through one SM).
+// For head dim 128 with the LAZY layout on sm_90a the launcher runs the wgmma kernel of
+// lazy_attention_prefill_wgmma.cu instead (same grid and splits); this kernel serves the
+// other shapes and layouts, and PrefillKernel::kMmaSync forces it for A/B comparison.
 #include "common/status.h"
 #include "worker/kernels/attention_internal.cuh"
 #include "worker/kernels/lazy_attention.h"
@@ -301,6 +304,11 @@ absl::Status LaunchPrefill(const AttentionKernelParams& kp, int blocks, cudaStre
 }  // namespace
 }  // namespace detail
 
+bool LazyAttentionPrefillUsesWgmma(const LazyAttentionParams& params) {
+  return params.prefill_kernel != PrefillKernel::kMmaSync && params.shape.head_dim == 128 &&
+         params.key_layout == KeyLayout::kRotatedLocal && detail::WgmmaPrefillSupported();
+}
+
 absl::Status LazyAttentionPrefill(const LazyAttentionParams& params, cudaStream_t stream) {
   RETURN_IF_ERROR(ValidateLazyAttentionParams(params, /*decode=*/false));
   const SegmentView& v = params.view;
@@ -316,6 +324,10 @@ absl::Status LazyAttentionPrefill(const LazyAttentionParams& params, cudaStream_
   kp.q_blocks = q_blocks;
   const bool rotate_keys = params.key_layout == KeyLayout::kUnrotated;
   const int b = static_cast<int>(blocks);
+  if (LazyAttentionPrefillUsesWgmma(params)) {
+    RETURN_IF_ERROR(detail::LaunchPrefillWgmma128(kp, b, stream));
+    return detail::LaunchMergeSplits(kp, v.num_q, params.shape.head_dim, stream);
+  }
   switch (params.shape.head_dim) {
     case 64:
       RETURN_IF_ERROR((rotate_keys ? detail::LaunchPrefill<64, true>(kp, b, stream)
