@@ -23,9 +23,11 @@
 //   kv_pool_evictions_total{model}, preemptions_total{model}
 //   kvstore_fetch_seconds, kvstore_fetch_bytes_total   successful store reads
 //   kvstore_requests_total{op="get|put",result}  result:
-//   hit|miss|ok|skipped|<status code>
+//   hit|miss|ok|skipped|slower_than_compute|<status code>
 //                                                (skipped: store marked down,
-//                                                recomputed)
+//                                                recomputed; slower_than_compute:
+//                                                not asked, recomputing was
+//                                                predicted cheaper: fetch_cost.h)
 //   kvstore_writeback_dropped_total              write-backs dropped, queue
 //   full
 #pragma once

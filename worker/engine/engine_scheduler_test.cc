@@ -107,6 +107,47 @@ TEST(EngineSchedulerTest, ConcurrentRequestsEqualSequentialOnesAndComputeDocumen
   EXPECT_EQ(r->usage.computed_tokens, int64_t(ps[3].suffix.size()));
 }
 
+// A kvstore whose hits take `delay`: far slower than recomputing the tiny model's documents.
+class SlowStore : public MemoryDocumentStore {
+ public:
+  absl::StatusOr<StoredDocument> Get(const std::string &ns, const std::string &id) override {
+    auto r = MemoryDocumentStore::Get(ns, id);
+    if (r.ok()) absl::SleepFor(absl::Milliseconds(150));
+    return r;
+  }
+};
+
+// Fetch or compute (worker/engine/fetch_cost.h): once the engine has seen what a kvstore hit
+// and a forward step cost, documents that are cheaper to recompute are recomputed.
+TEST(EngineSchedulerTest, DocumentsAreRecomputedWhenTheStoreIsSlowerThanComputing) {
+  std::vector<TokenPrompt> ps;
+  for (int i = 0; i < 5; ++i) ps.push_back(Prompt({i}, i));  // five documents, one each
+  SlowStore store;
+  auto writer = MakeEngine(1024, &store);
+  std::vector<std::vector<int32_t>> ref;
+  for (const auto &p : ps) ref.push_back(writer->RunTokens(p, Options(4))->token_ids);
+  for (int i = 0; i < 200 && store.Puts() < 6; ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(store.Puts(), 6);  // five documents and the prefix block
+
+  auto reader = MakeEngine(1024, &store);
+  TokenPrompt warm;  // no documents: teaches the engine what a forward step costs
+  warm.suffix = Tokens(77, 64);
+  ASSERT_TRUE(reader->RunTokens(warm, Options(1)).ok());
+  const int gets_before = store.Gets();
+  std::vector<int64_t> store_tokens;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    auto r = reader->RunTokens(ps[i], Options(4));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->token_ids, ref[i]) << "request " << i;
+    store_tokens.push_back(r->usage.store_document_tokens);
+  }
+  // The first request's blocks were fetched before any hit had been timed; after that every
+  // document is computed (no probe within four decisions).
+  EXPECT_GT(store_tokens[0], 0);
+  for (size_t i = 1; i < ps.size(); ++i) EXPECT_EQ(store_tokens[i], 0) << "request " << i;
+  EXPECT_EQ(store.Gets() - gets_before, 2);  // the prefix block and the first document
+}
+
 TEST(EngineSchedulerTest, PagePressurePreemptsWithoutChangingOutputs) {
   const auto ps = Workload();
   auto big = MakeEngine(1024);

@@ -376,7 +376,12 @@ void Scheduler::Step(std::vector<Fetched> fetched) {
       row += s.n;
     }
     std::vector<float> logits;
+    const auto t_forward = Clock::now();
     absl::Status st = backend_->Forward(b, &logits);
+    // With logits on the host the backend has synchronised: the step's wall time is its cost.
+    if (st.ok() && !logits.empty()) {
+      cost_.ObserveCompute(int64_t(b.tokens.size()), MsBetween(t_forward, Clock::now()) / 1000);
+    }
     if (!st.ok()) {
       LOG_ERROR << "forward failed: " << st;
       for (const Seq &s : seqs) {
@@ -535,8 +540,9 @@ void Scheduler::Admit(const std::shared_ptr<Request> &r) {
     jobs_[blk.id] = job;
     if (store_ != nullptr) {
       job->state = DocJob::kFetching;
+      const bool peers_only = cost_.PreferCompute();
       absl::MutexLock l(&fetch_mu_);
-      fetch_queue_.emplace_back(job->ns, job->id);
+      fetch_queue_.push_back({job->ns, job->id, int64_t(job->tokens.size()), peers_only});
     } else {
       job->state = DocJob::kNeedPages;
     }
@@ -861,7 +867,7 @@ void Scheduler::StartJobPages() {
       job->origin.clear();
       job->state = DocJob::kFetching;
       absl::MutexLock l(&fetch_mu_);
-      fetch_queue_.emplace_back(job->ns, job->id);
+      fetch_queue_.push_back({job->ns, job->id, int64_t(job->tokens.size()), false});
       continue;
     }
     if (job->have_payload) {
@@ -959,8 +965,8 @@ void Scheduler::FetchLoop() {
   const ModelConfig &config = backend_->config();
   const KvDtype dtype = backend_->kv_dtype();
   for (;;) {
-    std::pair<std::string, std::string> item;
-    bool skip = false;
+    FetchItem item;
+    bool down = false;
     {
       absl::MutexLock l(&fetch_mu_);
       fetch_mu_.Await(absl::Condition(
@@ -971,12 +977,16 @@ void Scheduler::FetchLoop() {
       if (fetch_stop_) return;
       item = std::move(fetch_queue_.front());
       fetch_queue_.pop_front();
-      skip = NowMs() < store_down_until_ms_;
+      down = NowMs() < store_down_until_ms_;
     }
-    Fetched f{item.second, absl::UnavailableError("kvstore marked down"), "", nullptr};
-    if (skip) {
-      // The store failed recently; its cheap tiers (peer workers) are still asked.
-      auto got = store_->GetWhileDown(item.first, item.second);
+    Fetched f{item.id,
+              down ? absl::UnavailableError("kvstore marked down")
+                   : absl::UnavailableError("kvstore slower than recomputing"),
+              "", nullptr};
+    if (down || item.peers_only) {
+      // The store failed recently, or fetching from it is predicted to take longer than
+      // recomputing: only its cheap tiers (peer workers) are asked.
+      auto got = store_->GetWhileDown(item.ns, item.id);
       if (got.ok() && got->lease != nullptr) {
         f.doc = DecodedDocument{{}, got->lease->tokens(), {}};
         f.origin = std::move(got->origin);
@@ -985,11 +995,11 @@ void Scheduler::FetchLoop() {
         f.doc = DecodeDocument(*got, config, dtype);
         f.origin = std::move(got->origin);
       } else if (metrics_) {
-        metrics_->KvRequests("get", "skipped").Increment();
+        metrics_->KvRequests("get", down ? "skipped" : "slower_than_compute").Increment();
       }
     } else {
       const auto t0 = Clock::now();
-      auto got = store_->Get(item.first, item.second);
+      auto got = store_->Get(item.ns, item.id);
       if (got.ok() && got->lease != nullptr) {
         // Lent in a peer's device pool: the peer store counts it (lazyrag_worker_peer_*).
         f.doc = DecodedDocument{{}, got->lease->tokens(), {}};
@@ -1000,6 +1010,7 @@ void Scheduler::FetchLoop() {
         f.doc = DecodeDocument(*got, config, dtype);
         f.origin = std::move(got->origin);
       } else if (got.ok()) {
+        cost_.ObserveFetch(item.tokens, MsBetween(t0, Clock::now()) / 1000);
         if (metrics_) {
           metrics_->fetch_seconds->Observe(MsBetween(t0, Clock::now()) / 1000);
           metrics_->fetch_bytes->Increment(double(got->bytes.size()));

@@ -37,6 +37,7 @@
 #include "worker/cache/document_table.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_metrics.h"
+#include "worker/engine/fetch_cost.h"
 #include "worker/engine/request.h"
 
 namespace lazyrag {
@@ -144,7 +145,16 @@ class Scheduler {
 
   absl::Mutex fetch_mu_;
   bool fetch_stop_ ABSL_GUARDED_BY(fetch_mu_) = false;
-  std::deque<std::pair<std::string, std::string>> fetch_queue_ ABSL_GUARDED_BY(fetch_mu_);
+  // A document to look up in the store tier: (namespace, id), its token count, and whether to
+  // ask only the store's cheap tiers (peer workers): set when the cost model predicts that
+  // recomputing beats a kvstore fetch.
+  struct FetchItem {
+    std::string ns, id;
+    int64_t tokens = 0;
+    bool peers_only = false;
+  };
+  std::deque<FetchItem> fetch_queue_ ABSL_GUARDED_BY(fetch_mu_);
+  FetchCostModel cost_;
   int64_t store_down_until_ms_ ABSL_GUARDED_BY(fetch_mu_) = 0;
 
   absl::Mutex wb_mu_;
