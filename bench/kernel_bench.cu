@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_check.h"
 #include "worker/backend/segment_view.h"
 #include "worker/kernels/attention_internal.cuh"  // diagnostics: the merge kernel alone
 #include "worker/kernels/lazy_attention.h"
@@ -41,24 +42,6 @@
 
 namespace lazyrag::kernels {
 namespace {
-
-#define BENCH_CUDA(expr)                                                                         \
-  do {                                                                                           \
-    cudaError_t _e = (expr);                                                                     \
-    if (_e != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(_e)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
-
-#define BENCH_OK(expr)                                                               \
-  do {                                                                               \
-    absl::Status _s = (expr);                                                        \
-    if (!_s.ok()) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, _s.ToString().c_str()); \
-      std::exit(1);                                                                  \
-    }                                                                                \
-  } while (0)
 
 constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128, kPageSize = 16;
 constexpr int kDocs = 5, kDocLen = 2040, kOwnLen = 40;  // 10,240 tokens of context

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_check.h"
 #include "worker/backend/cuda/peer_copy.h"
 
 #ifdef LAZYRAG_HAVE_NCCL
@@ -41,24 +42,6 @@
 
 namespace lazyrag::peer_copy {
 namespace {
-
-#define BENCH_CUDA(expr)                                                                         \
-  do {                                                                                           \
-    cudaError_t _e = (expr);                                                                     \
-    if (_e != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(_e)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
-
-#define BENCH_OK(expr)                                                               \
-  do {                                                                               \
-    absl::Status _s = (expr);                                                        \
-    if (!_s.ok()) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, _s.ToString().c_str()); \
-      std::exit(1);                                                                  \
-    }                                                                                \
-  } while (0)
 
 __host__ __device__ inline uint32_t Hash(uint64_t x) {
   x ^= x >> 33;
