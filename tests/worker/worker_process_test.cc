@@ -209,6 +209,28 @@ TEST(WorkerProcessTest, SixteenConcurrentClientsComputeEachDocumentOnce) {
   }
 }
 
+// Issue 9: `--tp 2` (two rank threads on the CPU, in-process all-reduce) serves the same
+// tokens as the plain worker, documents shared and reordered included; a degree the model
+// cannot split stops the worker at startup instead of serving.
+TEST(WorkerProcessTest, TensorParallelWorkerServesThePlainWorkersTokens) {
+  if (Model() != "synthetic:tiny") GTEST_SKIP() << "written for synthetic:tiny (2 KV heads)";
+  const auto reqs = OverlappingRequests();
+  WorkerProcess plain({"--model=" + Model()});
+  ASSERT_TRUE(plain.Start().ok());
+  WorkerProcess tp({"--model=" + Model(), "--tp=2"});
+  ASSERT_TRUE(tp.Start().ok());
+  auto ref = RunAll(plain, reqs, false);
+  auto got = RunAll(tp, reqs, false);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE(ref[i].status.ok()) << ref[i].status.error_message();
+    ASSERT_TRUE(got[i].status.ok()) << i << ": " << got[i].status.error_message();
+    EXPECT_EQ(got[i].tokens, ref[i].tokens) << "request " << i;
+  }
+  WorkerProcess bad({"--model=" + Model(), "--tp=3"});
+  const absl::Status st = bad.Start();
+  EXPECT_FALSE(st.ok()) << "a worker with --tp=3 on a model with 2 KV heads started";
+}
+
 // Must-show 3: a pool smaller than the working set.
 TEST(WorkerProcessTest, SmallPoolEvictsWithoutFailuresOrChangedOutputs) {
   std::vector<v1::GenerateRequest> reqs;
