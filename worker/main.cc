@@ -33,6 +33,9 @@ ABSL_FLAG(std::string, kvstore, "",
           "document store: embedded:DIR (in-process RocksDB) or "
           "HOST:PORT[,HOST:PORT...] "
           "(kvstore shards); empty: none (documents computed on a pool miss)");
+ABSL_FLAG(int, kvstore_replication, 0,
+          "copies of every document over the kvstore shards (1..shards); 0: 2 with at least 2 "
+          "shards, else 1. Every worker of one store must use the same value");
 ABSL_FLAG(std::string, peers, "",
           "HOST:PORT[,HOST:PORT...] of peer workers on this host, asked for a missing document "
           "before the kvstore; empty: none");
@@ -75,6 +78,7 @@ int main(int argc, char **argv) {
   options.runtime.max_running = absl::GetFlag(FLAGS_max_running);
   options.runtime.max_waiting = absl::GetFlag(FLAGS_max_waiting);
   options.kvstore = absl::GetFlag(FLAGS_kvstore);
+  options.kvstore_replication = absl::GetFlag(FLAGS_kvstore_replication);
   options.peers = lazyrag::SplitPeerList(absl::GetFlag(FLAGS_peers));
   options.peer_timeout_s = absl::GetFlag(FLAGS_peer_timeout_s);
   options.peer_lease_s = absl::GetFlag(FLAGS_peer_lease_s);

@@ -307,11 +307,29 @@ TEST(WorkerProcessTest, RestartedWorkerGetsDocumentsFromTheKvstore) {
   TempDir dir;
   KvStoreProcess kv(LAZYRAG_KVSTORE_BINARY, dir.path() + "/kv", {"--sync_commits=false"});
   ASSERT_TRUE(kv.Start().ok());
-  // Graceful stop once (it waits ~5 s for the test's keep-alive /metrics
-  // connection), then kills: what was written back must survive a crash as
-  // well.
+  // Graceful stop once, then kills: what was written back must survive a crash
+  // as well.
   RestartComesBackFromStore(kv.address(), SIGTERM);
   RestartComesBackFromStore("embedded:" + dir.path() + "/embedded", SIGKILL);
+}
+
+// --kvstore_replication reaches the kvstore client: more copies than shards stops the worker at
+// startup; one copy on one shard serves and writes back.
+TEST(WorkerProcessTest, KvstoreReplicationFlagIsChecked) {
+  TempDir dir;
+  KvStoreProcess kv(LAZYRAG_KVSTORE_BINARY, dir.path() + "/kv", {"--sync_commits=false"});
+  ASSERT_TRUE(kv.Start().ok());
+  WorkerProcess two({"--model=" + Model(), "--kvstore=" + kv.address(), "--kvstore_replication=2"});
+  EXPECT_FALSE(two.Start().ok()) << "2 replicas on 1 shard accepted";
+  WorkerProcess one({"--model=" + Model(), "--kvstore=" + kv.address(), "--kvstore_replication=1"});
+  ASSERT_TRUE(one.Start().ok());
+  Reply r = Generate(one.stub(), Request({3}, "One copy?"));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  for (int i = 0; i < 100 && one.Metric("lazyrag_kvstore_requests_total{op=\"put\",result=\"ok\"}") < 1;
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_GE(one.Metric("lazyrag_kvstore_requests_total{op=\"put\",result=\"ok\"}"), 1);
 }
 
 // Must-show 5.

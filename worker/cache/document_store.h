@@ -99,6 +99,10 @@ struct DocumentStoreOptions {
   uint64_t embedded_capacity_bytes = 16ull << 30;
   // Remote store only: deadline of one Get or Put. Default 10 s.
   double call_timeout_s = 10;
+  // Remote store only: copies of every document over the shards, 1 .. shards; 0: the kvstore
+  // client's default (2 with at least 2 shards, else 1). Every worker of one store must use
+  // the same value (it decides where a key is looked up).
+  int replication = 0;
 };
 
 // INVALID_ARGUMENT for a malformed spec; UNAVAILABLE when the embedded database

@@ -26,6 +26,7 @@ absl::Status WorkerServer::Start() {
         DocumentStoreOptions so;
         so.spec = options_.kvstore;
         so.model_fingerprint = fingerprint;
+        so.replication = options_.kvstore_replication;
         auto opened = OpenDocumentStore(so);
         if (!opened.ok()) return opened.status();
         store = std::move(*opened);

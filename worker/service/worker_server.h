@@ -30,6 +30,9 @@ struct WorkerServerOptions {
   // "" (no store: pool -> compute), "embedded:DIR" or
   // "HOST:PORT[,HOST:PORT...]".
   std::string kvstore;
+  // Copies of every document over the kvstore shards (DocumentStoreOptions::replication);
+  // 0: the client's default.
+  int kvstore_replication = 0;
   // Peer workers of the same host (HOST:PORT of their gRPC address), asked for a
   // document before the kvstore (worker/peer/peer_store.h). Empty: none. Every
   // worker serves lazyrag.v1.PeerDocuments whatever this says.
