@@ -15,12 +15,14 @@
 #     TTFT exceeds BOUND_MS or that loses a request. plot.py reports the highest rate each mode
 #     sustains under the bound.
 #
-# No kvstore: on this machine recomputing a 2048-token document (~75 ms) is faster than fetching
-# its 268 MB of KV through the kvstore (~0.5 GB/s, bench/README.md), so an evicted document is
-# recomputed. Pack .gpu-serve as described in run_serving.sh, then one device call (carry
+# KVSTORE=1 puts one lazyrag-kvstore shard behind every worker. Default 0: on this machine
+# recomputing a 2048-token document (~75 ms) is faster than fetching its 268 MB of KV through
+# the kvstore (~0.5 GB/s, bench/README.md), and the workers' fetch-or-compute model
+# (worker/engine/fetch_cost.h) then recomputes anyway; KVSTORE=1 measures that decision.
+# Pack .gpu-serve as described in run_serving.sh, then one device call (carry
 # [".gpu-serve"], timeout_s 600):
 #   OUT=$OUT bash bench/serving/run_pressure.sh
-# Knobs: FRACS="0.9 0.5 0.3 0.2 0.1" MODES="lazy materialize" CONC=16 N=120 BOUND_MS=500
+# Knobs: KVSTORE=0|1 FRACS="0.9 0.5 0.3 0.2 0.1" MODES="lazy materialize" CONC=16 N=120 BOUND_MS=500
 #   SAT_MODES="lazy materialize prefix" SAT_RATES="8 16 24 32 48 64" FULL_N=40 (FULL: closed
 #   loop at the largest fraction with FULL_N requests; 0: none) BUDGET_S=560 ROUTER=1
 #   WORKER_FLAGS="--prefill_chunk=2048 --max_batch_tokens=2048" SERVE_DIR=.gpu-serve SEED=1
@@ -40,8 +42,6 @@ FULL_N=${FULL_N:-40}
 BUDGET_S=${BUDGET_S:-560}
 # Shared workload defaults, START, BIN, WORK, LOG, libraries and functions:
 source "$(dirname "${BASH_SOURCE[0]}")/serve_lib.sh"
-KVSTORE=0
-KV_FLAG=()
 
 write_env <<KNOBS
 FRACS=$FRACS MODES=$MODES CONC=$CONC N=$N BOUND_MS=$BOUND_MS
@@ -53,6 +53,9 @@ for b in lazyrag-worker lazyrag-loadgen; do
 done
 USE_ROUTER=0
 if [[ "$ROUTER" == 1 && -x "$BIN/lazyrag-router" ]]; then USE_ROUTER=1; fi
+
+KVSTORE=${KVSTORE:-0}
+start_kvstore_if_asked
 
 COMMON=(--num_docs="$NUM_DOCS" --doc_tokens="$DOC_TOKENS" --docs_per_request="$DOCS_PER_REQUEST"
         --query_tokens="$QUERY_TOKENS" --max_tokens="$MAX_TOKENS" --seed="$SEED"
@@ -151,6 +154,7 @@ for idx in "${!phases[@]}"; do
   archive
 done
 
+stop_kvstore
 log "plots"
 timeout 60 python3 bench/serving/plot.py "$WORK/results" --out "$OUT" --ttft_bound_ms "$BOUND_MS" \
   2>&1 | tee -a "$LOG"

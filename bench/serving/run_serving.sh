@@ -80,18 +80,7 @@ USE_ROUTER=0
 if [[ "$ROUTER" == 1 && -x "$BIN/lazyrag-router" ]]; then USE_ROUTER=1; fi
 log "router: $([[ $USE_ROUTER == 1 ]] && echo yes || echo no)"
 
-KV_FLAG=()
-if [[ "$KVSTORE" == 1 ]]; then
-  if start_server kvstore kvstore "$BIN/lazyrag-kvstore" --listen=127.0.0.1:0 \
-      --data_dir="$WORK/kvdata" --capacity_bytes=$((40 << 30)) --sync_commits=false \
-      --metrics_port=0 --metrics_host=127.0.0.1; then
-    KV_FLAG=(--kvstore="$SERVER_ADDR")
-    KV_PID=$SERVER_PID
-    KV_METRICS=$SERVER_METRICS
-  else
-    log "continuing without the kvstore"
-  fi
-fi
+start_kvstore_if_asked
 
 COMMON=(--num_docs="$NUM_DOCS" --doc_tokens="$DOC_TOKENS" --docs_per_request="$DOCS_PER_REQUEST"
         --query_tokens="$QUERY_TOKENS" --max_tokens="$MAX_TOKENS" --seed="$SEED"
@@ -150,10 +139,7 @@ for idx in "${!modes_arr[@]}"; do
   stop_phase "$mode"
   archive
 done
-if [[ -n "${KV_PID:-}" ]]; then
-  metrics_snapshot "$KV_METRICS" "$WORK/logs/metrics-kvstore.txt"
-  stop_pid "$KV_PID"
-fi
+stop_kvstore
 
 log "plots"
 timeout 60 python3 bench/serving/plot.py "$WORK/results" --out "$OUT" 2>&1 | tee -a "$LOG"

@@ -226,3 +226,30 @@ stop_phase() {
   WORKER_PID=""
   ROUTER_PID=""
 }
+
+# start_kvstore_if_asked: with KVSTORE=1, one lazyrag-kvstore shard under $WORK (40 GiB
+# capacity, no fsync per commit); sets KV_FLAG (the worker's --kvstore flag, empty without),
+# KV_PID and KV_METRICS.
+start_kvstore_if_asked() {
+  KV_FLAG=()
+  KV_PID=""
+  KV_METRICS=""
+  [[ "${KVSTORE:-0}" == 1 ]] || return 0
+  if start_server kvstore kvstore "$BIN/lazyrag-kvstore" --listen=127.0.0.1:0 \
+      --data_dir="$WORK/kvdata" --capacity_bytes=$((40 << 30)) --sync_commits=false \
+      --metrics_port=0 --metrics_host=127.0.0.1; then
+    KV_FLAG=(--kvstore="$SERVER_ADDR")
+    KV_PID=$SERVER_PID
+    KV_METRICS=$SERVER_METRICS
+  else
+    log "continuing without the kvstore"
+  fi
+}
+
+# stop_kvstore: /metrics snapshot of the kvstore shard, then stops it (no-op without one).
+stop_kvstore() {
+  [[ -n "${KV_PID:-}" ]] || return 0
+  metrics_snapshot "$KV_METRICS" "$WORK/logs/metrics-kvstore.txt"
+  stop_pid "$KV_PID"
+  KV_PID=""
+}
