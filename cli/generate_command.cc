@@ -30,6 +30,7 @@
 
 #include "common/grpc_status.h"
 #include "common/json_writer.h"
+#include "common/tls.h"
 #include "lazyrag/v1/inference.grpc.pb.h"
 #include "worker/engine/runtime.h"
 
@@ -59,8 +60,9 @@ constexpr const char *kUsage =
     "[--stop STR]...\n"
     "  [--ignore_eos] [--shuffle_docs] [--page_size N] [--kv_pool_bytes N] [--tp N] "
     "[--json]\n"
-    "  [--server HOST:PORT [--timeout_s S]]   (send to a worker instead of "
-    "running locally)\n";
+    "  [--server HOST:PORT [--timeout_s S] [--tls_cert F --tls_key F --tls_ca F]]\n"
+    "      (send to a worker or router instead of running locally; over TLS with the "
+    "three files)\n";
 
 bool Parse(int argc, char **argv, Args *a, std::string *err) {
   static const char *kBool[] = {"--json", "--ignore_eos", "--shuffle_docs", "--help"};
@@ -92,7 +94,7 @@ bool Parse(int argc, char **argv, Args *a, std::string *err) {
                                  "mode",          "max_tokens", "temperature", "top_p",
                                  "top_k",         "seed",       "stop",        "page_size",
                                  "kv_pool_bytes", "namespace",  "server",      "timeout_s",
-                                 "tp"};
+                                 "tp",            "tls_cert",   "tls_key",     "tls_ca"};
   for (const auto &[k, v] : a->values) {
     bool known = false;
     for (const char *n : kKnown) known |= k == n;
@@ -251,7 +253,13 @@ int RunGenerateCommand(int argc, char **argv) {
   std::unique_ptr<Runtime> runtime;
   std::unique_ptr<v1::Inference::Stub> stub;
   if (!server.empty()) {
-    stub = v1::Inference::NewStub(grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
+    auto credentials =
+        ChannelCredentialsFor({a.Get("tls_cert", ""), a.Get("tls_key", ""), a.Get("tls_ca", "")});
+    if (!credentials.ok()) {
+      std::cerr << "lazyrag-cli generate: " << credentials.status() << "\n";
+      return 2;
+    }
+    stub = v1::Inference::NewStub(grpc::CreateChannel(server, *credentials));
   } else {
     auto rt = CreateRuntime(ro);
     if (!rt.ok()) {

@@ -55,7 +55,9 @@ absl::Status GrpcServer::Start() {
 
   grpc::ServerBuilder builder;
   int selected_port = 0;
-  builder.AddListeningPort(absl::StrCat(host, ":", bound_.port), grpc::InsecureServerCredentials(),
+  builder.AddListeningPort(absl::StrCat(host, ":", bound_.port),
+                           options_.credentials != nullptr ? options_.credentials
+                                                           : grpc::InsecureServerCredentials(),
                            &selected_port);
   builder.SetMaxReceiveMessageSize(options_.max_receive_message_bytes);
   builder.SetMaxSendMessageSize(options_.max_send_message_bytes);

@@ -3,6 +3,7 @@
 // reflection, and shuts down gracefully.
 #pragma once
 
+#include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server.h>
 
 #include <memory>
@@ -26,6 +27,8 @@ struct GrpcServerOptions {
   int max_receive_message_bytes = 16 << 20;
   // Largest message sent, bytes. Default 16 MiB.
   int max_send_message_bytes = 16 << 20;
+  // TLS (common/tls.h: ServerCredentialsFor); null: plaintext.
+  std::shared_ptr<grpc::ServerCredentials> credentials;
 };
 
 // Splits "HOST:PORT" / "[HOST]:PORT" / ":PORT". INVALID_ARGUMENT when malformed.

@@ -19,6 +19,8 @@ KvStoreServer::~KvStoreServer() { Shutdown(absl::Now()); }
 
 absl::Status KvStoreServer::Start() {
   if (engine_ != nullptr) return absl::FailedPreconditionError("kvstore server already started");
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   ServerCredentialsFor(options_.tls));
   if (engine_factory_) {
     ASSIGN_OR_RETURN(engine_, engine_factory_(metrics_.get()));
   } else {
@@ -37,6 +39,7 @@ absl::Status KvStoreServer::Start() {
   grpc_options.listen = options_.listen;
   grpc_options.max_receive_message_bytes = kMaxMessageBytes;
   grpc_options.max_send_message_bytes = kMaxMessageBytes;
+  grpc_options.credentials = std::move(credentials);
   grpc_ = std::make_unique<GrpcServer>(grpc_options);
   grpc_->AddService(service_.get());
   RETURN_IF_ERROR(grpc_->Start());

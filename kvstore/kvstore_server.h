@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/metrics.h"
+#include "common/tls.h"
 #include "kvstore/kv_engine.h"
 
 namespace lazyrag {
@@ -37,6 +38,8 @@ struct KvStoreServerOptions {
   // /metrics port; 0 picks one, -1 disables the endpoint. Default 0.
   int metrics_port = 0;
   std::string metrics_host = "0.0.0.0";
+  // gRPC over TLS (common/tls.h); empty: plaintext.
+  TlsFiles tls;
 };
 
 // Makes the engine; receives the server's metrics so the engine can update them.

@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/server_main.h"
+#include "common/tls_flags.h"
 #include "kvstore/kvstore_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC address HOST:PORT; port 0 picks one");
@@ -35,6 +36,7 @@ int main(int argc, char** argv) {
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   options.sync_commits = absl::GetFlag(FLAGS_sync_commits);
+  options.tls = lazyrag::TlsFilesFromFlags();
   if (options.data_dir.empty()) {
     std::cerr << "lazyrag-kvstore: --data_dir is required\n";
     return 2;

@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/server_main.h"
+#include "common/tls_flags.h"
 #include "router/router_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC address HOST:PORT; port 0 picks one");
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.workers = absl::GetFlag(FLAGS_workers);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.tls = lazyrag::TlsFilesFromFlags();
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   options.policy.load_weight = absl::GetFlag(FLAGS_load_weight);
   options.policy.imbalance_threshold = absl::GetFlag(FLAGS_imbalance_threshold);

@@ -2,6 +2,7 @@
 
 #include "common/grpc_server.h"
 #include "common/metrics_http.h"
+#include "common/tls.h"
 
 namespace lazyrag::router {
 
@@ -13,10 +14,14 @@ absl::Status RouterServer::Start() {
   if (grpc_ != nullptr) return absl::FailedPreconditionError("router already started");
   absl::StatusOr<WorkerSpec> spec = ParseWorkerSpec(options_.workers);
   if (!spec.ok()) return spec.status();
+  auto credentials = ServerCredentialsFor(options_.tls);
+  if (!credentials.ok()) return credentials.status();
+  WorkerPoolOptions pool_options = options_.pool;
+  pool_options.tls = options_.tls;
 
   metrics_ = std::make_unique<RouterMetrics>(&registry_);
   policy_ = std::make_unique<RoutingPolicy>(options_.policy);
-  pool_ = std::make_unique<WorkerPool>(options_.pool, MakeWorkerResolver(*spec), policy_.get(),
+  pool_ = std::make_unique<WorkerPool>(pool_options, MakeWorkerResolver(*spec), policy_.get(),
                                        metrics_.get());
   service_ =
       std::make_unique<RouterService>(options_.service, policy_.get(), pool_.get(), metrics_.get());
@@ -26,6 +31,7 @@ absl::Status RouterServer::Start() {
   grpc_options.listen = options_.listen;
   grpc_options.max_receive_message_bytes = options_.pool.max_message_bytes;
   grpc_options.max_send_message_bytes = options_.pool.max_message_bytes;
+  grpc_options.credentials = std::move(*credentials);
   grpc_ = std::make_unique<GrpcServer>(grpc_options);
   grpc_->AddService(service_.get());
   if (absl::Status s = grpc_->Start(); !s.ok()) {

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/metrics.h"
+#include "common/tls.h"
 #include "router/router_service.h"
 #include "router/routing_policy.h"
 #include "router/worker_pool.h"
@@ -33,6 +34,9 @@ struct RouterServerOptions {
   RoutingPolicyOptions policy;
   WorkerPoolOptions pool;
   RouterServiceOptions service;
+  // gRPC over TLS (common/tls.h) for this server and, through pool.tls, to the workers; empty:
+  // plaintext.
+  TlsFiles tls;
 };
 
 // Start() once, Shutdown(deadline) once (the destructor does it too). Not thread-safe.

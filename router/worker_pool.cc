@@ -13,6 +13,7 @@
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "common/tls.h"
 
 namespace lazyrag::router {
 namespace {
@@ -71,6 +72,9 @@ WorkerPool::WorkerPool(WorkerPoolOptions options, WorkerResolver resolver, Routi
 WorkerPool::~WorkerPool() { Stop(); }
 
 absl::Status WorkerPool::Start() {
+  auto credentials = ChannelCredentialsFor(options_.tls);
+  if (!credentials.ok()) return credentials.status();
+  credentials_ = std::move(*credentials);
   Resolve();
   PollOnce();
   thread_ = std::thread([this] { Run(); });
@@ -122,7 +126,7 @@ void WorkerPool::Resolve() {
       args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
       args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
       Connection c;
-      c.channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+      c.channel = grpc::CreateCustomChannel(address, credentials_, args);
       c.stub = lazyrag::v1::Inference::NewStub(c.channel);
       LOG_INFO << "router: worker " << address << " added";
       next.emplace(address, std::move(c));

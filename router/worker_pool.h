@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/tls.h"
 #include "lazyrag/v1/inference.grpc.pb.h"
 #include "router/router_metrics.h"
 #include "router/routing_policy.h"
@@ -30,6 +31,8 @@ struct WorkerPoolOptions {
   absl::Duration resolve_interval = absl::Seconds(5);
   // Largest message to and from workers, bytes. Default 16 MiB.
   int max_message_bytes = 16 << 20;
+  // gRPC over TLS to the workers (common/tls.h); empty: plaintext.
+  TlsFiles tls;
 };
 
 // A failed health check (or a check answering anything but SERVING) ejects a worker; one
@@ -70,6 +73,7 @@ class WorkerPool {
   const WorkerResolver resolver_;
   RoutingPolicy* const policy_;
   RouterMetrics* const metrics_;
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;  // set by Start()
 
   mutable absl::Mutex mu_;
   std::map<std::string, Connection> connections_ ABSL_GUARDED_BY(mu_);

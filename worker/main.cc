@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/server_main.h"
+#include "common/tls_flags.h"
 #include "worker/peer/peer_store.h"
 #include "worker/service/worker_server.h"
 
@@ -79,6 +80,7 @@ int main(int argc, char **argv) {
   options.runtime.max_waiting = absl::GetFlag(FLAGS_max_waiting);
   options.kvstore = absl::GetFlag(FLAGS_kvstore);
   options.kvstore_replication = absl::GetFlag(FLAGS_kvstore_replication);
+  options.tls = lazyrag::TlsFilesFromFlags();
   options.peers = lazyrag::SplitPeerList(absl::GetFlag(FLAGS_peers));
   options.peer_timeout_s = absl::GetFlag(FLAGS_peer_timeout_s);
   options.peer_lease_s = absl::GetFlag(FLAGS_peer_lease_s);

@@ -16,6 +16,7 @@
 #include "common/grpc_status.h"
 #include "common/metrics.h"
 #include "common/status.h"
+#include "common/tls.h"
 #include "kvstore/format.h"
 #include "lazyrag/v1/kvstore.grpc.pb.h"
 
@@ -80,7 +81,8 @@ bool IsTransient(absl::StatusCode code) {
 
 class Shard {
  public:
-  explicit Shard(std::string address) : address_(std::move(address)) {
+  Shard(std::string address, std::shared_ptr<grpc::ChannelCredentials> credentials)
+      : address_(std::move(address)) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(kMaxMessageBytes);
     args.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -89,7 +91,7 @@ class Shard {
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    channel_ = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+    channel_ = grpc::CreateCustomChannel(address_, credentials, args);
     stub_ = pb::KvStore::NewStub(channel_);
   }
 
@@ -133,9 +135,10 @@ struct ChunkPlan {
 
 class KvClientImpl final : public KvClient {
  public:
-  explicit KvClientImpl(KvClientOptions options) : options_(std::move(options)) {
+  KvClientImpl(KvClientOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials)
+      : options_(std::move(options)) {
     for (const auto& address : options_.shards) {
-      shards_.push_back(std::make_unique<Shard>(address));
+      shards_.push_back(std::make_unique<Shard>(address, credentials));
     }
     if (options_.registry != nullptr) {
       fetch_seconds_ = &options_.registry
@@ -577,7 +580,9 @@ absl::StatusOr<std::unique_ptr<KvClient>> KvClient::Create(KvClientOptions optio
   }
   options.min_write_replicas = std::clamp(options.min_write_replicas, 1, options.replication);
   options.max_attempts = std::max(1, options.max_attempts);
-  return std::make_unique<KvClientImpl>(std::move(options));
+  auto credentials = ChannelCredentialsFor(options.tls);
+  if (!credentials.ok()) return credentials.status();
+  return std::make_unique<KvClientImpl>(std::move(options), std::move(*credentials));
 }
 
 }  // namespace lazyrag::kvstore

@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/tls.h"
 
 namespace lazyrag::metrics {
 class Registry;
@@ -80,6 +81,8 @@ struct KvClientOptions {
   std::vector<std::string> shards;
   // Replicas per key; 0 means 2 when there are at least 2 shards, else 1. Default 0.
   int replication = 0;
+  // gRPC over TLS to the shards (common/tls.h); empty: plaintext.
+  TlsFiles tls;
   // A Put succeeds when at least this many replicas stored the value. Default 1.
   int min_write_replicas = 1;
   // Bytes per chunk, 1 .. 4 MiB. Default 2 MiB.

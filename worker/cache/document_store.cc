@@ -136,6 +136,7 @@ absl::StatusOr<std::unique_ptr<DocumentStore>> OpenDocumentStore(const DocumentS
   kvstore::KvClientOptions co;
   co.shards = shards;
   co.replication = o.replication;
+  co.tls = o.tls;
   co.call_timeout = absl::Seconds(o.call_timeout_s);
   // A worker recomputes rather than waits: fail fast when the store is down.
   co.max_attempts = 2;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/tls.h"
 
 namespace lazyrag {
 
@@ -103,6 +104,8 @@ struct DocumentStoreOptions {
   // client's default (2 with at least 2 shards, else 1). Every worker of one store must use
   // the same value (it decides where a key is looked up).
   int replication = 0;
+  // Remote store only: gRPC over TLS to the shards (common/tls.h); empty: plaintext.
+  TlsFiles tls;
 };
 
 // INVALID_ARGUMENT for a malformed spec; UNAVAILABLE when the embedded database

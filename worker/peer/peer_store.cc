@@ -23,6 +23,7 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/status.h"
+#include "common/tls.h"
 #include "lazyrag/v1/peer.grpc.pb.h"
 #include "worker/backend/backend.h"
 
@@ -72,7 +73,8 @@ absl::Status CheckLayout(const PeerPoolHandle &peer, const PeerPoolHandle &local
 // One peer worker: its channel and when it may be asked again after a failure.
 class Peer {
  public:
-  explicit Peer(std::string address) : address_(std::move(address)) {
+  Peer(std::string address, const std::shared_ptr<grpc::ChannelCredentials> &credentials)
+      : address_(std::move(address)) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(kMaxMessageBytes);
     args.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -82,7 +84,7 @@ class Peer {
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     stub_ = v1::PeerDocuments::NewStub(
-        grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+        grpc::CreateCustomChannel(address_, credentials, args));
   }
 
   const std::string &address() const { return address_; }
@@ -246,12 +248,13 @@ class PeerDeviceLease final : public DeviceLease {
 
 class PeerFirstStore : public DocumentStore {
  public:
-  PeerFirstStore(const PeerStoreOptions &o, std::unique_ptr<DocumentStore> inner)
+  PeerFirstStore(const PeerStoreOptions &o, std::unique_ptr<DocumentStore> inner,
+                 const std::shared_ptr<grpc::ChannelCredentials> &credentials)
       : options_(o),
         inner_(std::move(inner)),
         releaser_(std::make_shared<LeaseReleaser>(o.call_timeout_s)),
         lease_metrics_(std::make_shared<LeaseMetrics>()) {
-    for (const std::string &a : o.peers) peers_.push_back(std::make_shared<Peer>(a));
+    for (const std::string &a : o.peers) peers_.push_back(std::make_shared<Peer>(a, credentials));
     if (o.registry != nullptr) {
       fetches_ = &o.registry->AddCounter(
           "lazyrag_worker_peer_fetch_total",
@@ -552,7 +555,10 @@ absl::StatusOr<std::unique_ptr<DocumentStore>> OpenPeerFirstStore(
           absl::StrCat("--peers '", p, "': expected HOST:PORT with a port above 0"));
     }
   }
-  return std::unique_ptr<DocumentStore>(new PeerFirstStore(options, std::move(inner)));
+  auto credentials = ChannelCredentialsFor(options.tls);
+  if (!credentials.ok()) return credentials.status();
+  return std::unique_ptr<DocumentStore>(
+      new PeerFirstStore(options, std::move(inner), *credentials));
 }
 
 }  // namespace lazyrag

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/tls.h"
 #include "worker/cache/document_store.h"
 
 namespace lazyrag {
@@ -31,6 +32,8 @@ class Registry;
 struct PeerStoreOptions {
   // HOST:PORT of the peer workers (their gRPC address). Required, at least one.
   std::vector<std::string> peers;
+  // gRPC over TLS to the peers (common/tls.h); empty: plaintext.
+  TlsFiles tls;
   // The requester's model fingerprint; peers serving another model refuse. Required.
   std::string model_fingerprint;
   // Deadline of one GetDocument call, whole transfer included. Default 5 s (a 256 MiB

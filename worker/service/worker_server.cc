@@ -5,6 +5,7 @@
 #include "common/logging.h"
 #include "common/metrics_http.h"
 #include "common/status.h"
+#include "common/tls.h"
 #include "worker/peer/peer_service.h"
 #include "worker/peer/peer_store.h"
 #include "worker/service/inference_service.h"
@@ -16,6 +17,10 @@ WorkerServer::WorkerServer(WorkerServerOptions options) : options_(std::move(opt
 WorkerServer::~WorkerServer() { Shutdown(absl::Now()); }
 
 absl::Status WorkerServer::Start() {
+  // TLS first: a bad --tls_* flag stops the worker before it loads a model.
+  auto credentials_or = ServerCredentialsFor(options_.tls);
+  if (!credentials_or.ok()) return credentials_or.status();
+  std::shared_ptr<grpc::ServerCredentials> credentials = std::move(*credentials_or);
   RuntimeOptions ro = options_.runtime;
   ro.registry = &registry_;
   if (!options_.kvstore.empty() || !options_.peers.empty()) {
@@ -27,6 +32,7 @@ absl::Status WorkerServer::Start() {
         so.spec = options_.kvstore;
         so.model_fingerprint = fingerprint;
         so.replication = options_.kvstore_replication;
+        so.tls = options_.tls;
         auto opened = OpenDocumentStore(so);
         if (!opened.ok()) return opened.status();
         store = std::move(*opened);
@@ -35,6 +41,7 @@ absl::Status WorkerServer::Start() {
       // Peers first, then the kvstore (pool -> peers -> kvstore -> compute).
       PeerStoreOptions po;
       po.peers = options_.peers;
+      po.tls = options_.tls;
       po.model_fingerprint = fingerprint;
       po.call_timeout_s = options_.peer_timeout_s;
       po.lease_s = options_.peer_lease_s;
@@ -56,6 +63,7 @@ absl::Status WorkerServer::Start() {
   service_ = std::make_unique<InferenceService>(runtime_->generator.get(), so);
   GrpcServerOptions go;
   go.listen = options_.listen;
+  go.credentials = credentials;
   grpc_ = std::make_unique<GrpcServer>(go);
   grpc_->AddService(service_.get());
   // Every worker lends the documents of its pool to its peers.

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/metrics.h"
+#include "common/tls.h"
 #include "worker/engine/runtime.h"
 
 namespace lazyrag {
@@ -33,6 +34,9 @@ struct WorkerServerOptions {
   // Copies of every document over the kvstore shards (DocumentStoreOptions::replication);
   // 0: the client's default.
   int kvstore_replication = 0;
+  // gRPC over TLS (common/tls.h) for this server, the kvstore shards and the peers; empty:
+  // plaintext.
+  TlsFiles tls;
   // Peer workers of the same host (HOST:PORT of their gRPC address), asked for a
   // document before the kvstore (worker/peer/peer_store.h). Empty: none. Every
   // worker serves lazyrag.v1.PeerDocuments whatever this says.
