@@ -61,9 +61,24 @@ class Client:
     """
 
     def __init__(self, target: str, *, timeout: Optional[float] = 60.0,
-                 stubs_dir: Optional[str] = None, channel: Optional[grpc.Channel] = None):
-        """target: "HOST:PORT". timeout: default deadline of each call in seconds (None: none)."""
+                 stubs_dir: Optional[str] = None, channel: Optional[grpc.Channel] = None,
+                 tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
+                 tls_key: Optional[str] = None):
+        """target: "HOST:PORT". timeout: default deadline of each call in seconds (None: none).
+
+        TLS (servers started with --tls_cert/--tls_key/--tls_ca): tls_ca is the PEM CA file the
+        server is verified against; tls_cert and tls_key (PEM files) present a client
+        certificate, optional. Without tls_ca the channel is plaintext."""
         self._pb2, pb2_grpc = load_stubs(stubs_dir)
+        if channel is None and tls_ca is not None:
+            def read(path):
+                with open(path, "rb") as f:
+                    return f.read()
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=read(tls_ca),
+                private_key=read(tls_key) if tls_key else None,
+                certificate_chain=read(tls_cert) if tls_cert else None)
+            channel = grpc.secure_channel(target, creds)
         self._channel = channel or grpc.insecure_channel(target)
         self._stub = pb2_grpc.InferenceStub(self._channel)
         self._timeout = timeout
