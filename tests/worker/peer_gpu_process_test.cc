@@ -35,6 +35,7 @@
 #include "gtest/gtest.h"
 #include "kvstore/tests/test_util.h"
 #include "lazyrag/v1/inference.grpc.pb.h"
+#include "tests/worker/worker_test_util.h"
 
 namespace lazyrag {
 namespace {
@@ -62,65 +63,29 @@ int GpuCount() {
     if (gpus < 2) GTEST_SKIP() << "needs two CUDA devices, found " << gpus; \
   } while (0)
 
-class GpuWorker {
- public:
-  GpuWorker(std::string model, int device, std::vector<std::string> extra)
-      : model_(std::move(model)), device_(device), extra_(std::move(extra)) {}
-  absl::Status Start() {
-    std::vector<std::string> args = {WorkerBinary(),
-                                     "--listen=127.0.0.1:0",
-                                     "--metrics_port=0",
-                                     "--metrics_host=127.0.0.1",
-                                     "--model=" + model_,
-                                     "--device=cuda",
-                                     absl::StrCat("--cuda_device=", device_)};
-    args.insert(args.end(), extra_.begin(), extra_.end());
-    if (absl::Status st = process_.Start(std::move(args)); !st.ok()) return st;
-    grpc::ChannelArguments ca;
-    ca.SetMaxReceiveMessageSize(64 << 20);
-    stub_ = v1::Inference::NewStub(
-        grpc::CreateCustomChannel(process_.address(), grpc::InsecureChannelCredentials(), ca));
-    return absl::OkStatus();
-  }
-  void Stop() { process_.Stop(SIGTERM); }
-  v1::Inference::Stub &stub() { return *stub_; }
-  const std::string &address() const { return process_.address(); }
-  double Metric(const std::string &name) {
-    auto m = FetchMetrics(process_.metrics_port());
-    return m.ok() ? MetricValue(*m, name) : -2;
-  }
-
- private:
-  std::string model_;
-  int device_;
-  std::vector<std::string> extra_;
-  ReadyProcess process_;
-  std::unique_ptr<v1::Inference::Stub> stub_;
-};
-
-struct Reply {
-  grpc::Status status;
-  std::vector<int32_t> tokens;
-  v1::GenerateResponse last;
-  double wall_ms = 0;
-};
+using worker_test::Reply;
 
 Reply Generate(v1::Inference::Stub &stub, const v1::GenerateRequest &req) {
-  const auto t0 = std::chrono::steady_clock::now();
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-  auto reader = stub.Generate(&ctx, req);
-  Reply r;
-  v1::GenerateResponse m;
-  while (reader->Read(&m)) {
-    r.tokens.insert(r.tokens.end(), m.token_ids().begin(), m.token_ids().end());
-    if (m.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) r.last = m;
-  }
-  r.status = reader->Finish();
-  r.wall_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  return r;
+  return worker_test::Generate(stub, req, /*timeout_s=*/120);
 }
+
+// A worker on one GPU (--device cuda --cuda_device N) with extra flags; large replies allowed.
+class GpuWorker : public worker_test::WorkerProcess {
+ public:
+  GpuWorker(const std::string &model, int device, std::vector<std::string> extra)
+      : worker_test::WorkerProcess(Args(model, device, std::move(extra)), WorkerBinary(),
+                                   64 << 20) {}
+  void Stop() { worker_test::WorkerProcess::Stop(SIGTERM); }
+
+ private:
+  static std::vector<std::string> Args(const std::string &model, int device,
+                                       std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--model=" + model, "--device=cuda",
+                                     absl::StrCat("--cuda_device=", device)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+};
 
 std::string DocText(int i) {
   return absl::StrCat("GPU peer document ", i, ": the barge ", i * 5 % 9, " leaves dock ",

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "kvstore/tests/test_util.h"
 #include "lazyrag/v1/inference.grpc.pb.h"
+#include "tests/worker/worker_test_util.h"
 #include "lazyrag/v1/peer.grpc.pb.h"
 
 namespace lazyrag {
@@ -30,52 +31,21 @@ using kvstore::testing::TempDir;
 
 const char kModel[] = "synthetic:tiny";
 
-class WorkerProcess {
+using worker_test::Generate;
+using worker_test::Reply;
+
+// A synthetic:tiny worker with extra flags.
+class WorkerProcess : public worker_test::WorkerProcess {
  public:
-  explicit WorkerProcess(std::vector<std::string> args) : args_(std::move(args)) {}
-  absl::Status Start() {
-    std::vector<std::string> args = {LAZYRAG_WORKER_BINARY, "--listen=127.0.0.1:0",
-                                     "--metrics_port=0", "--metrics_host=127.0.0.1",
-                                     std::string("--model=") + kModel};
-    args.insert(args.end(), args_.begin(), args_.end());
-    if (absl::Status st = process_.Start(std::move(args)); !st.ok()) return st;
-    stub_ = v1::Inference::NewStub(
-        grpc::CreateChannel(process_.address(), grpc::InsecureChannelCredentials()));
-    return absl::OkStatus();
-  }
-  void Stop(int signal) { process_.Stop(signal); }
-  v1::Inference::Stub &stub() { return *stub_; }
-  const std::string &address() const { return process_.address(); }
-  double Metric(const std::string &name) {
-    auto m = FetchMetrics(process_.metrics_port());
-    return m.ok() ? MetricValue(*m, name) : -2;
-  }
+  explicit WorkerProcess(std::vector<std::string> args)
+      : worker_test::WorkerProcess(WithModel(std::move(args))) {}
 
  private:
-  std::vector<std::string> args_;
-  ReadyProcess process_;
-  std::unique_ptr<v1::Inference::Stub> stub_;
-};
-
-struct Reply {
-  grpc::Status status;
-  std::vector<int32_t> tokens;
-  v1::GenerateResponse last;
-};
-
-Reply Generate(v1::Inference::Stub &stub, const v1::GenerateRequest &req) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-  auto reader = stub.Generate(&ctx, req);
-  Reply r;
-  v1::GenerateResponse m;
-  while (reader->Read(&m)) {
-    r.tokens.insert(r.tokens.end(), m.token_ids().begin(), m.token_ids().end());
-    if (m.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) r.last = m;
+  static std::vector<std::string> WithModel(std::vector<std::string> args) {
+    args.insert(args.begin(), std::string("--model=") + kModel);
+    return args;
   }
-  r.status = reader->Finish();
-  return r;
-}
+};
 
 std::string DocText(int i) {
   return absl::StrCat("Peer document ", i, ": the ferry ", i * 3 % 7, " crosses lake ", i * 11 % 13,

@@ -6,7 +6,6 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +13,7 @@
 #include "common/tls.h"
 #include "kvstore/tests/test_util.h"
 #include "lazyrag/v1/inference.grpc.pb.h"
+#include "tests/worker/worker_test_util.h"
 
 namespace lazyrag {
 namespace {
@@ -38,11 +38,7 @@ std::vector<std::string> Worker(const std::string& kvstore) {
                   "--model=synthetic:tiny", "--kvstore=" + kvstore});
 }
 
-struct Reply {
-  grpc::Status status;
-  v1::GenerateResponse last;
-  int messages = 0;
-};
+using worker_test::Reply;
 
 Reply Generate(const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& creds,
                const std::vector<std::string>& docs) {
@@ -52,17 +48,7 @@ Reply Generate(const std::string& address, const std::shared_ptr<grpc::ChannelCr
   req.set_query("Which river?");
   req.set_max_tokens(4);
   req.set_ignore_eos(true);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  auto reader = stub->Generate(&ctx, req);
-  Reply r;
-  v1::GenerateResponse m;
-  while (reader->Read(&m)) {
-    ++r.messages;
-    if (m.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) r.last = m;
-  }
-  r.status = reader->Finish();
-  return r;
+  return worker_test::Generate(*stub, req, /*timeout_s=*/30);
 }
 
 TEST(TlsProcessTest, KvstoreWorkerAndRouterSpeakTls) {

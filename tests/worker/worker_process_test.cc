@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "kvstore/tests/test_util.h"
 #include "lazyrag/v1/inference.grpc.pb.h"
+#include "tests/worker/worker_test_util.h"
 
 namespace lazyrag {
 namespace {
@@ -31,59 +32,9 @@ using kvstore::testing::MetricValue;
 using kvstore::testing::ReadyProcess;
 using kvstore::testing::TempDir;
 
-// A lazyrag-worker child process; Start() waits for its ready line.
-class WorkerProcess {
- public:
-  explicit WorkerProcess(std::vector<std::string> args) : args_(std::move(args)) {}
-
-  absl::Status Start() {
-    std::vector<std::string> args = {LAZYRAG_WORKER_BINARY, "--listen=127.0.0.1:0",
-                                     "--metrics_port=0", "--metrics_host=127.0.0.1"};
-    args.insert(args.end(), args_.begin(), args_.end());
-    if (absl::Status st = process_.Start(std::move(args)); !st.ok()) return st;
-    stub_ = v1::Inference::NewStub(
-        grpc::CreateChannel(process_.address(), grpc::InsecureChannelCredentials()));
-    return absl::OkStatus();
-  }
-  void Stop(int signal) { process_.Stop(signal); }
-  v1::Inference::Stub &stub() { return *stub_; }
-  int metrics_port() const { return process_.metrics_port(); }
-  std::string Metrics() {
-    auto m = FetchMetrics(process_.metrics_port());
-    return m.ok() ? *m : "";
-  }
-  double Metric(const std::string &name) { return MetricValue(Metrics(), name); }
-
- private:
-  std::vector<std::string> args_;
-  ReadyProcess process_;  // SIGKILLed on destruction if still running
-  std::unique_ptr<v1::Inference::Stub> stub_;
-};
-
-struct Reply {
-  grpc::Status status;
-  std::string text;
-  std::vector<int32_t> tokens;
-  v1::GenerateResponse last;
-  int messages = 0;
-};
-
-Reply Generate(v1::Inference::Stub &stub, const v1::GenerateRequest &req, double timeout_s = 60) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(int64_t(timeout_s * 1000)));
-  auto reader = stub.Generate(&ctx, req);
-  Reply r;
-  v1::GenerateResponse m;
-  while (reader->Read(&m)) {
-    ++r.messages;
-    r.text += m.text();
-    r.tokens.insert(r.tokens.end(), m.token_ids().begin(), m.token_ids().end());
-    if (m.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) r.last = m;
-  }
-  r.status = reader->Finish();
-  return r;
-}
+using worker_test::Generate;
+using worker_test::Reply;
+using worker_test::WorkerProcess;
 
 // Deterministic document texts (distinct, ~60-90 bytes: 4-6 pages of 16 tokens
 // each with the byte tokenizer of synthetic models).

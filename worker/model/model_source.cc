@@ -465,31 +465,15 @@ absl::StatusOr<ModelConfig> SyntheticConfig(const std::string& name) {
     c.rms_norm_eps = 1e-5f;
     c.max_position = 8192;
     c.tie_word_embeddings = true;
-  } else if (name == "llama3-8b") {
+  } else if (name == "llama3-8b" || name == "llama3-70b") {
+    // Llama-3.1 shapes. The 70B's bf16 weights (141 GB = 131 GiB) fit one H200 but leave no
+    // room for a useful KV pool: tensor parallelism over 2 GPUs serves it.
+    const bool big = name == "llama3-70b";
     c.vocab_size = 128256;
-    c.hidden_size = 4096;
-    c.intermediate_size = 14336;
-    c.num_layers = 32;
-    c.num_heads = 32;
-    c.num_kv_heads = 8;
-    c.head_dim = 128;
-    c.rope_theta = 500000.0f;
-    c.rms_norm_eps = 1e-5f;
-    c.rope_scaling.type = RopeScaling::Type::kLlama3;
-    c.rope_scaling.factor = 8.0f;
-    c.rope_scaling.low_freq_factor = 1.0f;
-    c.rope_scaling.high_freq_factor = 4.0f;
-    c.rope_scaling.original_max_position = 8192;
-    c.max_position = 131072;
-    c.tie_word_embeddings = false;
-  } else if (name == "llama3-70b") {
-    // Llama-3.1-70B shape: 141 GiB of bf16 weights, more than one H200 holds (tensor
-    // parallelism over 2 GPUs serves it).
-    c.vocab_size = 128256;
-    c.hidden_size = 8192;
-    c.intermediate_size = 28672;
-    c.num_layers = 80;
-    c.num_heads = 64;
+    c.hidden_size = big ? 8192 : 4096;
+    c.intermediate_size = big ? 28672 : 14336;
+    c.num_layers = big ? 80 : 32;
+    c.num_heads = big ? 64 : 32;
     c.num_kv_heads = 8;
     c.head_dim = 128;
     c.rope_theta = 500000.0f;
