@@ -37,6 +37,7 @@
 #include "bench/bench_check.h"
 #include "worker/backend/segment_view.h"
 #include "worker/kernels/attention_internal.cuh"  // diagnostics: the merge kernel alone
+#include "worker/kernels/attention_trace.cuh"
 #include "worker/kernels/lazy_attention.h"
 #include "worker/kernels/materialize.h"
 
@@ -395,12 +396,82 @@ std::string Json(const std::vector<Result>& rs, const cudaDeviceProp& prop, doub
   return s;
 }
 
+#ifdef LAZYRAG_ATTN_TRACE
+// Phase times of one traced launch (built with -DLAZYRAG_ATTN_TRACE): per trace point, the
+// median and maximum over blocks of the time since the block's entry (cycles converted with
+// the launch's own cycles-per-nanosecond), and where blocks enter and leave on the global
+// timer relative to the first entry.
+void PrintTrace(const char* name, int blocks, const std::vector<uint64_t>& raw) {
+  constexpr int P = detail::kTracePoints;
+  double cyc = 0, ns = 0;
+  uint64_t first_entry = ~uint64_t(0);
+  for (int b = 0; b < blocks; ++b) {
+    const uint64_t* c = &raw[size_t(b) * 2 * P];
+    cyc += double(c[P - 1] - c[0]);
+    ns += double(c[2 * P - 1] - c[P]);
+    first_entry = std::min(first_entry, c[P]);
+  }
+  const double ghz = ns > 0 ? cyc / ns : 1.0;
+  std::printf("\ntrace %s: %d blocks, %.2f cycles/ns\n  point  median_us  max_us (since the block's entry)\n",
+              name, blocks, ghz);
+  static const char* kNames[P] = {"entry",          "after PdlWait",   "setup (Q, pos)",
+                                  "plan",           "prologue issued", "first tile landed",
+                                  "loop done",      "stores done"};
+  for (int i = 0; i < P; ++i) {
+    std::vector<double> d;
+    for (int b = 0; b < blocks; ++b) {
+      const uint64_t* c = &raw[size_t(b) * 2 * P];
+      d.push_back(double(c[i] - c[0]) / ghz / 1000.0);
+    }
+    std::sort(d.begin(), d.end());
+    std::printf("  %-18s %8.2f %8.2f\n", kNames[i], d[d.size() / 2], d.back());
+  }
+  std::vector<double> in, out;
+  for (int b = 0; b < blocks; ++b) {
+    const uint64_t* c = &raw[size_t(b) * 2 * P];
+    in.push_back(double(c[P] - first_entry) / 1000.0);
+    out.push_back(double(c[2 * P - 1] - first_entry) / 1000.0);
+  }
+  std::sort(in.begin(), in.end());
+  std::sort(out.begin(), out.end());
+  std::printf("  global: entries %.2f..%.2f us, exits median %.2f max %.2f us after the first entry\n",
+              in.front(), in.back(), out[out.size() / 2], out.back());
+}
+
+int RunTrace(const cudaDeviceProp& prop) {
+  std::mt19937 rng(1234);
+  for (int q_len : {1, 32}) {
+    AttentionSetup s(1, q_len, prop.l2CacheSize, rng);
+    for (int rep = 0; rep < 5; ++rep) {  // warm-up; the last launch is the traced one
+      const LazyAttentionParams p = s.Params(rep % s.copies, false, KeyLayout::kRotatedLocal);
+      BENCH_OK(q_len == 1 ? LazyAttentionDecode(p, nullptr) : LazyAttentionPrefill(p, nullptr));
+    }
+    BENCH_CUDA(cudaDeviceSynchronize());
+    const LazyAttentionParams p = s.Params(0, false, KeyLayout::kRotatedLocal);
+    detail::AttentionKernelParams kp;
+    // The launchers' own split choice (decode: 2 blocks per SM, >= 128 keys per split;
+    // prefill: 1 block per SM, >= 256 keys per split; one query block of 32 rows x group 4).
+    BENCH_OK(detail::MakeKernelParams(p, kKvHeads, q_len == 1 ? 2 : 1, q_len == 1 ? 128 : 256,
+                                      &kp));
+    const int blocks = kKvHeads * kp.num_splits;
+    std::vector<uint64_t> raw;
+    BENCH_OK(q_len == 1 ? detail::ReadDecodeTrace(blocks, &raw)
+                        : detail::ReadPrefillWgmmaTrace(blocks, &raw));
+    PrintTrace(q_len == 1 ? "decode_b1" : "prefill_q32_b1 (wgmma)", blocks, raw);
+  }
+  return 0;
+}
+#endif
+
 int Main(int argc, char** argv) {
   std::string out_path;
   int iters = 50;
+  bool trace = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
       out_path = argv[++i];
+    } else if (!std::strcmp(argv[i], "--trace")) {
+      trace = true;
     } else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) {
       iters = std::max(1, std::atoi(argv[++i]));
     } else if (!std::strcmp(argv[i], "--prefill-kernel") && i + 1 < argc &&
@@ -408,7 +479,7 @@ int Main(int argc, char** argv) {
       g_default_prefill_kernel =
           !std::strcmp(argv[++i], "mma") ? PrefillKernel::kMmaSync : PrefillKernel::kAuto;
     } else {
-      std::fprintf(stderr, "usage: %s [--out PATH] [--iters N] [--prefill-kernel auto|mma]\n",
+      std::fprintf(stderr, "usage: %s [--out PATH] [--iters N] [--prefill-kernel auto|mma] [--trace]\n",
                    argv[0]);
       return 2;
     }
@@ -422,6 +493,14 @@ int Main(int argc, char** argv) {
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize >> 20);
+  if (trace) {
+#ifdef LAZYRAG_ATTN_TRACE
+    return RunTrace(prop);
+#else
+    std::fprintf(stderr, "kernel_bench: --trace needs a build with -DLAZYRAG_ATTN_TRACE\n");
+    return 2;
+#endif
+  }
   std::mt19937 rng(1234);
   std::vector<Result> results;
 

@@ -24,7 +24,9 @@ MODEL=${MODEL:-synthetic:llama3-8b}
 DEVICE=${DEVICE:-cuda}
 RESERVE_S=25  # kept for plots and the final archive
 
-WORK=/tmp/lazyrag-serve
+# WORK (default /tmp/lazyrag-serve) may be set per instance, e.g. two instances on two GPUs
+# of one machine (CUDA_VISIBLE_DEVICES=0 / 1), each with its own OUT and WORK.
+WORK=${WORK:-/tmp/lazyrag-serve}
 rm -rf "$WORK"
 mkdir -p "$OUT" "$WORK/results" "$WORK/logs"
 LOG="$OUT/log.txt"
@@ -32,9 +34,9 @@ LOG="$OUT/log.txt"
 
 LIBDIR="$PWD/$SERVE_DIR/lib"
 if [[ ! -d "$LIBDIR" && -f "$SERVE_DIR/lib.tar.xz" ]]; then
-  LIBDIR=/tmp/lazyrag-serve-lib/lib
-  rm -rf /tmp/lazyrag-serve-lib && mkdir -p /tmp/lazyrag-serve-lib &&
-    tar xJf "$SERVE_DIR/lib.tar.xz" -C /tmp/lazyrag-serve-lib ||
+  LIBDIR="$WORK-lib/lib"
+  rm -rf "$WORK-lib" && mkdir -p "$WORK-lib" &&
+    tar xJf "$SERVE_DIR/lib.tar.xz" -C "$WORK-lib" ||
     echo "ERROR: cannot unpack $SERVE_DIR/lib.tar.xz" | tee -a "$LOG"
 fi
 export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

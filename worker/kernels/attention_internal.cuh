@@ -208,9 +208,12 @@ __device__ __forceinline__ void RotateKeyTile(char* k_smem, int pos0, const floa
 // ---------------------------------------------------------------------------------------
 // Programmatic dependent launch (PDL). Every attention kernel is launched as a programmatic
 // dependent of the previous kernel on the stream: its blocks may become resident while that
-// kernel drains, and PdlWait() (first thing in the kernel, before any global access) holds
-// them until it has finished and its writes are visible. PdlLaunchDependents() lets the next
-// kernel (the split merge) be scheduled early; it still waits for this grid to complete.
+// kernel drains, and PdlWait() holds them until it has finished and its writes are visible.
+// Before PdlWait a kernel may read only what was written before the previous kernel started
+// (the step's segment view, uploaded by a copy earlier on the stream; inv_freq): the decode
+// and wgmma prefill kernels plan their split and fetch their first page ids there; the query,
+// the K/V bytes and every write come after it. PdlLaunchDependents() lets the next kernel
+// (the split merge) be scheduled early; it still waits for this grid to complete.
 __device__ __forceinline__ void PdlWait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void PdlLaunchDependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");

@@ -9,11 +9,16 @@
 // the end. Splits (chosen so that the grid fills the GPU) are merged by the merge kernel.
 #include "common/status.h"
 #include "worker/kernels/attention_internal.cuh"
+#include "worker/kernels/attention_trace.cuh"
 #include "worker/kernels/lazy_attention.h"
 
 namespace lazyrag::kernels {
 namespace detail {
 namespace {
+
+#ifdef LAZYRAG_ATTN_TRACE
+__device__ AttentionTrace g_trace;
+#endif
 
 template <int D>
 struct DecodeConfig {
@@ -50,26 +55,22 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   float* freq_smem = reinterpret_cast<float*>(v_smem + kStages * Cfg::kTileBytes);
   SplitPlan* plan = reinterpret_cast<SplitPlan*>(freq_smem + D / 2);
 
+  LAZYRAG_TRACE_POINT(g_trace, 0);
   PdlLaunchDependents();
-  PdlWait();
   // Three rounds of dependent loads before the first K/V request: (q_indptr, seg_indptr),
   // (q_pos, the request's segment metadata, 32 segments per lane round), the first tiles'
-  // page ids.
+  // page ids. They read only the step's segment view and inv_freq (uploaded or written before
+  // the previous kernel started), so they run before PdlWait, overlapping the previous
+  // kernel's tail; the query and the K/V bytes (the previous kernels write the step's own
+  // rows) are read after it.
   const int q_row = v.q_indptr[b];
   const int s_first = v.seg_indptr[b], s_end = v.seg_indptr[b + 1];
   const int pos = v.q_pos[q_row];
   for (int i = tid; i < D / 2; i += kThreads) freq_smem[i] = p.inv_freq[i];
-  // Raw query rows (row r = head kvh * group + r; rows >= group zero); the cp.async group
-  // completes with the first K/V tile.
-  for (int it = tid; it < 16 * (D / 8); it += kThreads) {
-    const int row = it / (D / 8), chunk = it % (D / 8);
-    const bool ok = row < group;
-    const __nv_bfloat16* src =
-        ok ? p.q + (int64_t(q_row) * H + kvh * group + row) * D + chunk * 8 : p.q;
-    CpAsync16(SmemAddr(q_smem) + TileOffset<D>(row, chunk), src, ok);
-  }
   if (warp == 0) PlanSplit<kBlockN>(v, s_first, s_end, pos, split, p.num_splits, plan, lane);
   __syncthreads();
+  LAZYRAG_TRACE_POINT(g_trace, 2);
+  LAZYRAG_TRACE_POINT(g_trace, 3);
 
   TileCursor<kBlockN> cons;
   cons.Init(plan, v);
@@ -86,6 +87,17 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
       first[st].Prefetch(prod, v, tid);
       if (prod.valid) prod.Next(plan, v);
     }
+    PdlWait();
+    LAZYRAG_TRACE_POINT(g_trace, 1);
+    // Raw query rows (row r = head kvh * group + r; rows >= group zero); the cp.async group
+    // completes with the first K/V tile.
+    for (int it = tid; it < 16 * (D / 8); it += kThreads) {
+      const int row = it / (D / 8), chunk = it % (D / 8);
+      const bool ok = row < group;
+      const __nv_bfloat16* src =
+          ok ? p.q + (int64_t(q_row) * H + kvh * group + row) * D + chunk * 8 : p.q;
+      CpAsync16(SmemAddr(q_smem) + TileOffset<D>(row, chunk), src, ok);
+    }
 #pragma unroll
     for (int st = 0; st < kStages - 1; ++st) {
       first[st].Issue(k_smem + st * Cfg::kTileBytes, v_smem + st * Cfg::kTileBytes, p.k_cache,
@@ -94,6 +106,7 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     }
   }
   loader.Prefetch(prod, v, tid);
+  LAZYRAG_TRACE_POINT(g_trace, 4);
 
   float o[D / 8][4];
 #pragma unroll
@@ -107,6 +120,9 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   while (cons.valid) {
     CpAsyncWait<kStages - 2>();
     __syncthreads();
+#ifdef LAZYRAG_ATTN_TRACE
+    if (stage == 0 && q_seg < 0) LAZYRAG_TRACE_POINT(g_trace, 5);
+#endif
     loader.Issue(k_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes,
                  v_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes, p.k_cache, p.v_cache,
                  token_stride, head_off, tid);
@@ -197,6 +213,7 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   }
   CpAsyncWait<0>();
   __syncthreads();  // the tile buffers become the merge buffer
+  LAZYRAG_TRACE_POINT(g_trace, 6);
 
   // Cross-warp merge: [warp][16 rows][kMergeStride] partial O, then m and l per row.
 #pragma unroll
@@ -257,6 +274,7 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
       if (d == 0) p.lse_partial[split * rows + row_head] = l > 0.f ? m + __log2f(l) : kNegInf;
     }
   }
+  LAZYRAG_TRACE_POINT(g_trace, 7);
 }
 
 template <int D, bool kRotateKeys>
@@ -278,6 +296,12 @@ absl::Status LaunchDecode(const AttentionKernelParams& kp, int blocks, cudaStrea
 }
 
 }  // namespace
+
+#ifdef LAZYRAG_ATTN_TRACE
+absl::Status ReadDecodeTrace(int blocks, std::vector<uint64_t>* out) {
+  return ReadTraceSymbol(g_trace, blocks, out);
+}
+#endif
 }  // namespace detail
 
 absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t stream) {

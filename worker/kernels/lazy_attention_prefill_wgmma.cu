@@ -26,10 +26,15 @@
 // 234 registers, no spills (launch bounds 256 threads, 1 block per SM).
 #include "common/status.h"
 #include "worker/kernels/attention_internal.cuh"
+#include "worker/kernels/attention_trace.cuh"
 #include "worker/kernels/lazy_attention.h"
 
 namespace lazyrag::kernels::detail {
 namespace {
+
+#ifdef LAZYRAG_ATTN_TRACE
+__device__ AttentionTrace g_trace;
+#endif
 
 struct WgmmaPrefillConfig {
   static constexpr int kD = 128;
@@ -157,8 +162,12 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int t = lane & 3;
   const SegmentView& v = p.view;
+  LAZYRAG_TRACE_POINT(g_trace, 0);
   PdlLaunchDependents();
-  PdlWait();
+  // Everything up to the first K/V page ids reads only the step's segment view and inv_freq
+  // (uploaded or written before the previous kernel started), so it runs before PdlWait,
+  // overlapping the previous kernel's tail; the query and the K/V bytes (the previous kernels
+  // write the step's own rows) are read after it.
 
   int bid = blockIdx.x;
   const int qblock = bid % p.q_blocks;
@@ -193,21 +202,12 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
     my_max = pos;
   }
   for (int i = tid; i < D / 2; i += kThreads) freq_smem[i] = p.inv_freq[i];
-  // Raw query tile (TileOffset layout, read by BuildRotatedQ); its cp.async group completes
-  // with the first K/V tile.
-  for (int it = tid; it < Cfg::kBlockM * (D / 8); it += kThreads) {
-    const int row = it / (D / 8), chunk = it % (D / 8);
-    const int qi = qi0 + row / group;
-    const bool ok = row < packed_rows && qi < nq;
-    const __nv_bfloat16* src =
-        ok ? p.q + (int64_t(q_begin + qi) * H + kvh * group + row % group) * D + chunk * 8 : p.q;
-    CpAsync16(SmemAddr(q_smem) + TileOffset<D>(row, chunk), src, ok);
-  }
 #pragma unroll
   for (int off = 16; off > 0; off /= 2)
     my_max = max(my_max, __shfl_xor_sync(0xffffffffu, my_max, off));
   if (lane == 0) max_smem[warp] = my_max;
   __syncthreads();
+  LAZYRAG_TRACE_POINT(g_trace, 2);
   if (warp == 0) {
     int max_pos = max_smem[0];
 #pragma unroll
@@ -215,6 +215,7 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
     PlanSplit<kBlockN>(v, s_first, s_end, max_pos, split, p.num_splits, plan, lane);
   }
   __syncthreads();
+  LAZYRAG_TRACE_POINT(g_trace, 3);
 
   using Loader = KvTileLoader<D, kBlockN, kThreads, /*kSw128=*/true>;
   TileCursor<kBlockN> cons;
@@ -230,6 +231,19 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
       first[st].Prefetch(prod, v, tid);
       if (prod.valid) prod.Next(plan, v);
     }
+    PdlWait();
+    LAZYRAG_TRACE_POINT(g_trace, 1);
+    // Raw query tile (TileOffset layout, read by BuildRotatedQ); its cp.async group completes
+    // with the first K/V tile.
+    for (int it = tid; it < Cfg::kBlockM * (D / 8); it += kThreads) {
+      const int row = it / (D / 8), chunk = it % (D / 8);
+      const int qi = qi0 + row / group;
+      const bool ok = row < packed_rows && qi < nq;
+      const __nv_bfloat16* src =
+          ok ? p.q + (int64_t(q_begin + qi) * H + kvh * group + row % group) * D + chunk * 8
+             : p.q;
+      CpAsync16(SmemAddr(q_smem) + TileOffset<D>(row, chunk), src, ok);
+    }
 #pragma unroll
     for (int st = 0; st < kStages - 1; ++st) {
       first[st].Issue(k_smem + st * Cfg::kTileBytes, v_smem + st * Cfg::kTileBytes, p.k_cache,
@@ -238,6 +252,7 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
     }
   }
   loader.Prefetch(prod, v, tid);
+  LAZYRAG_TRACE_POINT(g_trace, 4);
 
   const int r_lo = warp * 16 + (lane >> 2);  // this thread's packed rows: r_lo, r_lo + 8
   const int pos_lo = pos_smem[r_lo], pos_hi = pos_smem[r_lo + 8];
@@ -258,6 +273,9 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
     CpAsyncWait<kStages - 2>();
     FenceProxyAsyncShared();  // this thread's landed cp.async bytes, for the wgmma reads
     __syncthreads();          // tile `stage` landed for all; everyone is done with the previous one
+#ifdef LAZYRAG_ATTN_TRACE
+    if (q_seg < 0) LAZYRAG_TRACE_POINT(g_trace, 5);
+#endif
     loader.Issue(k_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes,
                  v_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes, p.k_cache, p.v_cache,
                  token_stride, head_off, tid);
@@ -354,6 +372,7 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
     stage = (stage + 1) % kStages;
   }
   CpAsyncWait<0>();  // nothing may land in shared memory after the block exits
+  LAZYRAG_TRACE_POINT(g_trace, 6);
 
   // Finalize: row sums across the quad, then the output (or this split's partial result).
 #pragma unroll
@@ -388,6 +407,7 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
       if (t == 0) p.lse_partial[split * rows + row_head] = l > 0.f ? m + __log2f(l) : kNegInf;
     }
   }
+  LAZYRAG_TRACE_POINT(g_trace, 7);
 #else
   // Built for a target without wgmma: the launcher never selects this kernel there
   // (WgmmaPrefillSupported), so reaching this is a bug.
@@ -436,5 +456,11 @@ absl::Status LaunchPrefillWgmma128(const AttentionKernelParams& kp, int blocks,
   return LaunchAttentionKernel(LazyPrefillWgmmaKernel, dim3(blocks, kp.num_splits), Cfg::kThreads,
                                Cfg::kSmemBytes, kp, stream);
 }
+
+#ifdef LAZYRAG_ATTN_TRACE
+absl::Status ReadPrefillWgmmaTrace(int blocks, std::vector<uint64_t>* out) {
+  return ReadTraceSymbol(g_trace, blocks, out);
+}
+#endif
 
 }  // namespace lazyrag::kernels::detail

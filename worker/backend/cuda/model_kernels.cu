@@ -101,6 +101,14 @@ __device__ __forceinline__ void RmsNormVecBody(const RmsNormParams& p, float* sc
       ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
     }
   }
+  // The weights are loaded before the reduction (they do not depend on it), so their latency
+  // overlaps the block-wide sum instead of following it.
+  float4 w[kNormChunks];
+#pragma unroll
+  for (int k = 0; k < kNormChunks; ++k) {
+    const int c = threadIdx.x + k * blockDim.x;
+    if (c < chunks) w[k] = *reinterpret_cast<const float4*>(p.weight + 4 * c);
+  }
   ss = BlockSum(ss, scratch);  // its barriers also order every load above before the stores
   const float inv = 1.0f / sqrtf(ss / float(dim) + p.eps);
 #pragma unroll
@@ -108,12 +116,11 @@ __device__ __forceinline__ void RmsNormVecBody(const RmsNormParams& p, float* sc
     const int c = threadIdx.x + k * blockDim.x;
     if (c < chunks) {
       if (p.x_out != nullptr) *reinterpret_cast<float4*>(p.x_out + int64_t(r) * dim + 4 * c) = v[k];
-      const float4 w = *reinterpret_cast<const float4*>(p.weight + 4 * c);
       uint2 o;
-      o.x = uint32_t(FloatToBf16(v[k].x * inv * w.x)) |
-            (uint32_t(FloatToBf16(v[k].y * inv * w.y)) << 16);
-      o.y = uint32_t(FloatToBf16(v[k].z * inv * w.z)) |
-            (uint32_t(FloatToBf16(v[k].w * inv * w.w)) << 16);
+      o.x = uint32_t(FloatToBf16(v[k].x * inv * w[k].x)) |
+            (uint32_t(FloatToBf16(v[k].y * inv * w[k].y)) << 16);
+      o.y = uint32_t(FloatToBf16(v[k].z * inv * w[k].z)) |
+            (uint32_t(FloatToBf16(v[k].w * inv * w[k].w)) << 16);
       *reinterpret_cast<uint2*>(p.out + int64_t(r) * dim + 4 * c) = o;
     }
   }
@@ -201,6 +208,10 @@ __device__ __forceinline__ void QkvScatterBody(const QkvScatterParams& p) {
 }
 __global__ void __launch_bounds__(kElementwiseThreads)
     QkvScatterKernel(const __grid_constant__ QkvScatterParams p) {
+  // The attention kernel that follows is a programmatic dependent launch: letting it start
+  // now overlaps its split planning and page-id loads (which read nothing this kernel
+  // writes) with this kernel; it waits for this grid to finish before reading q or K/V.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   QkvScatterBody(p);
 }
 
