@@ -397,8 +397,11 @@ struct KvTileLoader {
     any = c.valid;
     const int row0 = tid / kChunks;
     int jj = c.j + row0;
-    int pg = jj / v.page_size;
-    int sl = jj - pg * v.page_size;
+    // Page sizes are powers of two in practice (16, 64): a shift instead of an integer
+    // division in every tile.
+    const int ps = v.page_size;
+    int pg = (ps & (ps - 1)) == 0 ? jj >> (__ffs(ps) - 1) : jj / ps;
+    int sl = jj - pg * ps;
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       const bool ok = c.valid && jj < c.j_end;

@@ -402,6 +402,14 @@ TEST(LazyAttentionArgs, RejectsBadShapes) {
   p = ValidParams();
   p.max_q_len = 0;
   EXPECT_EQ(code(p, false), absl::StatusCode::kInvalidArgument);
+  // The kernels fold the scale into the softmax exponent after taking the row maximum of the
+  // raw scores, which needs scale > 0.
+  for (float scale : {0.f, -0.088f, std::nanf("")}) {
+    p = ValidParams();
+    p.shape.scale = scale;
+    EXPECT_EQ(code(p, false), absl::StatusCode::kInvalidArgument) << scale;
+    EXPECT_EQ(code(p, true), absl::StatusCode::kInvalidArgument) << scale;
+  }
 }
 
 TEST(MaterializeArgs, RejectsBadShapes) {

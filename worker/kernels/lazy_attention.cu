@@ -221,7 +221,10 @@ absl::Status ValidateLazyAttentionParams(const LazyAttentionParams& p, bool deco
     return absl::InvalidArgumentError(
         absl::StrCat("GQA group ", sh.num_heads / sh.num_kv_heads, " exceeds 16"));
   }
-  if (!std::isfinite(sh.scale)) return absl::InvalidArgumentError("scale must be finite");
+  if (!std::isfinite(sh.scale) || !(sh.scale > 0.f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("scale must be finite and positive, got ", sh.scale));
+  }
   if (p.key_layout != KeyLayout::kRotatedLocal && p.key_layout != KeyLayout::kUnrotated) {
     return absl::InvalidArgumentError("unknown key layout");
   }

@@ -302,19 +302,32 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
     WgmmaWait<0>();
     FenceAccumulators(s);
 
-    // Mask (segment tail, split end, causality) and online softmax in the log2 domain.
+    // Mask (segment tail, split end, causality) and online softmax in the log2 domain. The
+    // loop is bound by instruction latency (two warps per scheduler), so the common cases
+    // are kept short: tiles whose 64 keys are all visible to the warp's rows skip the mask,
+    // the scale is folded into the exponent (max of the raw scores times scale_log2 > 0, which
+    // ValidateLazyAttentionParams requires, then exp2(fma(s, scale, -max))), and O is rescaled
+    // only when some row's running maximum moved.
     const int lim_lo = min(cons.j_end, pos_lo - cons.start + 1) - cons.j;
     const int lim_hi = min(cons.j_end, pos_hi - cons.start + 1) - cons.j;
     float mx_lo = kNegInf, mx_hi = kNegInf;
+    if (__all_sync(0xffffffffu, lim_lo >= kBlockN && lim_hi >= kBlockN)) {
 #pragma unroll
-    for (int nb = 0; nb < kBlockN / 8; ++nb) {
+      for (int nb = 0; nb < kBlockN / 8; ++nb) {
+        mx_lo = fmaxf(mx_lo, fmaxf(s[nb][0], s[nb][1]));
+        mx_hi = fmaxf(mx_hi, fmaxf(s[nb][2], s[nb][3]));
+      }
+    } else {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int key = nb * 8 + 2 * t + e;
-        s[nb][e] = key < lim_lo ? s[nb][e] * p.scale_log2 : kNegInf;
-        s[nb][2 + e] = key < lim_hi ? s[nb][2 + e] * p.scale_log2 : kNegInf;
-        mx_lo = fmaxf(mx_lo, s[nb][e]);
-        mx_hi = fmaxf(mx_hi, s[nb][2 + e]);
+      for (int nb = 0; nb < kBlockN / 8; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = nb * 8 + 2 * t + e;
+          s[nb][e] = key < lim_lo ? s[nb][e] : kNegInf;
+          s[nb][2 + e] = key < lim_hi ? s[nb][2 + e] : kNegInf;
+          mx_lo = fmaxf(mx_lo, s[nb][e]);
+          mx_hi = fmaxf(mx_hi, s[nb][2 + e]);
+        }
       }
     }
 #pragma unroll
@@ -322,7 +335,8 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
       mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
       mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
     }
-    const float new_lo = fmaxf(m_lo, mx_lo), new_hi = fmaxf(m_hi, mx_hi);
+    const float scale = p.scale_log2;
+    const float new_lo = fmaxf(m_lo, mx_lo * scale), new_hi = fmaxf(m_hi, mx_hi * scale);
     const float use_lo = new_lo == kNegInf ? 0.f : new_lo;
     const float use_hi = new_hi == kNegInf ? 0.f : new_hi;
     const float alpha_lo = Exp2(m_lo - use_lo), alpha_hi = Exp2(m_hi - use_hi);
@@ -331,21 +345,23 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
     float sum_lo = 0.f, sum_hi = 0.f;
 #pragma unroll
     for (int nb = 0; nb < kBlockN / 8; ++nb) {
-      s[nb][0] = Exp2(s[nb][0] - use_lo);
-      s[nb][1] = Exp2(s[nb][1] - use_lo);
-      s[nb][2] = Exp2(s[nb][2] - use_hi);
-      s[nb][3] = Exp2(s[nb][3] - use_hi);
+      s[nb][0] = Exp2(fmaf(s[nb][0], scale, -use_lo));
+      s[nb][1] = Exp2(fmaf(s[nb][1], scale, -use_lo));
+      s[nb][2] = Exp2(fmaf(s[nb][2], scale, -use_hi));
+      s[nb][3] = Exp2(fmaf(s[nb][3], scale, -use_hi));
       sum_lo += s[nb][0] + s[nb][1];
       sum_hi += s[nb][2] + s[nb][3];
     }
     l_lo = l_lo * alpha_lo + sum_lo;
     l_hi = l_hi * alpha_hi + sum_hi;
+    if (!__all_sync(0xffffffffu, alpha_lo == 1.f && alpha_hi == 1.f)) {
 #pragma unroll
-    for (int db = 0; db < D / 8; ++db) {
-      o[db][0] *= alpha_lo;
-      o[db][1] *= alpha_lo;
-      o[db][2] *= alpha_hi;
-      o[db][3] *= alpha_hi;
+      for (int db = 0; db < D / 8; ++db) {
+        o[db][0] *= alpha_lo;
+        o[db][1] *= alpha_lo;
+        o[db][2] *= alpha_hi;
+        o[db][3] *= alpha_hi;
+      }
     }
 
     // O += P V: P (the S accumulators as bf16) is the A fragment of k-step kk (keys
