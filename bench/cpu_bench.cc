@@ -5,6 +5,9 @@
 //      MATERIALIZE (LAZY and MATERIALIZE must answer identically).
 // Prints tables and writes JSON (--out). Usage:
 //   cpu_bench --model PATH [--out FILE] [--questions FILE] [--max_questions N] [--doc_tokens N]
+//             [--device cpu|cuda]
+// --device cuda runs the same three parts on the GPU backend (bf16), e.g. the quality part on
+// the H200 beside the CPU's.
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -62,10 +65,12 @@ std::vector<Question> LoadQuestions(const std::string& path) {
 int Main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   std::map<std::string, std::string> a = {{"model", ""}, {"out", ""},
-      {"questions", "bench/rag_qa/questions.jsonl"}, {"max_questions", "60"}, {"doc_tokens", "400"}};
+      {"questions", "bench/rag_qa/questions.jsonl"}, {"max_questions", "60"}, {"doc_tokens", "400"},
+      {"device", "cpu"}};
   for (int i = 1; i + 1 < argc; i += 2) a[std::string(argv[i]).substr(2)] = argv[i + 1];
   RuntimeOptions ro;
   ro.model = a["model"];
+  ro.device = a["device"];
   ro.kv_pool_bytes = int64_t(512) << 20;
   auto rt_or = CreateRuntime(ro);
   if (!rt_or.ok()) {
@@ -86,6 +91,7 @@ int Main(int argc, char** argv) {
   JsonWriter j;
   j.BeginObject();
   j.Key("model").String(ro.model);
+  j.Key("device").String(ro.device);
   j.Key("threads").Int(NumWorkerThreads());
 
   // 1. Throughput: a FULL prefill of ~512 tokens, then 64 decode steps.
