@@ -51,6 +51,7 @@
 #include "absl/time/clock.h"
 #include "common/crc32c.h"
 #include "common/json_writer.h"
+#include "common/testing/child_process.h"
 #include "kvstore/client/kvstore_client.h"
 #include "kvstore/format.h"
 #include "kvstore/kv_engine.h"
@@ -226,78 +227,8 @@ class Bench {
 // ---------------------------------------------------------------------------------------------
 // Child processes and ports.
 
-// A child process started with fork/exec, stdout and stderr sent to files. Killed (SIGKILL) on
-// destruction if still running.
-class ChildProcess {
- public:
-  ChildProcess() = default;
-  ~ChildProcess() { Stop(SIGKILL); }
-  ChildProcess(const ChildProcess&) = delete;
-  ChildProcess& operator=(const ChildProcess&) = delete;
-
-  absl::Status Start(const std::vector<std::string>& argv, const std::string& stdout_path,
-                     const std::string& stderr_path) {
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    const pid_t pid = fork();
-    if (pid < 0) return absl::InternalError("fork failed");
-    if (pid == 0) {
-      const int out = open(stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      const int err = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (out >= 0) dup2(out, 1);
-      if (err >= 0) dup2(err, 2);
-      execvp(args[0], args.data());
-      _exit(127);
-    }
-    pid_ = pid;
-    return absl::OkStatus();
-  }
-
-  // True while the process has not exited.
-  bool Alive() {
-    if (pid_ <= 0) return false;
-    int status = 0;
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
-      pid_ = -1;
-      return false;
-    }
-    return true;
-  }
-
-  // Sends `signal`, waits up to 20 s, then SIGKILL.
-  void Stop(int signal) {
-    if (pid_ <= 0) return;
-    kill(pid_, signal);
-    for (int i = 0; i < 2000 && Alive(); ++i) usleep(10000);
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-      pid_ = -1;
-    }
-  }
-
- private:
-  pid_t pid_ = -1;
-};
-
-// A loopback port that was free a moment ago (bind to port 0, read it back, close).
-absl::StatusOr<int> PickFreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return absl::InternalError("socket failed");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    close(fd);
-    return absl::InternalError("bind to a loopback port failed");
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
-}
+using ::lazyrag::testing::ChildProcess;
+using ::lazyrag::testing::PickFreePort;
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
@@ -325,32 +256,28 @@ class KvStoreChild {
   // Waits (up to 30 s) for its "lazyrag-kvstore ready grpc=HOST:PORT" line.
   absl::Status Start(const std::string& binary, const std::string& dir, bool sync_commits) {
     std::filesystem::create_directories(dir);
-    const std::string out = dir + "/stdout.txt";
-    absl::Status started = process_.Start(
-        {binary, "--listen=127.0.0.1:0", "--data_dir=" + dir + "/db", "--metrics_port=-1",
-         std::string("--sync_commits=") + (sync_commits ? "true" : "false")},
-        out, dir + "/stderr.txt");
-    if (!started.ok()) return started;
-    constexpr std::string_view kReady = "ready grpc=";
-    for (int i = 0; i < 3000; ++i) {
-      const std::string text = ReadFile(out);
-      const size_t at = text.find(kReady);
-      const size_t end = at == std::string::npos ? at : text.find_first_of(" \n", at + 11);
-      if (end != std::string::npos) {
-        address_ = text.substr(at + kReady.size(), end - at - kReady.size());
-        return absl::OkStatus();
-      }
-      if (!process_.Alive()) break;
-      usleep(10000);
+    process_ = std::make_unique<ChildProcess>(std::vector<std::string>{
+        binary, "--listen=127.0.0.1:0", "--data_dir=" + dir + "/db", "--metrics_port=-1",
+        std::string("--sync_commits=") + (sync_commits ? "true" : "false")});
+    process_->SetOutputFiles("", dir + "/stderr.txt");
+    if (absl::Status started = process_->Start(); !started.ok()) return started;
+    absl::StatusOr<std::string> line = process_->WaitForLine("", absl::Seconds(30));
+    const std::string address =
+        line.ok() ? lazyrag::testing::FieldOf(*line, "grpc") : std::string();
+    if (address.empty()) {
+      return absl::UnavailableError("lazyrag-kvstore did not become ready: " +
+                                    ReadFile(dir + "/stderr.txt").substr(0, 2000));
     }
-    return absl::UnavailableError("lazyrag-kvstore did not become ready: " +
-                                  ReadFile(dir + "/stderr.txt").substr(0, 2000));
+    address_ = address;
+    return absl::OkStatus();
   }
-  void Stop() { process_.Stop(SIGTERM); }
+  void Stop() {
+    if (process_ != nullptr) process_->Stop(SIGTERM, absl::Seconds(20));
+  }
   const std::string& address() const { return address_; }
 
  private:
-  ChildProcess process_;
+  std::unique_ptr<ChildProcess> process_;
   std::string address_;
 };
 
@@ -682,19 +609,19 @@ void MeasureRedis(Bench& bench, const std::string& redis_server, const std::stri
     bench.Skip(system, "GET", why);
   };
   if (path.empty()) return skip("redis-server not found (apt-get install redis-server)");
-  absl::StatusOr<int> port = PickFreePort();
-  if (!port.ok()) return skip(std::string(port.status().message()));
+  const int port = PickFreePort();
+  if (port == 0) return skip("no free loopback port");
   std::filesystem::create_directories(dir);
-  ChildProcess process;
-  absl::Status s =
-      process.Start({path, "--port", std::to_string(*port), "--bind", "127.0.0.1", "--save", "",
-                     "--appendonly", "no", "--dir", dir, "--proto-max-bulk-len", "512mb",
-                     "--client-query-buffer-limit", "1gb", "--daemonize", "no"},
-                    dir + "/stdout.txt", dir + "/stderr.txt");
+  ChildProcess process({path, "--port", std::to_string(port), "--bind", "127.0.0.1", "--save",
+                        "", "--appendonly", "no", "--dir", dir, "--proto-max-bulk-len", "512mb",
+                        "--client-query-buffer-limit", "1gb", "--daemonize", "no"},
+                       /*capture_stdout=*/false);
+  process.SetOutputFiles(dir + "/stdout.txt", dir + "/stderr.txt");
+  absl::Status s = process.Start();
   if (!s.ok()) return skip(std::string(s.message()));
   std::vector<RedisConnection> connections;
   for (int attempt = 0; attempt < 500 && connections.empty(); ++attempt) {
-    absl::StatusOr<RedisConnection> c = RedisConnect(*port);
+    absl::StatusOr<RedisConnection> c = RedisConnect(port);
     if (c.ok() && RedisCall(c->get(), {"PING"}).ok()) {
       connections.push_back(*std::move(c));
     } else {
@@ -711,7 +638,7 @@ void MeasureRedis(Bench& bench, const std::string& redis_server, const std::stri
     if (at != std::string::npos) *version = text.substr(at + 14, text.find('\r', at) - at - 14);
   }
   while (static_cast<int>(connections.size()) < bench.client_counts().back()) {
-    absl::StatusOr<RedisConnection> c = RedisConnect(*port);
+    absl::StatusOr<RedisConnection> c = RedisConnect(port);
     if (!c.ok()) return skip(std::string(c.status().message()));
     connections.push_back(*std::move(c));
   }
@@ -729,7 +656,7 @@ void MeasureRedis(Bench& bench, const std::string& redis_server, const std::stri
   };
   for (int clients : bench.client_counts()) bench.PutGet(system, clients, put, get, "SET", "GET");
   connections.clear();
-  process.Stop(SIGTERM);
+  process.Stop(SIGTERM, absl::Seconds(20));
 #endif
 }
 

@@ -55,47 +55,24 @@ KvStoreProcess::~KvStoreProcess() {
   if (running()) Kill();
 }
 
-absl::Status ReadyProcess::Start(std::vector<std::string> args) {
+absl::Status ReadyProcess::Start(std::vector<std::string> argv) {
   if (running()) return absl::FailedPreconditionError("already running");
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError("pipe");
-  // Everything the child needs is prepared before fork(): the parent has threads.
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid < 0) return absl::InternalError("fork");
-  if (pid == 0) {
-    dup2(fds[1], STDOUT_FILENO);
-    execv(argv[0], argv.data());
-    _exit(127);
+  process_ = std::make_unique<lazyrag::testing::ChildProcess>(std::move(argv));
+  if (absl::Status st = process_->Start(); !st.ok()) return st;
+  // Generous: a worker loads its model first; ctest's per-test timeout bounds it anyway.
+  absl::StatusOr<lazyrag::testing::ReadyLine> ready =
+      lazyrag::testing::WaitForReady(*process_, absl::Minutes(10));
+  if (!ready.ok()) {
+    process_->Kill();
+    return absl::UnavailableError(ready.status().message());
   }
-  close(fds[1]);
-  pid_ = pid;
-  stdout_fd_ = fds[0];
-  // Read the ready line (the only thing the server writes to stdout).
-  std::string line;
-  char c;
-  while (line.size() < 512 && read(stdout_fd_, &c, 1) == 1 && c != '\n') line.push_back(c);
-  const std::string grpc_tag = "grpc=", metrics_tag = " metrics=";
-  size_t g = line.find(grpc_tag), m = line.find(metrics_tag);
-  if (line.find("ready") == std::string::npos || g == std::string::npos || m == std::string::npos ||
-      !absl::SimpleAtoi(line.substr(m + metrics_tag.size()), &metrics_port_)) {
-    Stop(9);
-    return absl::UnavailableError(absl::StrCat(args[0], " did not start: '", line, "'"));
-  }
-  address_ = line.substr(g + grpc_tag.size(), m - g - grpc_tag.size());
+  address_ = ready->address;
+  metrics_port_ = ready->metrics_port;
   return absl::OkStatus();
 }
 
 void ReadyProcess::Stop(int signal) {
-  if (!running()) return;
-  kill(pid_, signal);
-  int status = 0;
-  waitpid(pid_, &status, 0);
-  pid_ = -1;
-  close(stdout_fd_);
-  stdout_fd_ = -1;
+  if (running()) process_->Stop(signal, absl::Minutes(1));
 }
 
 absl::Status KvStoreProcess::Start() {

@@ -5,11 +5,13 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/testing/child_process.h"
 
 namespace lazyrag::kvstore::testing {
 
@@ -28,7 +30,8 @@ class TempDir {
 std::string PatternBytes(uint64_t size, uint64_t seed);
 
 // A lazyrag server child process (kvstore, worker, router) that prints one line
-// "NAME ready grpc=HOST:PORT metrics=PORT" on stdout once serving (common/server_main.h).
+// "NAME ready grpc=HOST:PORT metrics=PORT" on stdout once serving (common/server_main.h);
+// stderr is inherited.
 class ReadyProcess {
  public:
   ReadyProcess() = default;
@@ -36,18 +39,18 @@ class ReadyProcess {
   ReadyProcess& operator=(const ReadyProcess&) = delete;
   ~ReadyProcess() { Stop(9); }
 
-  // Forks and execs argv[0] with argv, then waits for the ready line. UNAVAILABLE (and the
-  // child killed) when it exits or prints something else first.
+  // Starts argv[0] with argv, then waits for the ready line. UNAVAILABLE (and the child
+  // killed) when it exits or prints something else first.
   absl::Status Start(std::vector<std::string> argv);
-  // Sends `signal` and waits for the process to exit; no-op when not running.
+  // Sends `signal` and waits for the process to exit (SIGKILL after a minute); no-op when
+  // not running.
   void Stop(int signal);
-  bool running() const { return pid_ > 0; }
+  bool running() const { return process_ != nullptr && process_->running(); }
   const std::string& address() const { return address_; }  // HOST:PORT of the ready line
   int metrics_port() const { return metrics_port_; }
 
  private:
-  pid_t pid_ = -1;
-  int stdout_fd_ = -1;
+  std::unique_ptr<lazyrag::testing::ChildProcess> process_;
   std::string address_;
   int metrics_port_ = 0;
 };

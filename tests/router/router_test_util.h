@@ -10,9 +10,13 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "lazyrag/v1/inference.grpc.pb.h"
-#include "tests/router/process.h"
+#include "common/testing/child_process.h"
 
 namespace lazyrag::router::testing {
+
+using ::lazyrag::testing::ChildProcess;
+using ::lazyrag::testing::FieldOf;
+using ::lazyrag::testing::PickFreePort;
 
 // A lazyrag-router on 127.0.0.1 (ports picked), polling its workers every 100 ms.
 class RouterProcess {

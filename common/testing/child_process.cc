@@ -1,4 +1,4 @@
-#include "tests/router/process.h"
+#include "common/testing/child_process.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -9,13 +9,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <utility>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
-namespace lazyrag::router::testing {
+namespace lazyrag::testing {
 
 int PickFreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return 0;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -32,11 +35,18 @@ int PickFreePort() {
 }
 
 ChildProcess::ChildProcess(std::vector<std::string> argv, bool capture_stdout)
-    : argv_(std::move(argv)), capture_stdout_(capture_stdout) {}
+    : argv_(std::move(argv)), capture_stdout_(capture_stdout) {
+  if (argv_.empty()) argv_.push_back("");
+}
 
 ChildProcess::~ChildProcess() {
   if (running()) Kill();
   if (stdout_fd_ >= 0) close(stdout_fd_);
+}
+
+void ChildProcess::SetOutputFiles(std::string stdout_path, std::string stderr_path) {
+  stdout_path_ = std::move(stdout_path);
+  stderr_path_ = std::move(stderr_path);
 }
 
 absl::Status ChildProcess::Start() {
@@ -52,19 +62,29 @@ absl::Status ChildProcess::Start() {
   std::vector<char*> argv;
   for (std::string& a : argv_) argv.push_back(a.data());
   argv.push_back(nullptr);
-  int devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
-  pid_t pid = fork();
-  if (pid < 0) return absl::InternalError("fork");
+  const int out =
+      capture_stdout_ ? fds[1]
+                      : open(stdout_path_.empty() ? "/dev/null" : stdout_path_.c_str(),
+                             O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int err = stderr_path_.empty()
+                      ? -1
+                      : open(stderr_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    if (capture_stdout_) close(fds[0]);
+    if (out >= 0) close(out);
+    if (err >= 0) close(err);
+    return absl::InternalError("fork");
+  }
   if (pid == 0) {
-    dup2(capture_stdout_ ? fds[1] : devnull, STDOUT_FILENO);
-    execv(argv[0], argv.data());
+    if (out >= 0) dup2(out, STDOUT_FILENO);
+    if (err >= 0) dup2(err, STDERR_FILENO);
+    execvp(argv[0], argv.data());
     _exit(127);
   }
-  if (devnull >= 0) close(devnull);
-  if (capture_stdout_) {
-    close(fds[1]);
-    stdout_fd_ = fds[0];
-  }
+  if (out >= 0) close(out);  // the pipe's write end too
+  if (err >= 0) close(err);
+  if (capture_stdout_) stdout_fd_ = fds[0];
   pid_ = pid;
   return absl::OkStatus();
 }
@@ -80,20 +100,31 @@ absl::StatusOr<std::string> ChildProcess::WaitForLine(const std::string& prefix,
       buffered_.erase(0, newline + 1);
       if (line.rfind(prefix, 0) == 0) return line;
     }
-    absl::Duration left = deadline - absl::Now();
+    const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
       return absl::DeadlineExceededError(absl::StrCat("no line '", prefix, "' from ", argv_[0]));
     }
     pollfd p{stdout_fd_, POLLIN, 0};
-    int rc = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+    const int rc = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
     if (rc <= 0) continue;
     char buf[4096];
-    ssize_t n = read(stdout_fd_, buf, sizeof(buf));
+    const ssize_t n = read(stdout_fd_, buf, sizeof(buf));
     if (n <= 0) {
-      return absl::UnavailableError(absl::StrCat(argv_[0], " closed stdout before '", prefix, "'"));
+      return absl::UnavailableError(absl::StrCat(argv_[0], " closed stdout before '", prefix,
+                                                 "' (after '", buffered_.substr(0, 200), "')"));
     }
     buffered_.append(buf, static_cast<size_t>(n));
   }
+}
+
+bool ChildProcess::Alive() {
+  if (!running()) return false;
+  int status = 0;
+  if (waitpid(pid_, &status, WNOHANG) == pid_) {
+    pid_ = -1;
+    return false;
+  }
+  return true;
 }
 
 int ChildProcess::Wait(absl::Duration timeout) {
@@ -101,7 +132,7 @@ int ChildProcess::Wait(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (true) {
     int status = 0;
-    pid_t r = waitpid(pid_, &status, WNOHANG);
+    const pid_t r = waitpid(pid_, &status, WNOHANG);
     if (r == pid_) {
       pid_ = -1;
       return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
@@ -122,14 +153,27 @@ int ChildProcess::Stop(int signal, absl::Duration timeout) {
   return code;
 }
 
+absl::StatusOr<ReadyLine> WaitForReady(ChildProcess& process, absl::Duration timeout) {
+  absl::StatusOr<std::string> line = process.WaitForLine("", timeout);
+  if (!line.ok()) return line.status();
+  ReadyLine ready;
+  ready.address = FieldOf(*line, "grpc");
+  if (line->find(" ready ") == std::string::npos || ready.address.empty() ||
+      !absl::SimpleAtoi(FieldOf(*line, "metrics"), &ready.metrics_port)) {
+    return absl::UnavailableError(
+        absl::StrCat(process.binary(), " did not start: '", line->substr(0, 512), "'"));
+  }
+  return ready;
+}
+
 std::string FieldOf(const std::string& line, const std::string& key) {
   const std::string needle = key + "=";
   size_t at = line.find(needle);
   while (at != std::string::npos && at > 0 && line[at - 1] != ' ') at = line.find(needle, at + 1);
   if (at == std::string::npos) return "";
-  size_t start = at + needle.size();
-  size_t end = line.find(' ', start);
+  const size_t start = at + needle.size();
+  const size_t end = line.find(' ', start);
   return line.substr(start, end == std::string::npos ? std::string::npos : end - start);
 }
 
-}  // namespace lazyrag::router::testing
+}  // namespace lazyrag::testing
