@@ -213,7 +213,14 @@ class CudaBackend final : public Backend {
   // the others waited in NCCL (seen on the H200 x2: tp_bench hung after a 70B TP=1 pool OOM).
   absl::Status SetDevice() const {
     LAZYRAG_RETURN_IF_CUDA_ERROR(cudaSetDevice(options_.device));
-    (void)cudaGetLastError();
+    // A non-sticky error left by an earlier call on this thread (every launch here is checked
+    // where it is made) must not fail this one, but it is reported rather than dropped silently;
+    // sticky errors (a faulted kernel) fail the next CUDA call anyway.
+    if (const cudaError_t stale = cudaGetLastError(); stale != cudaSuccess) {
+      LOG_WARNING << "cuda backend: device " << options_.device
+                  << ": clearing an earlier error before this call: " << cudaGetErrorName(stale)
+                  << " (" << cudaGetErrorString(stale) << ")";
+    }
     return absl::OkStatus();
   }
   std::vector<TensorRef> Tensors(const ModelWeights* host);
