@@ -12,6 +12,7 @@
 
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
+#include "common/grpc_channel.h"
 #include "common/logging.h"
 #include "common/tls.h"
 
@@ -117,16 +118,10 @@ void WorkerPool::Resolve() {
         next.emplace(address, std::move(it->second));
         continue;
       }
-      grpc::ChannelArguments args;
-      args.SetMaxReceiveMessageSize(options_.max_message_bytes);
-      args.SetMaxSendMessageSize(options_.max_message_bytes);
-      // A restarted worker should be reconnected within about a poll interval, not after
-      // gRPC's default backoff (up to two minutes).
-      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-      args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+      // A restarted worker is reconnected within about a poll interval.
       Connection c;
-      c.channel = grpc::CreateCustomChannel(address, credentials_, args);
+      c.channel = grpc::CreateCustomChannel(address, credentials_,
+                                            ServiceChannelArgs(options_.max_message_bytes));
       c.stub = lazyrag::v1::Inference::NewStub(c.channel);
       LOG_INFO << "router: worker " << address << " added";
       next.emplace(address, std::move(c));

@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/crc32c.h"
+#include "common/grpc_channel.h"
 #include "common/grpc_status.h"
 #include "common/metrics.h"
 #include "common/status.h"
@@ -83,15 +84,8 @@ class Shard {
  public:
   Shard(std::string address, std::shared_ptr<grpc::ChannelCredentials> credentials)
       : address_(std::move(address)) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-    args.SetMaxSendMessageSize(kMaxMessageBytes);
     // Reconnect quickly to a shard that comes back.
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    channel_ = grpc::CreateCustomChannel(address_, credentials, args);
+    channel_ = grpc::CreateCustomChannel(address_, credentials, ServiceChannelArgs(kMaxMessageBytes));
     stub_ = pb::KvStore::NewStub(channel_);
   }
 

@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "common/crc32c.h"
 #include "common/document_id.h"
+#include "common/grpc_channel.h"
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
@@ -75,16 +76,9 @@ class Peer {
  public:
   Peer(std::string address, const std::shared_ptr<grpc::ChannelCredentials> &credentials)
       : address_(std::move(address)) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-    args.SetMaxSendMessageSize(kMaxMessageBytes);
     // A peer that restarts is found again quickly.
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     stub_ = v1::PeerDocuments::NewStub(
-        grpc::CreateCustomChannel(address_, credentials, args));
+        grpc::CreateCustomChannel(address_, credentials, ServiceChannelArgs(kMaxMessageBytes)));
   }
 
   const std::string &address() const { return address_; }
