@@ -32,6 +32,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_stats.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/engine/engine.h"
 #include "worker/model/model_source.h"
@@ -55,20 +56,7 @@ struct BenchOptions {
   std::string out;
 };
 
-struct Stats {
-  std::vector<double> ms;
-  double Median() const {
-    if (ms.empty()) return 0;
-    std::vector<double> s = ms;
-    std::sort(s.begin(), s.end());
-    return s.size() % 2 ? s[s.size() / 2] : 0.5 * (s[s.size() / 2 - 1] + s[s.size() / 2]);
-  }
-  std::string Json() const {
-    std::string all;
-    for (double v : ms) absl::StrAppend(&all, all.empty() ? "" : ", ", v);
-    return absl::StrCat("{\"median\": ", Median(), ", \"all\": [", all, "]}");
-  }
-};
+using bench::Stats;
 
 double Ms(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();

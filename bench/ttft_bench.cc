@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/bench_stats.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/engine/engine.h"
 #include "worker/model/model_source.h"
@@ -51,23 +52,7 @@ struct BenchOptions {
   std::string out;
 };
 
-struct Stats {
-  std::vector<double> ms;
-  double Median() const {
-    if (ms.empty()) return 0;
-    std::vector<double> s = ms;
-    std::sort(s.begin(), s.end());
-    return s.size() % 2 ? s[s.size() / 2] : 0.5 * (s[s.size() / 2 - 1] + s[s.size() / 2]);
-  }
-  double Min() const { return ms.empty() ? 0 : *std::min_element(ms.begin(), ms.end()); }
-  double Max() const { return ms.empty() ? 0 : *std::max_element(ms.begin(), ms.end()); }
-  std::string Json() const {
-    std::string all;
-    for (double v : ms) absl::StrAppend(&all, all.empty() ? "" : ", ", v);
-    return absl::StrCat("{\"median\": ", Median(), ", \"min\": ", Min(), ", \"max\": ", Max(),
-                        ", \"all\": [", all, "]}");
-  }
-};
+using bench::Stats;
 
 int Fail(const absl::Status& st, const char* what) {
   std::fprintf(stderr, "ttft_bench: %s: %s\n", what, std::string(st.ToString()).c_str());
