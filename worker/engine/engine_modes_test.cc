@@ -8,6 +8,7 @@
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/backend/rope.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/engine_test_util.h"
 #include "worker/model/synthetic_init.h"
 
 namespace lazyrag {
@@ -101,23 +102,8 @@ double MaxRelError(const std::vector<std::vector<float>>& a, const std::vector<s
   return max_diff / std::max(max_ref, 1e-30);
 }
 
-struct ModeRun {
-  std::vector<std::vector<float>> logits;
-  TokenResult result;
-};
-
-ModeRun RunMode(Engine& e, const TokenPrompt& p, AttentionMode mode, int steps) {
-  ModeRun r;
-  TokenRunOptions o;
-  o.mode = mode;
-  o.max_tokens = steps;
-  o.ignore_eos = true;
-  o.step_logits = &r.logits;
-  auto res = e.RunTokens(p, o);
-  EXPECT_TRUE(res.ok()) << res.status();
-  if (res.ok()) r.result = *res;
-  return r;
-}
+using engine_test::ModeRun;
+using engine_test::RunMode;
 
 TEST(EngineModesTest, LazyEqualsMaterializeAcrossShapes) {
   std::mt19937 rng(1234);

@@ -15,6 +15,7 @@
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/cache/memory_store_test_util.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/engine_test_util.h"
 #include "worker/model/model_source.h"
 
 namespace lazyrag {
@@ -42,12 +43,7 @@ std::unique_ptr<Engine> MakeEngine(int num_pages, DocumentStore *store = nullptr
   return std::move(*e);
 }
 
-std::vector<int32_t> Tokens(int seed, int n) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto &x : t) x = 2 + int(rng() % 250);
-  return t;
-}
+using engine_test::Tokens;
 
 TokenPrompt Prompt(const std::vector<int> &docs, int query_seed) {
   TokenPrompt p;

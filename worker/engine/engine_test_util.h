@@ -33,10 +33,20 @@ inline TokenPrompt RagPrompt(std::mt19937& rng, int vocab, const std::vector<int
   return p;
 }
 
-// The logits of every step (prefill, then each greedy decode step) and the tokens.
+// Tokens 2..251 drawn from a generator seeded with `seed` (vocabularies of >= 252).
+inline std::vector<int32_t> Tokens(int seed, int n) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = 2 + int(rng() % 250);
+  return t;
+}
+
+// The logits of every step (prefill, then each greedy decode step), the tokens and the whole
+// result (usage, timings).
 struct ModeRun {
   std::vector<std::vector<float>> logits;
   std::vector<int32_t> tokens;
+  TokenResult result;
 };
 
 inline ModeRun RunMode(Engine& e, const TokenPrompt& p, AttentionMode mode, int steps) {
@@ -48,7 +58,10 @@ inline ModeRun RunMode(Engine& e, const TokenPrompt& p, AttentionMode mode, int 
   o.step_logits = &r.logits;
   auto res = e.RunTokens(p, o);
   EXPECT_TRUE(res.ok()) << res.status();
-  if (res.ok()) r.tokens = res->token_ids;
+  if (res.ok()) {
+    r.tokens = res->token_ids;
+    r.result = *res;
+  }
   return r;
 }
 

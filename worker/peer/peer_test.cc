@@ -24,6 +24,7 @@
 #include "worker/engine/document_codec.h"
 #include "worker/cache/memory_store_test_util.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/engine_test_util.h"
 #include "worker/model/model_source.h"
 #include "worker/peer/peer_service.h"
 #include "worker/peer/peer_store.h"
@@ -346,22 +347,22 @@ std::unique_ptr<Engine> MakeEngine(DocumentStore *store, metrics::Registry *regi
   return std::move(*e);
 }
 
-std::vector<int32_t> Tokens(int seed, int n) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto &x : t) x = 2 + int(rng() % 250);
-  return t;
+using engine_test::Tokens;
+
+// One request over two documents (40 and 33 tokens) through `e`: both stay resident.
+void RunTwoDocuments(Engine &e, TokenPrompt *p) {
+  p->documents = {Tokens(1, 40), Tokens(2, 33)};
+  p->suffix = Tokens(3, 5);
+  TokenRunOptions o;
+  o.max_tokens = 4;
+  o.ignore_eos = true;
+  ASSERT_TRUE(e.RunTokens(*p, o).ok());
 }
 
 TEST(PeerEngineTest, ExportResidentDocumentIsTheStoredFormAndNeverComputes) {
   auto a = MakeEngine(nullptr, nullptr);
   TokenPrompt p;
-  p.documents = {Tokens(1, 40), Tokens(2, 33)};
-  p.suffix = Tokens(3, 5);
-  TokenRunOptions o;
-  o.max_tokens = 4;
-  o.ignore_eos = true;
-  ASSERT_TRUE(a->RunTokens(p, o).ok());
+  ASSERT_NO_FATAL_FAILURE(RunTwoDocuments(*a, &p));
   const std::string id = a->BlockId(p.documents[1], "");
   auto doc = a->ExportResidentDocument(id);
   ASSERT_TRUE(doc.ok()) << doc.status();
@@ -379,12 +380,7 @@ TEST(PeerEngineTest, ExportResidentDocumentIsTheStoredFormAndNeverComputes) {
 TEST(PeerEngineTest, ExportsWhileRequestsRunAreConsistent) {
   auto a = MakeEngine(nullptr, nullptr);
   TokenPrompt p;
-  p.documents = {Tokens(1, 40), Tokens(2, 33)};
-  p.suffix = Tokens(3, 5);
-  TokenRunOptions o;
-  o.max_tokens = 4;
-  o.ignore_eos = true;
-  ASSERT_TRUE(a->RunTokens(p, o).ok());
+  ASSERT_NO_FATAL_FAILURE(RunTwoDocuments(*a, &p));
   const std::string id = a->BlockId(p.documents[0], "");
   auto first = a->ExportResidentDocument(id);
   ASSERT_TRUE(first.ok()) << first.status();
@@ -396,7 +392,8 @@ TEST(PeerEngineTest, ExportsWhileRequestsRunAreConsistent) {
         TokenPrompt q = p;
         q.documents.push_back(Tokens(100 + c * 1000 + k, 20));  // new documents keep coming
         q.suffix = Tokens(200 + k, 6);
-        TokenRunOptions qo = o;
+        TokenRunOptions qo;
+        qo.ignore_eos = true;
         qo.max_tokens = 8;
         EXPECT_TRUE(a->RunTokens(q, qo).ok());
       }
