@@ -48,11 +48,7 @@ FRACS=$FRACS MODES=$MODES CONC=$CONC N=$N BOUND_MS=$BOUND_MS
 SAT_MODES=$SAT_MODES SAT_RATES=$SAT_RATES FULL_N=$FULL_N ZIPF_ALPHA=$ZIPF_ALPHA ROUTER=$ROUTER
 KNOBS
 
-for b in lazyrag-worker lazyrag-loadgen; do
-  [[ -x "$BIN/$b" ]] || { log "ERROR: $BIN/$b missing"; exit 1; }
-done
-USE_ROUTER=0
-if [[ "$ROUTER" == 1 && -x "$BIN/lazyrag-router" ]]; then USE_ROUTER=1; fi
+check_binaries  # sets USE_ROUTER
 
 KVSTORE=${KVSTORE:-0}
 start_kvstore_if_asked

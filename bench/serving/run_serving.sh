@@ -73,12 +73,7 @@ MODES=$MODES DISTS=$DISTS RATES=$RATES N=$N MIN_N=$MIN_N POINT_S=$POINT_S
 SAT_CONC=$SAT_CONC SAT_S=$SAT_S POOL_GIB=$POOL_GIB KVSTORE=$KVSTORE ROUTER=$ROUTER
 KNOBS
 
-for b in lazyrag-worker lazyrag-loadgen; do
-  [[ -x "$BIN/$b" ]] || { log "ERROR: $BIN/$b missing"; exit 1; }
-done
-USE_ROUTER=0
-if [[ "$ROUTER" == 1 && -x "$BIN/lazyrag-router" ]]; then USE_ROUTER=1; fi
-log "router: $([[ $USE_ROUTER == 1 ]] && echo yes || echo no)"
+check_binaries  # sets USE_ROUTER
 
 start_kvstore_if_asked
 

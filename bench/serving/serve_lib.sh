@@ -45,6 +45,18 @@ log() { echo "[$(date -u +%T) +$(( $(date +%s) - START ))s] $*" | tee -a "$LOG";
 elapsed() { echo $(( $(date +%s) - START )); }
 remaining() { echo $(( BUDGET_S - RESERVE_S - $(elapsed) )); }
 
+# Stops the script when the worker or loadgen binary is missing; USE_ROUTER=1 when ROUTER=1
+# and lazyrag-router is packed (else requests go to the worker directly).
+check_binaries() {
+  local b
+  for b in lazyrag-worker lazyrag-loadgen; do
+    [[ -x "$BIN/$b" ]] || { log "ERROR: $BIN/$b missing"; exit 1; }
+  done
+  USE_ROUTER=0
+  if [[ "$ROUTER" == 1 && -x "$BIN/lazyrag-router" ]]; then USE_ROUTER=1; fi
+  log "router: $([[ $USE_ROUTER == 1 ]] && echo yes || echo no)"
+}
+
 PIDS=()
 stop_pid() {  # stop_pid PID: SIGTERM, then SIGKILL after 15 s
   local pid=$1
