@@ -50,6 +50,19 @@ constexpr int kDocs = 5, kDocLen = 2040, kOwnLen = 40;  // 10,240 tokens of cont
 // The prefill kernel of rows that do not force one (--prefill-kernel).
 PrefillKernel g_default_prefill_kernel = PrefillKernel::kAuto;
 
+const char* VariantName(PrefillKernel kernel) {
+  switch (kernel) {
+    case PrefillKernel::kMmaSync:
+      return "lazy_mma";
+    case PrefillKernel::kWgmmaKeys64:
+      return "lazy_k64";
+    case PrefillKernel::kWgmmaKeys128:
+      return "lazy_k128";
+    default:
+      return "lazy";
+  }
+}
+
 __global__ void FillRandomBf16(uint16_t* x, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
@@ -557,13 +570,16 @@ int Main(int argc, char** argv) {
       results.push_back({"prefill_q32_b" + std::to_string(batch), "prefill", batch, 32, s.kv_len,
                          var.name, ms, s.KvBytes(), flops});
     }
-    const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
-      LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
-      p.prefill_kernel = PrefillKernel::kMmaSync;
-      BENCH_OK(LazyAttentionPrefill(p, st));
-    });
-    results.push_back({"prefill_q32_b" + std::to_string(batch), "prefill", batch, 32, s.kv_len,
-                       "lazy_mma", ms, s.KvBytes(), flops});
+    for (PrefillKernel kernel :
+         {PrefillKernel::kMmaSync, PrefillKernel::kWgmmaKeys64, PrefillKernel::kWgmmaKeys128}) {
+      const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+        LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
+        p.prefill_kernel = kernel;
+        BENCH_OK(LazyAttentionPrefill(p, st));
+      });
+      results.push_back({"prefill_q32_b" + std::to_string(batch), "prefill", batch, 32, s.kv_len,
+                         VariantName(kernel), ms, s.KvBytes(), flops});
+    }
   }
   // Large prefill: a 2,048-token chunk of the request's own tokens (causal among themselves)
   // after 10,200 document tokens. FLOPs count the visible (query, key) pairs only.
@@ -574,14 +590,15 @@ int Main(int argc, char** argv) {
     double pairs = 0;
     for (int i = 0; i < kChunk; ++i) pairs += kDocs * kDocLen + i + 1;
     const double flops = 4.0 * batch * kHeads * kHeadDim * pairs;
-    for (PrefillKernel kernel : {g_default_prefill_kernel, PrefillKernel::kMmaSync}) {
+    for (PrefillKernel kernel : {g_default_prefill_kernel, PrefillKernel::kMmaSync,
+                                 PrefillKernel::kWgmmaKeys64, PrefillKernel::kWgmmaKeys128}) {
       const double ms = TimeMedianMs(2, std::max(5, iters / 5), [&](int i, cudaStream_t st) {
         LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
         p.prefill_kernel = kernel;
         BENCH_OK(LazyAttentionPrefill(p, st));
       });
       results.push_back({"prefill_q2048_b" + std::to_string(batch), "prefill", batch, kChunk,
-                         s.kv_len, kernel == PrefillKernel::kAuto ? "lazy" : "lazy_mma", ms,
+                         s.kv_len, VariantName(kernel), ms,
                          s.KvBytes(), flops});
     }
   }
@@ -600,7 +617,8 @@ int Main(int argc, char** argv) {
                          4.0 * kHeads * kHeadDim * double(d.kv_len)});
     }
     AttentionSetup q(1, 32, prop.l2CacheSize, rng);
-    for (PrefillKernel kernel : {g_default_prefill_kernel, PrefillKernel::kMmaSync}) {
+    for (PrefillKernel kernel : {g_default_prefill_kernel, PrefillKernel::kMmaSync,
+                                 PrefillKernel::kWgmmaKeys128}) {
       for (int splits : {4, 8, 12, 16, 24, 32}) {
         const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
           LazyAttentionParams p = q.Params(i % q.copies, false, KeyLayout::kRotatedLocal);
@@ -610,7 +628,11 @@ int Main(int argc, char** argv) {
         });
         results.push_back(
             {"prefill_q32_b1_splits", "prefill", 1, 32, q.kv_len,
-             (kernel == PrefillKernel::kAuto ? "lazy_s" : "mma_s") + std::to_string(splits), ms,
+             std::string(kernel == PrefillKernel::kMmaSync       ? "mma_s"
+                         : kernel == PrefillKernel::kWgmmaKeys128 ? "k128_s"
+                                                                 : "lazy_s") +
+                 std::to_string(splits),
+             ms,
              q.KvBytes(), 4.0 * 32 * kHeads * kHeadDim * double(q.kv_len)});
       }
     }

@@ -479,7 +479,8 @@ inline absl::Status LaunchAttentionKernel(void (*kernel)(AttentionKernelParams),
 // WgmmaPrefillSupported: the current device is compute capability 9.0 and the kernel was
 // built for it (sm_90a); otherwise the launcher must use the mma.sync kernel.
 bool WgmmaPrefillSupported();
-absl::Status LaunchPrefillWgmma128(const AttentionKernelParams& kp, int blocks,
+// key_tile: keys per K/V tile, 64 or 128.
+absl::Status LaunchPrefillWgmma128(const AttentionKernelParams& kp, int blocks, int key_tile,
                                    cudaStream_t stream);
 
 // Combines the partial results of kp.num_splits splits into kp.out (only when > 1 split).

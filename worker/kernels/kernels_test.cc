@@ -723,8 +723,8 @@ TEST(LazyAttention, FullCausalDocumentEncoding) {
 }
 
 // ---------------------------------------------------------------------------------------
-// The wgmma prefill kernel (head dim 128, LAZY; the default where it applies) and the
-// mma.sync kernel forced on the same inputs, each against the CPU reference and against each
+// The wgmma prefill kernel (head dim 128, LAZY; the default where it applies, 128-key tiles;
+// and with 64-key tiles) and the mma.sync kernel forced on the same inputs, each against the CPU reference and against each
 // other: a batch-1 query block over odd-length documents, a batch of 16 query blocks, and
 // chunked causal prefill of the requests' own tokens (several query blocks per request,
 // uneven rows), page sizes 16 and 64, groups 4 and 8, automatic and forced splits.
@@ -769,13 +769,17 @@ TEST(LazyAttention, PrefillWgmmaMatchesCpuAndMmaSync) {
         for (int splits : {0, 1, 3}) {
           const std::string what = absl::StrCat(name, " splits=", splits);
           GpuRun run{false, KeyLayout::kRotatedLocal, splits};
-          run.prefill_kernel = PrefillKernel::kWgmma;
+          run.prefill_kernel = PrefillKernel::kWgmmaKeys128;
           const std::vector<float> got = RunGpu(*prob, pool, run);
+          run.prefill_kernel = PrefillKernel::kWgmmaKeys64;
+          const std::vector<float> k64 = RunGpu(*prob, pool, run);
           run.prefill_kernel = PrefillKernel::kMmaSync;
           const std::vector<float> old = RunGpu(*prob, pool, run);
-          ExpectClose(got, ref, "wgmma " + what);
+          ExpectClose(got, ref, "wgmma 128-key tiles " + what);
+          ExpectClose(k64, ref, "wgmma 64-key tiles " + what);
           ExpectClose(old, ref, "mma.sync " + what);
-          ExpectClose(got, old, "wgmma vs mma.sync " + what, 2e-3f, 1e-2f);
+          ExpectClose(got, old, "wgmma 128-key tiles vs mma.sync " + what, 2e-3f, 1e-2f);
+          ExpectClose(k64, old, "wgmma 64-key tiles vs mma.sync " + what, 2e-3f, 1e-2f);
         }
       }
     }

@@ -40,6 +40,10 @@ enum class PrefillKernel {
   kAuto,     // wgmma where it applies (head_dim 128, kRotatedLocal, sm_90a), else mma.sync
   kMmaSync,  // always the mma.sync kernel
   kWgmma,    // same as kAuto (the wgmma kernel where it applies, mma.sync elsewhere)
+  // The wgmma kernel with a forced K/V tile (A/B benchmarking; kAuto takes 64-key tiles when
+  // the launcher splits the KV, i.e. few long blocks, and 128-key tiles otherwise).
+  kWgmmaKeys64,
+  kWgmmaKeys128,
 };
 
 struct LazyAttentionParams {

@@ -304,6 +304,23 @@ absl::Status LaunchPrefill(const AttentionKernelParams& kp, int blocks, cudaStre
 }  // namespace
 }  // namespace detail
 
+namespace {
+// Keys per K/V tile of the wgmma kernel. 128-key tiles halve the per-tile barriers, waits and
+// softmax reductions (+10-12% TFLOP/s on 2,048-row chunks and on 16 query blocks, H200), but
+// hold 2 stages instead of 4 and read Q from shared memory; with the KV split into many short
+// ranges (few query blocks, e.g. one 32-token block) the deeper 64-key pipeline is faster.
+int WgmmaKeyTile(const LazyAttentionParams& params, const detail::AttentionKernelParams& kp) {
+  switch (params.prefill_kernel) {
+    case PrefillKernel::kWgmmaKeys64:
+      return 64;
+    case PrefillKernel::kWgmmaKeys128:
+      return 128;
+    default:
+      return kp.num_splits > 1 ? 64 : 128;
+  }
+}
+}  // namespace
+
 bool LazyAttentionPrefillUsesWgmma(const LazyAttentionParams& params) {
   return params.prefill_kernel != PrefillKernel::kMmaSync && params.shape.head_dim == 128 &&
          params.key_layout == KeyLayout::kRotatedLocal && detail::WgmmaPrefillSupported();
@@ -325,7 +342,7 @@ absl::Status LazyAttentionPrefill(const LazyAttentionParams& params, cudaStream_
   const bool rotate_keys = params.key_layout == KeyLayout::kUnrotated;
   const int b = static_cast<int>(blocks);
   if (LazyAttentionPrefillUsesWgmma(params)) {
-    RETURN_IF_ERROR(detail::LaunchPrefillWgmma128(kp, b, stream));
+    RETURN_IF_ERROR(detail::LaunchPrefillWgmma128(kp, b, WgmmaKeyTile(params, kp), stream));
     return detail::LaunchMergeSplits(kp, v.num_q, params.shape.head_dim, stream);
   }
   switch (params.shape.head_dim) {

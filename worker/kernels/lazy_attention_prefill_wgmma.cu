@@ -6,24 +6,30 @@
 // Block = 2 consumer warpgroups x 64 rows = 128 packed (query row, group head) rows of one
 // request and one KV head; warp w owns packed rows 16w..16w+15 as in the mma.sync kernel (the
 // wgmma register fragments of a warp's 16 rows are the mma.sync m16n8k16 A and C fragments).
-// Per 64-key tile, each warpgroup:
-//   S[64 x 64]  = Q[64 x 128] K^T   wgmma m64n64k16 x 8: Q (re-rotated per segment, bf16) as
-//                                   the register A operand, K [64 keys x 128] K-major from
-//                                   shared memory (128-byte swizzle) as B;
+// Two instantiations by keys per K/V tile, kBlockN (the launcher picks, WgmmaKeyTile):
+//  * 64: 4-stage ring; the rotated Q lives in registers as the wgmma A operand
+//    (BuildRotatedQ once per segment); 202 registers.
+//  * 128: 2-stage ring (the same 128 KiB in flight); S needs 64 accumulator registers, so the
+//    rotated Q is written once per segment into shared memory in the 128-byte-swizzle layout
+//    (RotateQRowsSw128, each warpgroup its own 64 rows behind a named barrier) and read by
+//    the S wgmma through a descriptor; half the tiles, hence half the per-tile barriers, waits
+//    and softmax row reductions; 249 registers, no spills.
+// Per tile, each warpgroup:
+//   S[64 x kBlockN] = Q[64 x 128] K^T  wgmma m64n{64,128}k16 x 8, K [kBlockN keys x 128]
+//                                      K-major from shared memory (128-byte swizzle) as B;
 //   online softmax on the S accumulators (fp32, log2 domain), P rounded to bf16;
-//   O[64 x 128] += P[64 x 64] V     wgmma m64n128k16 x 4: P as the register A operand, V
-//                                   [64 keys x 128] from shared memory as B, MN-major
-//                                   (transpose bit).
-// K/V tiles are gathered per token with 16-byte cp.async by all 256 threads into a 4-stage
-// ring in exactly the layout the descriptors read (Sw128Offset): two 8 KiB halves of 64
-// columns each, 128-byte rows, 16-byte chunks XOR-swizzled by row % 8; every tile base is
-// 1024-byte aligned. No producer warp and no mbarriers: the ring advances on one block barrier
-// per tile, as in the mma.sync kernel (cp.async data then crosses to the async proxy through
+//   O[64 x 128] += P V                 wgmma m64n128k16 x kBlockN/16: P as the register A
+//                                      operand, V [kBlockN keys x 128] from shared memory as
+//                                      B, MN-major (transpose bit).
+// K/V tiles are gathered per token with 16-byte cp.async by all 256 threads into the ring in
+// exactly the layout the descriptors read (Sw128Offset): two halves of 64 columns each,
+// 128-byte rows, 16-byte chunks XOR-swizzled by row % 8; every tile base is 1024-byte
+// aligned. No producer warp and no mbarriers: the ring advances on one block barrier per tile,
+// as in the mma.sync kernel (cp.async data then crosses to the async proxy through
 // fence.proxy.async before that barrier). Each product waits for its wgmma group at once (a
-// variant that kept P V in flight into the next tile was serialized by ptxas, C7515: its P
-// operands shared registers with the next S accumulators); between the per-tile barriers the
-// two warpgroups run independently, so one's softmax can overlap the other's matrix work.
-// 234 registers, no spills (launch bounds 256 threads, 1 block per SM).
+// variant that kept P V in flight into the next tile, branch wip/wgmma-pipelined, was not
+// faster); between the per-tile barriers the two warpgroups run independently, so one's
+// softmax can overlap the other's matrix work. Launch bounds 256 threads, 1 block per SM.
 #include "common/status.h"
 #include "worker/kernels/attention_internal.cuh"
 #include "worker/kernels/attention_trace.cuh"
@@ -36,20 +42,28 @@ namespace {
 __device__ AttentionTrace g_trace;
 #endif
 
+template <int kBlockN_>
 struct WgmmaPrefillConfig {
   static constexpr int kD = 128;
   static constexpr int kWarps = 8;  // two warpgroups
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockM = kWarps * 16;  // packed rows, as PrefillConfig<D>::kBlockM
-  static constexpr int kBlockN = 64;           // keys per tile
-  static constexpr int kStages = 4;
-  static constexpr int kTileBytes = kBlockN * kD * 2;  // 16 KiB: two halves of kBlockN x 128 B
+  static constexpr int kBlockN = kBlockN_;     // keys per tile
+  // The same bytes in flight either way: 4 x 64-key or 2 x 128-key K/V tiles (128 KiB).
+  static constexpr int kStages = kBlockN == 64 ? 4 : 2;
+  static constexpr int kTileBytes = kBlockN * kD * 2;  // two halves of kBlockN x 128 B
   static constexpr int kHalfBytes = kBlockN * 128;
   static constexpr int kQBytes = kBlockM * kD * 2;
-  // [1024-byte alignment slack][K stages][V stages][Q][inv_freq D/2][row positions kBlockM]
-  // [block max position kWarps][split plan]
-  static constexpr int kSmemBytes = 1024 + 2 * kStages * kTileBytes + kQBytes + (kD / 2) * 4 +
-                                    kBlockM * 4 + kWarps * 4 + int(sizeof(SplitPlan));
+  // Where Q K^T reads the rotated query from: 64-key tiles keep it in registers (the wgmma A
+  // fragments, 32 registers); 128-key tiles need those registers for S and read it from
+  // shared memory (Sw128 layout, rewritten once per segment).
+  static constexpr bool kQRegs = kBlockN == 64;
+  static constexpr int kQRotBytes = kQRegs ? 0 : kQBytes;
+  // [1024-byte alignment slack][K stages][V stages][rotated Q (128-key tiles)][raw Q]
+  // [inv_freq D/2][row positions kBlockM][block max position kWarps][split plan]
+  static constexpr int kSmemBytes = 1024 + 2 * kStages * kTileBytes + kQRotBytes + kQBytes +
+                                    (kD / 2) * 4 + kBlockM * 4 + kWarps * 4 +
+                                    int(sizeof(SplitPlan));
   static_assert(kSmemBytes + 1024 <= 228 * 1024, "one block per SM");
 };
 
@@ -151,12 +165,77 @@ __device__ __forceinline__ void WgmmaM64N128K16Trans(float (&d)[16][4], const ui
         "+f"(d[15][2]), "+f"(d[15][3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
 }
+// D[64 x 128] += A[64 x 16] B[16 x 128], both operands K-major in shared memory (128-byte
+// swizzle) through descriptors; D fp32 in the m16n8 C-fragment layout per 8 columns.
+__device__ __forceinline__ void WgmmaM64N128K16SS(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b,
+                                                        int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, "
+      "%8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, "
+      "%40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63"
+      "}, "
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]),
+        "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]),
+        "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]),
+        "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]),
+        "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
 // clang-format on
 #endif  // LAZYRAG_HAVE_WGMMA
 
+// Rotates packed query rows row0 .. row0 + 63 of the raw tile at q_smem (TileOffset layout)
+// by RoPE to position pos_smem[row] - seg_start and stores them as bf16 at rot_smem in the
+// Sw128 layout of a kRows-row operand (the wgmma A operand of Q K^T). The 128 threads of one
+// warpgroup (wt = thread index within it), 16-byte chunk pairs (c, c + 8): the same products
+// and roundings as BuildRotatedQ.
+template <int kRows>
+__device__ __forceinline__ void RotateQRowsSw128(char* rot_smem, const char* q_smem, int row0,
+                                                 int seg_start, const int* pos_smem,
+                                                 const float* inv_freq_smem, int wt) {
+  constexpr int D = 128, kPairs = D / 16;
+#pragma unroll
+  for (int it = wt; it < 64 * kPairs; it += 128) {
+    const int row = row0 + it / kPairs, cp = it % kPairs;
+    uint4 lo = *reinterpret_cast<const uint4*>(q_smem + TileOffset<D>(row, cp));
+    uint4 hi = *reinterpret_cast<const uint4*>(q_smem + TileOffset<D>(row, cp + kPairs));
+    uint32_t* lw = reinterpret_cast<uint32_t*>(&lo);
+    uint32_t* hw = reinterpret_cast<uint32_t*>(&hi);
+    const int pos = pos_smem[row] - seg_start;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 x0 = UnpackBf16(lw[e]), x1 = UnpackBf16(hw[e]);
+      float s0, c0, s1, c1;
+      RopeSinCos(pos, inv_freq_smem[cp * 8 + 2 * e], &s0, &c0);
+      RopeSinCos(pos, inv_freq_smem[cp * 8 + 2 * e + 1], &s1, &c1);
+      lw[e] = PackBf16(x0.x * c0 - x1.x * s0, x0.y * c1 - x1.y * s1);
+      hw[e] = PackBf16(x1.x * c0 + x0.x * s0, x1.y * c1 + x0.y * s1);
+    }
+    *reinterpret_cast<uint4*>(rot_smem + Sw128Offset<kRows>(row, cp)) = lo;
+    *reinterpret_cast<uint4*>(rot_smem + Sw128Offset<kRows>(row, cp + kPairs)) = hi;
+  }
+}
+
+template <int kBlockN_>
 __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p, char* smem_raw) {
 #ifdef LAZYRAG_HAVE_WGMMA
-  using Cfg = WgmmaPrefillConfig;
+  using Cfg = WgmmaPrefillConfig<kBlockN_>;
   constexpr int D = Cfg::kD, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr int kThreads = Cfg::kThreads;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -185,7 +264,8 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
   char* smem = smem_raw + ((1024u - (SmemAddr(smem_raw) & 1023u)) & 1023u);
   char* k_smem = smem;
   char* v_smem = k_smem + kStages * Cfg::kTileBytes;
-  char* q_smem = v_smem + kStages * Cfg::kTileBytes;
+  char* qrot_smem = v_smem + kStages * Cfg::kTileBytes;  // 1024-byte aligned
+  char* q_smem = qrot_smem + Cfg::kQRotBytes;
   float* freq_smem = reinterpret_cast<float*>(q_smem + Cfg::kQBytes);
   int* pos_smem = reinterpret_cast<int*>(freq_smem + D / 2);
   int* max_smem = pos_smem + Cfg::kBlockM;
@@ -264,10 +344,12 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
 #pragma unroll
   for (int i = 0; i < kBlockN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
   float m_lo = kNegInf, m_hi = kNegInf, l_lo = 0.f, l_hi = 0.f;
-  uint32_t qf[D / 16][4];
+  uint32_t qf[Cfg::kQRegs ? D / 16 : 1][4];  // rotated Q fragments (64-key tiles)
   int q_seg = -1;
+  const int wg = warp / 4;  // this thread's warpgroup: packed rows 64 wg .. 64 wg + 63
   int stage = 0;
   const uint32_t k_base = SmemAddr(k_smem), v_base = SmemAddr(v_smem);
+  const uint32_t q_base = SmemAddr(qrot_smem);
 
   while (cons.valid) {
     CpAsyncWait<kStages - 2>();
@@ -284,19 +366,36 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
     loader.Prefetch(prod, v, tid);
 
     if (cons.s != q_seg) {  // LAZY: re-rotate by p - seg_start once per segment
-      BuildRotatedQ<D>(qf, q_smem, r_lo, pos_lo - cons.start, pos_hi - cons.start, freq_smem, lane);
+      if constexpr (Cfg::kQRegs) {
+        BuildRotatedQ<D>(qf, q_smem, r_lo, pos_lo - cons.start, pos_hi - cons.start, freq_smem,
+                         lane);
+      } else {
+        // The warpgroup's wgmma reads only its own 64 rows: rotate them, publish them to the
+        // async proxy, and wait for the warpgroup alone (named barrier 1 + wg). The previous
+        // segment's products that read these rows have completed (wgmma.wait_group 0).
+        RotateQRowsSw128<Cfg::kBlockM>(qrot_smem, q_smem, wg * 64, cons.start, pos_smem,
+                                       freq_smem, tid % 128);
+        FenceProxyAsyncShared();
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+      }
       q_seg = cons.s;
     }
 
-    // S = Q K^T over the 64-key tile: k-step kk reads columns 16kk..16kk+15 of every key row,
-    // 32 bytes at (kk % 4) * 32 of column half kk / 4.
+    // S = Q K^T over the tile: k-step kk reads columns 16kk..16kk+15 of every query and key
+    // row, 32 bytes at (kk % 4) * 32 of column half kk / 4 (both operands K-major, Sw128).
     const uint32_t kt = k_base + stage * Cfg::kTileBytes;
     const uint32_t vt = v_base + stage * Cfg::kTileBytes;
     WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      WgmmaM64N64K16(s, qf[kk], Sw128Desc(kt + (kk / 4) * Cfg::kHalfBytes + (kk % 4) * 32, 16),
-                     kk > 0 ? 1 : 0);
+      const uint64_t kd = Sw128Desc(kt + (kk / 4) * Cfg::kHalfBytes + (kk % 4) * 32, 16);
+      if constexpr (Cfg::kQRegs) {
+        WgmmaM64N64K16(s, qf[kk], kd, kk > 0 ? 1 : 0);
+      } else {
+        const uint64_t qd = Sw128Desc(
+            q_base + (kk / 4) * (Cfg::kBlockM * 128) + wg * 64 * 128 + (kk % 4) * 32, 16);
+        WgmmaM64N128K16SS(s, qd, kd, kk > 0 ? 1 : 0);
+      }
     }
     WgmmaCommit();
     WgmmaWait<0>();
@@ -433,10 +532,11 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
 #endif
 }
 
-__global__ void __launch_bounds__(WgmmaPrefillConfig::kThreads, 1)
+template <int kBlockN>
+__global__ void __launch_bounds__(WgmmaPrefillConfig<kBlockN>::kThreads, 1)
     LazyPrefillWgmmaKernel(const __grid_constant__ AttentionKernelParams p) {
   extern __shared__ __align__(1024) char smem[];
-  PrefillWgmmaBody(p, smem);
+  PrefillWgmmaBody<kBlockN>(p, smem);
 }
 
 }  // namespace
@@ -456,21 +556,30 @@ bool WgmmaPrefillSupported() {
   bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
             cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
             major == 9 && minor == 0 &&
-            cudaFuncGetAttributes(&attr, LazyPrefillWgmmaKernel) == cudaSuccess &&
+            cudaFuncGetAttributes(&attr, LazyPrefillWgmmaKernel<128>) == cudaSuccess &&
             attr.binaryVersion == 90;
   if (!ok) (void)cudaGetLastError();  // clear a failed attribute query
   if (dev >= 0 && dev < kMaxDevices) cached[dev].store(ok ? 1 : 2, std::memory_order_relaxed);
   return ok;
 }
 
-absl::Status LaunchPrefillWgmma128(const AttentionKernelParams& kp, int blocks,
+absl::Status LaunchPrefillWgmma128(const AttentionKernelParams& kp, int blocks, int key_tile,
                                    cudaStream_t stream) {
-  using Cfg = WgmmaPrefillConfig;
-  static std::atomic<uint64_t> smem_configured{0};
-  RETURN_IF_ERROR(SetSmemLimitOnce(reinterpret_cast<const void*>(LazyPrefillWgmmaKernel),
-                                   Cfg::kSmemBytes, &smem_configured));
-  return LaunchAttentionKernel(LazyPrefillWgmmaKernel, dim3(blocks, kp.num_splits), Cfg::kThreads,
-                               Cfg::kSmemBytes, kp, stream);
+  auto launch = [&](auto kernel, int threads, int smem_bytes,
+                    std::atomic<uint64_t>* configured) -> absl::Status {
+    RETURN_IF_ERROR(
+        SetSmemLimitOnce(reinterpret_cast<const void*>(kernel), smem_bytes, configured));
+    return LaunchAttentionKernel(kernel, dim3(blocks, kp.num_splits), threads, smem_bytes, kp,
+                                 stream);
+  };
+  if (key_tile == 64) {
+    using Cfg = WgmmaPrefillConfig<64>;
+    static std::atomic<uint64_t> configured{0};
+    return launch(LazyPrefillWgmmaKernel<64>, Cfg::kThreads, Cfg::kSmemBytes, &configured);
+  }
+  using Cfg = WgmmaPrefillConfig<128>;
+  static std::atomic<uint64_t> configured{0};
+  return launch(LazyPrefillWgmmaKernel<128>, Cfg::kThreads, Cfg::kSmemBytes, &configured);
 }
 
 #ifdef LAZYRAG_ATTN_TRACE
