@@ -58,6 +58,8 @@ const char* VariantName(PrefillKernel kernel) {
       return "lazy_k64";
     case PrefillKernel::kWgmmaKeys128:
       return "lazy_k128";
+    case PrefillKernel::kWgmmaWs:
+      return "lazy_ws";
     default:
       return "lazy";
   }
@@ -151,7 +153,7 @@ struct Result {
 // One batch of requests on the benchmark shape, `copies` independent instances of it (the
 // benchmark rotates over them so that L2 never holds the working set).
 struct AttentionSetup {
-  int batch = 0, q_len = 0, copies = 0, kv_len = 0;
+  int batch = 0, q_len = 0, copies = 0, kv_len = 0, num_pages = 0;
   uint16_t *k = nullptr, *v = nullptr, *q = nullptr, *out = nullptr;
   float* inv_freq = nullptr;
   void* workspace = nullptr;
@@ -188,7 +190,7 @@ struct AttentionSetup {
     const size_t page_bytes = size_t(kPageSize) * kKvHeads * kHeadDim * 2;
     const size_t bytes_per_copy = size_t(batch) * pages_per_request * page_bytes * 2;
     copies = int(std::min<size_t>(16, std::max<size_t>(1, (4 * l2_bytes) / bytes_per_copy + 1)));
-    const int num_pages = copies * batch * pages_per_request;
+    num_pages = copies * batch * pages_per_request;
     const size_t pool_elems = size_t(num_pages) * kPageSize * kKvHeads * kHeadDim;
     k = DeviceAlloc<uint16_t>(pool_elems);
     v = DeviceAlloc<uint16_t>(pool_elems);
@@ -261,6 +263,7 @@ struct AttentionSetup {
     p.workspace = workspace;
     p.workspace_bytes = workspace_bytes;
     p.prefill_kernel = g_default_prefill_kernel;
+    p.num_pages = num_pages;
     return p;
   }
   // KV bytes one launch reads (K and V of every key of every request, all KV heads).
@@ -571,7 +574,8 @@ int Main(int argc, char** argv) {
                          var.name, ms, s.KvBytes(), flops});
     }
     for (PrefillKernel kernel :
-         {PrefillKernel::kMmaSync, PrefillKernel::kWgmmaKeys64, PrefillKernel::kWgmmaKeys128}) {
+         {PrefillKernel::kMmaSync, PrefillKernel::kWgmmaKeys64, PrefillKernel::kWgmmaKeys128,
+          PrefillKernel::kWgmmaWs}) {
       const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
         LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
         p.prefill_kernel = kernel;
@@ -590,8 +594,9 @@ int Main(int argc, char** argv) {
     double pairs = 0;
     for (int i = 0; i < kChunk; ++i) pairs += kDocs * kDocLen + i + 1;
     const double flops = 4.0 * batch * kHeads * kHeadDim * pairs;
-    for (PrefillKernel kernel : {g_default_prefill_kernel, PrefillKernel::kMmaSync,
-                                 PrefillKernel::kWgmmaKeys64, PrefillKernel::kWgmmaKeys128}) {
+    for (PrefillKernel kernel :
+         {g_default_prefill_kernel, PrefillKernel::kMmaSync, PrefillKernel::kWgmmaKeys64,
+          PrefillKernel::kWgmmaKeys128, PrefillKernel::kWgmmaWs}) {
       const double ms = TimeMedianMs(2, std::max(5, iters / 5), [&](int i, cudaStream_t st) {
         LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
         p.prefill_kernel = kernel;
@@ -618,7 +623,7 @@ int Main(int argc, char** argv) {
     }
     AttentionSetup q(1, 32, prop.l2CacheSize, rng);
     for (PrefillKernel kernel : {g_default_prefill_kernel, PrefillKernel::kMmaSync,
-                                 PrefillKernel::kWgmmaKeys128}) {
+                                 PrefillKernel::kWgmmaKeys128, PrefillKernel::kWgmmaWs}) {
       for (int splits : {4, 8, 12, 16, 24, 32}) {
         const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
           LazyAttentionParams p = q.Params(i % q.copies, false, KeyLayout::kRotatedLocal);
@@ -630,6 +635,7 @@ int Main(int argc, char** argv) {
             {"prefill_q32_b1_splits", "prefill", 1, 32, q.kv_len,
              std::string(kernel == PrefillKernel::kMmaSync       ? "mma_s"
                          : kernel == PrefillKernel::kWgmmaKeys128 ? "k128_s"
+                         : kernel == PrefillKernel::kWgmmaWs      ? "ws_s"
                                                                  : "lazy_s") +
                  std::to_string(splits),
              ms,

@@ -314,6 +314,7 @@ std::vector<float> RunGpu(const Problem& p, const KvPool& pool, const GpuRun& ru
   prm.workspace_bytes = ws_bytes;
   prm.num_splits = run.num_splits;
   prm.prefill_kernel = run.prefill_kernel;
+  prm.num_pages = pool.pages;
   for (int i = 0; i < run.repeats; ++i) {
     const absl::Status st =
         run.decode ? LazyAttentionDecode(prm, nullptr) : LazyAttentionPrefill(prm, nullptr);
@@ -724,7 +725,8 @@ TEST(LazyAttention, FullCausalDocumentEncoding) {
 
 // ---------------------------------------------------------------------------------------
 // The wgmma prefill kernel (head dim 128, LAZY; the default where it applies, 128-key tiles;
-// and with 64-key tiles) and the mma.sync kernel forced on the same inputs, each against the CPU reference and against each
+// and with 64-key tiles), the warp-specialized kernel (TMA producer; bit for bit the 128-key
+// kernel) and the mma.sync kernel forced on the same inputs, each against the CPU reference and against each
 // other: a batch-1 query block over odd-length documents, a batch of 16 query blocks, and
 // chunked causal prefill of the requests' own tokens (several query blocks per request,
 // uneven rows), page sizes 16 and 64, groups 4 and 8, automatic and forced splits.
@@ -758,6 +760,11 @@ TEST(LazyAttention, PrefillWgmmaMatchesCpuAndMmaSync) {
       LazyAttentionParams probe;
       probe.shape = b1.shape;
       const bool wgmma = LazyAttentionPrefillUsesWgmma(probe);
+      probe.prefill_kernel = PrefillKernel::kWgmmaWs;
+      probe.num_pages = pool.pages;
+      probe.view.page_size = ps;
+      probe.k_cache = probe.v_cache = reinterpret_cast<const uint16_t*>(uintptr_t(256));
+      EXPECT_EQ(LazyAttentionPrefillUsesWs(probe), wgmma) << "ps " << ps;
       if (major == 9 && minor == 0) {
         EXPECT_TRUE(wgmma) << "compute capability 9.0 device but no wgmma kernel";
       }
@@ -773,6 +780,13 @@ TEST(LazyAttention, PrefillWgmmaMatchesCpuAndMmaSync) {
           const std::vector<float> got = RunGpu(*prob, pool, run);
           run.prefill_kernel = PrefillKernel::kWgmmaKeys64;
           const std::vector<float> k64 = RunGpu(*prob, pool, run);
+          // The warp-specialized kernel does the same arithmetic on the same 128-key tiles
+          // (only the loads and the stage hand-off differ): bit for bit.
+          run.prefill_kernel = PrefillKernel::kWgmmaWs;
+          const std::vector<float> ws = RunGpu(*prob, pool, run);
+          if (wgmma) {
+            EXPECT_EQ(ws, got) << "warp-specialized vs 128-key tiles " << what;
+          }
           run.prefill_kernel = PrefillKernel::kMmaSync;
           const std::vector<float> old = RunGpu(*prob, pool, run);
           ExpectClose(got, ref, "wgmma 128-key tiles " + what);

@@ -236,6 +236,7 @@ absl::Status ValidateLazyAttentionParams(const LazyAttentionParams& p, bool deco
     return absl::InvalidArgumentError(absl::StrCat("page_size must be >= 1, got ", v.page_size));
   }
   if (p.num_splits < 0) return absl::InvalidArgumentError("num_splits must be >= 0");
+  if (p.num_pages < 0) return absl::InvalidArgumentError("num_pages must be >= 0");
   if (p.max_q_len < 1 || p.max_kv_len < 0) {
     return absl::InvalidArgumentError("max_q_len must be >= 1 and max_kv_len >= 0");
   }

@@ -44,6 +44,9 @@ enum class PrefillKernel {
   // the launcher splits the KV, i.e. few long blocks, and 128-key tiles otherwise).
   kWgmmaKeys64,
   kWgmmaKeys128,
+  // Warp-specialized wgmma kernel (a TMA producer warp, two consumer warpgroups on mbarriers,
+  // 128-key tiles) where LazyAttentionPrefillUsesWs; else as kAuto. Experimental.
+  kWgmmaWs,
 };
 
 struct LazyAttentionParams {
@@ -72,6 +75,8 @@ struct LazyAttentionParams {
   int num_splits = 0;
   // Prefill only; decode ignores it.
   PrefillKernel prefill_kernel = PrefillKernel::kAuto;
+  // Pages in the K and V pools (the extent of the TMA tensor maps of kWgmmaWs); 0: unknown.
+  int num_pages = 0;
 };
 
 inline constexpr int kMaxKvSplits = 128;
@@ -91,6 +96,10 @@ absl::Status LazyAttentionPrefill(const LazyAttentionParams& params, cudaStream_
 // prefill_kernel != kMmaSync, a compute capability 9.0 device and an sm_90a build). Needs the
 // current device; false when it cannot be queried.
 bool LazyAttentionPrefillUsesWgmma(const LazyAttentionParams& params);
+
+// Whether it runs the warp-specialized kernel: prefill_kernel == kWgmmaWs, the wgmma kernel
+// applies, num_pages > 0, page_size in {8, 16, 32, 64} and 16-byte aligned pools.
+bool LazyAttentionPrefillUsesWs(const LazyAttentionParams& params);
 
 // Decode: exactly one query row per request (REQUIRES view.num_q == view.num_requests).
 // Flash-decoding: the KV of each (request, KV head) is split so that the grid fills the GPU,

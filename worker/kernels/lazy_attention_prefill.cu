@@ -17,6 +17,7 @@
 #include "common/status.h"
 #include "worker/kernels/attention_internal.cuh"
 #include "worker/kernels/lazy_attention.h"
+#include "worker/kernels/tma_tile_loader.cuh"
 
 namespace lazyrag::kernels {
 namespace detail {
@@ -326,6 +327,16 @@ bool LazyAttentionPrefillUsesWgmma(const LazyAttentionParams& params) {
          params.key_layout == KeyLayout::kRotatedLocal && detail::WgmmaPrefillSupported();
 }
 
+bool LazyAttentionPrefillUsesWs(const LazyAttentionParams& params) {
+  const int ps = params.view.page_size;
+  const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  return params.prefill_kernel == PrefillKernel::kWgmmaWs &&
+         LazyAttentionPrefillUsesWgmma(params) && params.num_pages > 0 &&
+         (ps == 8 || ps == 16 || ps == 32 || ps == 64) &&
+         int64_t(params.num_pages) * ps < (int64_t(1) << 31) && aligned(params.k_cache) &&
+         aligned(params.v_cache);
+}
+
 absl::Status LazyAttentionPrefill(const LazyAttentionParams& params, cudaStream_t stream) {
   RETURN_IF_ERROR(ValidateLazyAttentionParams(params, /*decode=*/false));
   const SegmentView& v = params.view;
@@ -341,6 +352,12 @@ absl::Status LazyAttentionPrefill(const LazyAttentionParams& params, cudaStream_
   kp.q_blocks = q_blocks;
   const bool rotate_keys = params.key_layout == KeyLayout::kUnrotated;
   const int b = static_cast<int>(blocks);
+  if (LazyAttentionPrefillUsesWs(params)) {
+    detail::TmaMaps maps;
+    RETURN_IF_ERROR(detail::EncodeKvTmaMaps(params, &maps));
+    RETURN_IF_ERROR(detail::LaunchPrefillWs(kp, maps, b, stream));
+    return detail::LaunchMergeSplits(kp, v.num_q, params.shape.head_dim, stream);
+  }
   if (LazyAttentionPrefillUsesWgmma(params)) {
     RETURN_IF_ERROR(detail::LaunchPrefillWgmma128(kp, b, WgmmaKeyTile(params, kp), stream));
     return detail::LaunchMergeSplits(kp, v.num_q, params.shape.head_dim, stream);

@@ -1,0 +1,269 @@
+// LAZY prefill attention, warp-specialized (FlashAttention-3's structure) on sm_90a: head dim
+// 128, keys stored rotated at their segment-local position, PrefillKernel::kWgmmaWs
+// (experimental, not the default). Same work split, grid, split planner, segment walk, masking,
+// epilogue and merge as the wgmma kernel (lazy_attention_prefill_wgmma.cu, 128-key tiles);
+// what differs is who loads and how the stages advance:
+//  * warpgroup 0 is the producer: after setmaxnreg.dec its warp 0 alone walks the tiles and
+//    gathers each 128-key K/V tile with the tensor memory accelerator (TmaTileLoader: page
+//    boxes of page_size rows x 128 bytes, 128-byte swizzle, landing in the Sw128 layout the
+//    descriptors read; ops spread over the 32 lanes), completing on the stage's "full"
+//    mbarrier (32 arrivals + the bytes). A segment's last, partial tile goes to a separate
+//    mbarrier first; the warp then zeroes V's rows past the valid keys (0 x NaN would poison
+//    P V) and only then arrives on "full";
+//  * warpgroups 1 and 2 are the consumers (setmaxnreg.inc), 64 packed rows each: wait on
+//    "full", S = Q K^T, online softmax, O += P V, then each warp arrives on the stage's
+//    "empty" mbarrier (8 arrivals), which the producer waits on before refilling it.
+// No block-wide barrier inside the loop: the two consumer warpgroups and the producer run
+// decoupled, and the consumers issue no load instructions at all.
+#include <cudaTypedefs.h>
+
+#include "common/status.h"
+#include "worker/kernels/attention_internal.cuh"
+#include "worker/kernels/lazy_attention.h"
+#include "worker/kernels/tma_tile_loader.cuh"
+#include "worker/kernels/wgmma.cuh"
+#include "worker/kernels/wgmma_tile.cuh"
+
+namespace lazyrag::kernels::detail {
+namespace {
+
+struct WsConfig {
+  static constexpr int kD = 128;
+  static constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+  static constexpr int kBlockM = 128;   // packed rows: 64 per consumer warpgroup
+  static constexpr int kBlockN = 128;   // keys per tile
+  static constexpr int kStages = 2;
+  static constexpr int kTileBytes = kBlockN * kD * 2;  // 32 KiB: two halves of 128 x 128 B
+  static constexpr int kQBytes = kBlockM * kD * 2;     // 32 KiB
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "register file");
+  // [1024-byte alignment slack][K stages][V stages][rotated Q (Sw128)][raw Q][inv_freq D/2]
+  // [row positions kBlockM][block max position 4][split plan][8-byte slack]
+  // [full mbarriers kStages][empty mbarriers kStages][tail mbarrier]
+  static constexpr int kSmemBytes = 1024 + 2 * kStages * kTileBytes + 2 * kQBytes + (kD / 2) * 4 +
+                                    kBlockM * 4 + 4 * 4 + int(sizeof(SplitPlan)) + 8 +
+                                    (2 * kStages + 1) * 8;
+  static_assert(kSmemBytes <= 227 * 1024, "one block per SM");
+};
+
+__device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, const TmaMaps& maps,
+                                              char* smem_raw) {
+#ifdef LAZYRAG_HAVE_WGMMA
+  using Cfg = WsConfig;
+  constexpr int D = Cfg::kD, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const SegmentView& v = p.view;
+  PdlLaunchDependents();
+
+  int bid = blockIdx.x;
+  const int qblock = bid % p.q_blocks;
+  bid /= p.q_blocks;
+  const int kvh = bid % p.num_kv_heads;
+  const int b = bid / p.num_kv_heads;
+  const int split = blockIdx.y;
+  const int q_begin = v.q_indptr[b];
+  const int nq = v.q_indptr[b + 1] - q_begin;
+  const int qi0 = qblock * p.q_rows_per_block;
+  if (qi0 >= nq) return;  // whole block idle (uniform)
+  const int group = p.group, H = p.num_heads;
+  const int packed_rows = p.q_rows_per_block * group;
+
+  char* smem = smem_raw + ((1024u - (SmemAddr(smem_raw) & 1023u)) & 1023u);
+  char* k_smem = smem;
+  char* v_smem = k_smem + kStages * Cfg::kTileBytes;
+  char* qrot_smem = v_smem + kStages * Cfg::kTileBytes;  // 1024-byte aligned
+  char* q_smem = qrot_smem + Cfg::kQBytes;
+  float* freq_smem = reinterpret_cast<float*>(q_smem + Cfg::kQBytes);
+  int* pos_smem = reinterpret_cast<int*>(freq_smem + D / 2);
+  int* max_smem = pos_smem + Cfg::kBlockM;
+  SplitPlan* plan = reinterpret_cast<SplitPlan*>(max_smem + 4);
+  const uint32_t full_bar = (SmemAddr(plan + 1) + 7u) & ~7u;  // + 8 stage
+  const uint32_t empty_bar = full_bar + 8 * kStages;          // + 8 stage
+  const uint32_t tail_bar = empty_bar + 8 * kStages;
+  const uint32_t k_base = SmemAddr(k_smem), v_base = SmemAddr(v_smem);
+  const int s_first = v.seg_indptr[b], s_end = v.seg_indptr[b + 1];
+
+  // Set-up by the producer warpgroup's 128 threads (idle otherwise): the barriers, the row
+  // positions (-1 = padding row: attends nothing) and the block's largest position, inv_freq.
+  if (tid == 0) {
+    for (int st = 0; st < kStages; ++st) {
+      MbarInit(full_bar + 8 * st, 32);
+      MbarInit(empty_bar + 8 * st, 8);
+    }
+    MbarInit(tail_bar, 32);
+    MbarInitFence();
+  }
+  if (tid < Cfg::kBlockM) {
+    const int qi = qi0 + tid / group;
+    const bool ok = tid < packed_rows && qi < nq;
+    int pos = ok ? v.q_pos[q_begin + qi] : -1;
+    pos_smem[tid] = pos;
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) pos = max(pos, __shfl_xor_sync(0xffffffffu, pos, off));
+    if (lane == 0) max_smem[warp] = pos;
+  } else if (tid < Cfg::kBlockM + D / 2) {
+    freq_smem[tid - Cfg::kBlockM] = p.inv_freq[tid - Cfg::kBlockM];
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const int max_pos = max(max(max_smem[0], max_smem[1]), max(max_smem[2], max_smem[3]));
+    PlanSplit<kBlockN>(v, s_first, s_end, max_pos, split, p.num_splits, plan, lane);
+  }
+  __syncthreads();
+  TileCursor<kBlockN> cur;
+  cur.Init(plan, v);
+  PdlWait();  // the query and the step's own K/V rows are written by the previous kernels
+
+  if (warp < 4) {
+    // ---- Producer warpgroup.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Cfg::kProducerRegs));
+    if (warp != 0) return;
+    TmaTileLoader<kBlockN, 32> loader;  // op o of a tile is lane o % 32's
+    int tile = 0, tails = 0;
+    while (cur.valid) {
+      const int st = tile % kStages;
+      if (tile >= kStages) MbarWait(empty_bar + 8 * st, uint32_t(tile / kStages - 1) & 1u);
+      loader.Prefetch(cur, v, /*warp=*/lane, /*lane=*/0);
+      const int valid_rows = min(kBlockN, cur.j_end - cur.j);
+      const uint32_t kt = k_base + st * Cfg::kTileBytes, vt = v_base + st * Cfg::kTileBytes;
+      if (valid_rows == kBlockN) {
+        loader.Issue(kt, vt, full_bar + 8 * st, maps, kvh, v.page_size, lane, 0);
+      } else {
+        loader.Issue(kt, vt, tail_bar, maps, kvh, v.page_size, lane, 0);
+        MbarWait(tail_bar, uint32_t(tails) & 1u);
+        ++tails;
+        ZeroTileTail<kBlockN, 32>(v_smem + st * Cfg::kTileBytes, valid_rows, lane);
+        FenceProxyAsyncShared();
+        __syncwarp();
+        MbarArrive(full_bar + 8 * st);
+      }
+      cur.Next(plan, v);
+      ++tile;
+    }
+    return;
+  }
+
+  // ---- Consumer warpgroups: consumer thread ct, warp cw (0..7), warpgroup wg (0, 1).
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Cfg::kConsumerRegs));
+  const int ct = tid - 128, cw = ct / 32, wg = cw / 4, t = lane & 3;
+  // Raw query tile (TileOffset layout, read by RotateQRowsSw128).
+  for (int it = ct; it < Cfg::kBlockM * (D / 8); it += 256) {
+    const int row = it / (D / 8), chunk = it % (D / 8);
+    const int qi = qi0 + row / group;
+    const bool ok = row < packed_rows && qi < nq;
+    const __nv_bfloat16* src =
+        ok ? p.q + (int64_t(q_begin + qi) * H + kvh * group + row % group) * D + chunk * 8 : p.q;
+    CpAsync16(SmemAddr(q_smem) + TileOffset<D>(row, chunk), src, ok);
+  }
+  CpAsyncCommit();
+  CpAsyncWait<0>();
+  NamedBarrierSync(1, 256);  // the consumers' raw Q is complete
+
+  const int r_lo = cw * 16 + (lane >> 2);  // this thread's packed rows: r_lo, r_lo + 8
+  const int pos_lo = pos_smem[r_lo], pos_hi = pos_smem[r_lo + 8];
+  const uint32_t q_rows = SmemAddr(qrot_smem) + wg * 64 * 128;
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  RowStats rows;
+  int q_seg = -1, tile = 0;
+  while (cur.valid) {
+    const int st = tile % kStages;
+    MbarWait(full_bar + 8 * st, uint32_t(tile / kStages) & 1u);
+    if (cur.s != q_seg) {
+      // LAZY: re-rotate this warpgroup's rows by p - seg_start once per segment, publish them
+      // to the async proxy, wait for the warpgroup alone (its previous products are done).
+      RotateQRowsSw128<Cfg::kBlockM>(qrot_smem, q_smem, wg * 64, cur.start, pos_smem, freq_smem,
+                                     ct % 128);
+      FenceProxyAsyncShared();
+      NamedBarrierSync(2 + wg, 128);
+      q_seg = cur.s;
+    }
+    float s[kBlockN / 8][4];
+    QkTile128<Cfg::kBlockM>(s, q_rows, k_base + st * Cfg::kTileBytes);
+    SoftmaxTile<kBlockN>(s, o, min(cur.j_end, pos_lo - cur.start + 1) - cur.j,
+                         min(cur.j_end, pos_hi - cur.start + 1) - cur.j, p.scale_log2, t, &rows);
+    PvTile<kBlockN>(o, s, v_base + st * Cfg::kTileBytes);
+    __syncwarp();
+    if (lane == 0) MbarArrive(empty_bar + 8 * st);  // this warp is done with the stage
+    cur.Next(plan, v);
+    ++tile;
+  }
+  StoreRows(p, o, rows, r_lo, qi0, q_begin, nq, packed_rows, kvh, split, t);
+#else
+  // Built for a target without wgmma: the launcher never selects this kernel there.
+  (void)p;
+  (void)maps;
+  (void)smem_raw;
+  __trap();
+#endif
+}
+
+__global__ void __launch_bounds__(WsConfig::kThreads, 1)
+    LazyPrefillWsKernel(const __grid_constant__ AttentionKernelParams p,
+                        const __grid_constant__ TmaMaps maps) {
+  extern __shared__ __align__(1024) char smem[];
+  PrefillWsBody(p, maps, smem);
+}
+
+}  // namespace
+
+absl::Status EncodeKvTmaMaps(const LazyAttentionParams& params, TmaMaps* maps) {
+  // The driver's encoder through the runtime (no libcuda link); looked up once.
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) return absl::UnavailableError("cuTensorMapEncodeTiled not available");
+  const AttentionShape& sh = params.shape;
+  const cuuint64_t dims[3] = {cuuint64_t(sh.head_dim), cuuint64_t(sh.num_kv_heads),
+                              cuuint64_t(params.num_pages) * cuuint64_t(params.view.page_size)};
+  const cuuint64_t strides[2] = {cuuint64_t(sh.head_dim) * 2,
+                                 cuuint64_t(sh.num_kv_heads) * sh.head_dim * 2};
+  const cuuint32_t box[3] = {64, 1, cuuint32_t(params.view.page_size)};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const std::pair<CUtensorMap*, const uint16_t*> tensors[] = {{&maps->k, params.k_cache},
+                                                              {&maps->v, params.v_cache}};
+  for (const auto& [map, base] : tensors) {
+    const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
+                              const_cast<uint16_t*>(base), dims, strides, box, element_strides,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+      return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled failed: ", int(r)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LaunchPrefillWs(const AttentionKernelParams& kp, const TmaMaps& maps, int blocks,
+                             cudaStream_t stream) {
+  static std::atomic<uint64_t> configured{0};
+  RETURN_IF_ERROR(SetSmemLimitOnce(reinterpret_cast<const void*>(LazyPrefillWsKernel),
+                                   WsConfig::kSmemBytes, &configured));
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks, kp.num_splits);
+  config.blockDim = dim3(WsConfig::kThreads);
+  config.dynamicSmemBytes = static_cast<size_t>(WsConfig::kSmemBytes);
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  LAZYRAG_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, LazyPrefillWsKernel, kp, maps));
+  return absl::OkStatus();
+}
+
+}  // namespace lazyrag::kernels::detail

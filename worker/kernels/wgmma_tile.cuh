@@ -1,0 +1,205 @@
+// Per-tile steps of the wgmma prefill kernels (lazy_attention_prefill_wgmma.cu: all warps load
+// and compute; lazy_attention_prefill_ws.cu: a TMA producer warp and two consumer warpgroups):
+// the rotated query written for the S product, the masked online softmax on S, O += P V, and
+// the epilogue. Each consumer thread owns packed rows r_lo and r_lo + 8 of its warp's 16
+// (the m16n8 C-fragment layout of the wgmma accumulators) and columns 8j + 2t, 8j + 2t + 1 of
+// every 8-column block j (t = lane % 4).
+#pragma once
+
+#include "worker/kernels/attention_internal.cuh"
+#include "worker/kernels/wgmma.cuh"
+
+namespace lazyrag::kernels::detail {
+
+// Running softmax state of a thread's two rows (log2 domain; m already scaled).
+struct RowStats {
+  float m_lo = kNegInf, m_hi = kNegInf, l_lo = 0.f, l_hi = 0.f;
+};
+
+// Rotates packed query rows row0 .. row0 + 63 of the raw tile at q_smem (TileOffset layout)
+// by RoPE to position pos_smem[row] - seg_start and stores them as bf16 at rot_smem in the
+// Sw128 layout of a kRows-row operand (the wgmma A operand of Q K^T). The 128 threads of one
+// warpgroup (wt = thread index within it), 16-byte chunk pairs (c, c + 8): the same products
+// and roundings as BuildRotatedQ.
+template <int kRows>
+__device__ __forceinline__ void RotateQRowsSw128(char* rot_smem, const char* q_smem, int row0,
+                                                 int seg_start, const int* pos_smem,
+                                                 const float* inv_freq_smem, int wt) {
+  constexpr int D = 128, kPairs = D / 16;
+#pragma unroll
+  for (int it = wt; it < 64 * kPairs; it += 128) {
+    const int row = row0 + it / kPairs, cp = it % kPairs;
+    uint4 lo = *reinterpret_cast<const uint4*>(q_smem + TileOffset<D>(row, cp));
+    uint4 hi = *reinterpret_cast<const uint4*>(q_smem + TileOffset<D>(row, cp + kPairs));
+    uint32_t* lw = reinterpret_cast<uint32_t*>(&lo);
+    uint32_t* hw = reinterpret_cast<uint32_t*>(&hi);
+    const int pos = pos_smem[row] - seg_start;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 x0 = UnpackBf16(lw[e]), x1 = UnpackBf16(hw[e]);
+      float s0, c0, s1, c1;
+      RopeSinCos(pos, inv_freq_smem[cp * 8 + 2 * e], &s0, &c0);
+      RopeSinCos(pos, inv_freq_smem[cp * 8 + 2 * e + 1], &s1, &c1);
+      lw[e] = PackBf16(x0.x * c0 - x1.x * s0, x0.y * c1 - x1.y * s1);
+      hw[e] = PackBf16(x1.x * c0 + x0.x * s0, x1.y * c1 + x0.y * s1);
+    }
+    *reinterpret_cast<uint4*>(rot_smem + Sw128Offset<kRows>(row, cp)) = lo;
+    *reinterpret_cast<uint4*>(rot_smem + Sw128Offset<kRows>(row, cp + kPairs)) = hi;
+  }
+}
+
+#ifdef LAZYRAG_HAVE_WGMMA
+// S[64 x 128] = Q K^T over a 128-key tile, both operands K-major Sw128 in shared memory: the
+// warpgroup's 64 rotated query rows at q_rows (row 0 of the warpgroup inside a kQRows-row
+// operand) and the K tile at kt (two halves of 128 rows x 128 bytes). k-step kk reads columns
+// 16kk..16kk+15: 32 bytes at (kk % 4) * 32 of column half kk / 4. Waits for the result.
+template <int kQRows>
+__device__ __forceinline__ void QkTile128(float (&s)[16][4], uint32_t q_rows, uint32_t kt) {
+  WgmmaFence();
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    WgmmaM64N128K16SS(s, Sw128Desc(q_rows + (kk / 4) * (kQRows * 128) + (kk % 4) * 32, 16),
+                      Sw128Desc(kt + (kk / 4) * (128 * 128) + (kk % 4) * 32, 16), kk > 0 ? 1 : 0);
+  }
+  WgmmaCommit();
+  WgmmaWait<0>();
+  FenceAccumulators(s);
+}
+#endif  // LAZYRAG_HAVE_WGMMA
+
+// Mask (segment tail, split end, causality: keys >= lim_lo / lim_hi of the tile are invisible
+// to the thread's rows) and online softmax in the log2 domain: s becomes P (unnormalized), the
+// row stats advance and O is rescaled. The loop is bound by instruction latency, so the common
+// cases are kept short: tiles whose keys are all visible to the warp's rows skip the mask, the
+// scale is folded into the exponent (max of the raw scores times scale_log2 > 0, which
+// ValidateLazyAttentionParams requires, then exp2(fma(s, scale, -max))), and O is rescaled only
+// when some row's running maximum moved.
+template <int kBlockN>
+__device__ __forceinline__ void SoftmaxTile(float (&s)[kBlockN / 8][4], float (&o)[16][4],
+                                            int lim_lo, int lim_hi, float scale, int t,
+                                            RowStats* rs) {
+  float mx_lo = kNegInf, mx_hi = kNegInf;
+  if (__all_sync(0xffffffffu, lim_lo >= kBlockN && lim_hi >= kBlockN)) {
+#pragma unroll
+    for (int nb = 0; nb < kBlockN / 8; ++nb) {
+      mx_lo = fmaxf(mx_lo, fmaxf(s[nb][0], s[nb][1]));
+      mx_hi = fmaxf(mx_hi, fmaxf(s[nb][2], s[nb][3]));
+    }
+  } else {
+#pragma unroll
+    for (int nb = 0; nb < kBlockN / 8; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = nb * 8 + 2 * t + e;
+        s[nb][e] = key < lim_lo ? s[nb][e] : kNegInf;
+        s[nb][2 + e] = key < lim_hi ? s[nb][2 + e] : kNegInf;
+        mx_lo = fmaxf(mx_lo, s[nb][e]);
+        mx_hi = fmaxf(mx_hi, s[nb][2 + e]);
+      }
+    }
+  }
+#pragma unroll
+  for (int off = 1; off <= 2; off *= 2) {
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
+    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
+  }
+  const float new_lo = fmaxf(rs->m_lo, mx_lo * scale), new_hi = fmaxf(rs->m_hi, mx_hi * scale);
+  const float use_lo = new_lo == kNegInf ? 0.f : new_lo;
+  const float use_hi = new_hi == kNegInf ? 0.f : new_hi;
+  const float alpha_lo = Exp2(rs->m_lo - use_lo), alpha_hi = Exp2(rs->m_hi - use_hi);
+  rs->m_lo = new_lo;
+  rs->m_hi = new_hi;
+  float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+  for (int nb = 0; nb < kBlockN / 8; ++nb) {
+    s[nb][0] = Exp2(fmaf(s[nb][0], scale, -use_lo));
+    s[nb][1] = Exp2(fmaf(s[nb][1], scale, -use_lo));
+    s[nb][2] = Exp2(fmaf(s[nb][2], scale, -use_hi));
+    s[nb][3] = Exp2(fmaf(s[nb][3], scale, -use_hi));
+    sum_lo += s[nb][0] + s[nb][1];
+    sum_hi += s[nb][2] + s[nb][3];
+  }
+  rs->l_lo = rs->l_lo * alpha_lo + sum_lo;
+  rs->l_hi = rs->l_hi * alpha_hi + sum_hi;
+  if (!__all_sync(0xffffffffu, alpha_lo == 1.f && alpha_hi == 1.f)) {
+#pragma unroll
+    for (int db = 0; db < 16; ++db) {
+      o[db][0] *= alpha_lo;
+      o[db][1] *= alpha_lo;
+      o[db][2] *= alpha_hi;
+      o[db][3] *= alpha_hi;
+    }
+  }
+}
+
+#ifdef LAZYRAG_HAVE_WGMMA
+// O += P V over a kBlockN-key tile: P (the softmax'd S accumulators, rounded to bf16) is the
+// register A fragment of k-step kk (keys 16kk..16kk+15); V [kBlockN keys x 128] at vt is read
+// MN-major: its k-step is two 8-key row groups (2 KiB) further on, its 128 columns two
+// 64-column halves kBlockN x 128 bytes apart (the leading-dimension offset). Waits for it.
+template <int kBlockN>
+__device__ __forceinline__ void PvTile(float (&o)[16][4], const float (&s)[kBlockN / 8][4],
+                                       uint32_t vt) {
+  uint32_t pa[kBlockN / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    pa[kk][0] = PackBf16(s[2 * kk][0], s[2 * kk][1]);
+    pa[kk][1] = PackBf16(s[2 * kk][2], s[2 * kk][3]);
+    pa[kk][2] = PackBf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pa[kk][3] = PackBf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+  FenceAccumulators(o);
+  WgmmaFence();
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    WgmmaM64N128K16Trans(o, pa[kk], Sw128Desc(vt + kk * 16 * 128, kBlockN * 128), 1);
+  }
+  WgmmaCommit();
+  WgmmaWait<0>();
+  FenceAccumulators(o);
+}
+#endif  // LAZYRAG_HAVE_WGMMA
+
+// Finalize: row sums across the quad, then the thread's two rows of the output (bf16, one
+// split) or of this split's partial result (fp32 O / l and the log2-sum-exp). Packed row r of
+// the block is query row qi0 + r / group, head kvh * group + r % group.
+__device__ __forceinline__ void StoreRows(const AttentionKernelParams& p, const float (&o)[16][4],
+                                          RowStats rs, int r_lo, int qi0, int q_begin, int nq,
+                                          int packed_rows, int kvh, int split, int t) {
+  constexpr int D = 128;
+  const int group = p.group, H = p.num_heads;
+#pragma unroll
+  for (int off = 1; off <= 2; off *= 2) {
+    rs.l_lo += __shfl_xor_sync(0xffffffffu, rs.l_lo, off);
+    rs.l_hi += __shfl_xor_sync(0xffffffffu, rs.l_hi, off);
+  }
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    const int r = r_lo + hi * 8;
+    const int qi = qi0 + r / group;
+    if (r >= packed_rows || qi >= nq) continue;
+    const int64_t row_head = int64_t(q_begin + qi) * H + kvh * group + r % group;
+    const float l = hi ? rs.l_hi : rs.l_lo;
+    const float m = hi ? rs.m_hi : rs.m_lo;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    if (p.num_splits == 1) {
+      __nv_bfloat16* dst = p.out + row_head * D + 2 * t;
+#pragma unroll
+      for (int db = 0; db < D / 8; ++db) {
+        *reinterpret_cast<uint32_t*>(dst + db * 8) =
+            PackBf16(o[db][2 * hi] * inv, o[db][2 * hi + 1] * inv);
+      }
+    } else {
+      const int64_t rows = int64_t(p.view.num_q) * H;
+      float* dst = p.o_partial + (split * rows + row_head) * D + 2 * t;
+#pragma unroll
+      for (int db = 0; db < D / 8; ++db) {
+        *reinterpret_cast<float2*>(dst + db * 8) =
+            make_float2(o[db][2 * hi] * inv, o[db][2 * hi + 1] * inv);
+      }
+      if (t == 0) p.lse_partial[split * rows + row_head] = l > 0.f ? m + __log2f(l) : kNegInf;
+    }
+  }
+}
+
+}  // namespace lazyrag::kernels::detail
