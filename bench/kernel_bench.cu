@@ -560,8 +560,13 @@ int Main(int argc, char** argv) {
     probe.shape.num_kv_heads = kKvHeads;
     probe.shape.head_dim = kHeadDim;
     probe.prefill_kernel = g_default_prefill_kernel;
+    probe.view.page_size = kPageSize;
+    probe.num_pages = 1;
+    probe.k_cache = probe.v_cache = reinterpret_cast<const uint16_t*>(uintptr_t(256));
     std::printf("prefill kernel for variant lazy: %s\n",
-                LazyAttentionPrefillUsesWgmma(probe) ? "wgmma" : "mma.sync");
+                LazyAttentionPrefillUsesWs(probe)      ? "wgmma, warp-specialized (TMA)"
+                : LazyAttentionPrefillUsesWgmma(probe) ? "wgmma"
+                                                       : "mma.sync");
   }
   for (int batch : {1, 16}) {
     AttentionSetup s(batch, 32, prop.l2CacheSize, rng);
@@ -574,8 +579,7 @@ int Main(int argc, char** argv) {
                          var.name, ms, s.KvBytes(), flops});
     }
     for (PrefillKernel kernel :
-         {PrefillKernel::kMmaSync, PrefillKernel::kWgmmaKeys64, PrefillKernel::kWgmmaKeys128,
-          PrefillKernel::kWgmmaWs}) {
+         {PrefillKernel::kMmaSync, PrefillKernel::kWgmmaKeys64, PrefillKernel::kWgmmaKeys128}) {
       const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
         LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
         p.prefill_kernel = kernel;
@@ -594,9 +598,8 @@ int Main(int argc, char** argv) {
     double pairs = 0;
     for (int i = 0; i < kChunk; ++i) pairs += kDocs * kDocLen + i + 1;
     const double flops = 4.0 * batch * kHeads * kHeadDim * pairs;
-    for (PrefillKernel kernel :
-         {g_default_prefill_kernel, PrefillKernel::kMmaSync, PrefillKernel::kWgmmaKeys64,
-          PrefillKernel::kWgmmaKeys128, PrefillKernel::kWgmmaWs}) {
+    for (PrefillKernel kernel : {g_default_prefill_kernel, PrefillKernel::kMmaSync,
+                                 PrefillKernel::kWgmmaKeys64, PrefillKernel::kWgmmaKeys128}) {
       const double ms = TimeMedianMs(2, std::max(5, iters / 5), [&](int i, cudaStream_t st) {
         LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
         p.prefill_kernel = kernel;
@@ -623,7 +626,7 @@ int Main(int argc, char** argv) {
     }
     AttentionSetup q(1, 32, prop.l2CacheSize, rng);
     for (PrefillKernel kernel : {g_default_prefill_kernel, PrefillKernel::kMmaSync,
-                                 PrefillKernel::kWgmmaKeys128, PrefillKernel::kWgmmaWs}) {
+                                 PrefillKernel::kWgmmaKeys128}) {
       for (int splits : {4, 8, 12, 16, 24, 32}) {
         const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
           LazyAttentionParams p = q.Params(i % q.copies, false, KeyLayout::kRotatedLocal);
@@ -635,7 +638,6 @@ int Main(int argc, char** argv) {
             {"prefill_q32_b1_splits", "prefill", 1, 32, q.kv_len,
              std::string(kernel == PrefillKernel::kMmaSync       ? "mma_s"
                          : kernel == PrefillKernel::kWgmmaKeys128 ? "k128_s"
-                         : kernel == PrefillKernel::kWgmmaWs      ? "ws_s"
                                                                  : "lazy_s") +
                  std::to_string(splits),
              ms,

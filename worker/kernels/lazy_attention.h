@@ -37,15 +37,19 @@ namespace lazyrag::kernels {
 
 // Which prefill kernel runs (A/B benchmarking and tests; serving leaves kAuto).
 enum class PrefillKernel {
-  kAuto,     // wgmma where it applies (head_dim 128, kRotatedLocal, sm_90a), else mma.sync
+  // wgmma where it applies (head_dim 128, kRotatedLocal, sm_90a): the warp-specialized TMA
+  // kernel when LazyAttentionPrefillUsesWs (num_pages known, page size 8-64), else the
+  // all-warps cp.async kernel; mma.sync elsewhere.
+  kAuto,
   kMmaSync,  // always the mma.sync kernel
-  kWgmma,    // same as kAuto (the wgmma kernel where it applies, mma.sync elsewhere)
-  // The wgmma kernel with a forced K/V tile (A/B benchmarking; kAuto takes 64-key tiles when
-  // the launcher splits the KV, i.e. few long blocks, and 128-key tiles otherwise).
+  kWgmma,    // same as kAuto
+  // The all-warps cp.async wgmma kernel with a forced K/V tile (A/B benchmarking; without the
+  // TMA kernel kAuto takes 64-key tiles when the launcher splits the KV, i.e. few long blocks,
+  // and 128-key tiles otherwise).
   kWgmmaKeys64,
   kWgmmaKeys128,
-  // Warp-specialized wgmma kernel (a TMA producer warp, two consumer warpgroups on mbarriers,
-  // 128-key tiles) where LazyAttentionPrefillUsesWs; else as kAuto. Experimental.
+  // The warp-specialized wgmma kernel (a TMA producer warp, two consumer warpgroups on
+  // mbarriers, 128-key tiles) where LazyAttentionPrefillUsesWs; else as kAuto.
   kWgmmaWs,
 };
 
@@ -75,7 +79,8 @@ struct LazyAttentionParams {
   int num_splits = 0;
   // Prefill only; decode ignores it.
   PrefillKernel prefill_kernel = PrefillKernel::kAuto;
-  // Pages in the K and V pools (the extent of the TMA tensor maps of kWgmmaWs); 0: unknown.
+  // Pages in the K and V pools (the extent of the TMA tensor maps of the warp-specialized
+  // kernel); 0: unknown, that kernel is not used.
   int num_pages = 0;
 };
 
@@ -97,8 +102,8 @@ absl::Status LazyAttentionPrefill(const LazyAttentionParams& params, cudaStream_
 // current device; false when it cannot be queried.
 bool LazyAttentionPrefillUsesWgmma(const LazyAttentionParams& params);
 
-// Whether it runs the warp-specialized kernel: prefill_kernel == kWgmmaWs, the wgmma kernel
-// applies, num_pages > 0, page_size in {8, 16, 32, 64} and 16-byte aligned pools.
+// Whether it runs the warp-specialized kernel: prefill_kernel kAuto, kWgmma or kWgmmaWs, the
+// wgmma kernel applies, num_pages > 0, page_size in {8, 16, 32, 64} and 16-byte aligned pools.
 bool LazyAttentionPrefillUsesWs(const LazyAttentionParams& params);
 
 // Decode: exactly one query row per request (REQUIRES view.num_q == view.num_requests).

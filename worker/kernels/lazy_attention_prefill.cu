@@ -330,7 +330,9 @@ bool LazyAttentionPrefillUsesWgmma(const LazyAttentionParams& params) {
 bool LazyAttentionPrefillUsesWs(const LazyAttentionParams& params) {
   const int ps = params.view.page_size;
   const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  return params.prefill_kernel == PrefillKernel::kWgmmaWs &&
+  const PrefillKernel k = params.prefill_kernel;
+  return (k == PrefillKernel::kAuto || k == PrefillKernel::kWgmma ||
+          k == PrefillKernel::kWgmmaWs) &&
          LazyAttentionPrefillUsesWgmma(params) && params.num_pages > 0 &&
          (ps == 8 || ps == 16 || ps == 32 || ps == 64) &&
          int64_t(params.num_pages) * ps < (int64_t(1) << 31) && aligned(params.k_cache) &&

@@ -867,6 +867,7 @@ absl::Status CudaBackend::EnqueueStep(const Step& s) {
       ap.max_kv_len = max_kv_len;
       ap.workspace = attention_workspace_.data();
       ap.workspace_bytes = attention_workspace_.size();
+      ap.num_pages = num_pages_;  // lets the prefill gather pages with the TMA
       RETURN_IF_ERROR(decode ? kernels::LazyAttentionDecode(ap, stream_)
                              : kernels::LazyAttentionPrefill(ap, stream_));
     } else {
