@@ -92,9 +92,10 @@ size_t LazyAttentionWorkspaceBytes(int num_q, int num_heads, int head_dim,
 
 // Prefill: any number of query rows per request (query blocks against cached segments,
 // chunked causal prefill of the request's own tokens, FULL document encoding). Tensor-core
-// tiles of 128 packed (query row x group head) rows against 64-key tiles gathered from pages:
-// wgmma (two warpgroups) for head_dim 128 with the LAZY layout on sm_90a, mma.sync otherwise
-// (params.prefill_kernel).
+// tiles of 128 packed (query row x group head) rows against key tiles gathered from pages:
+// for head_dim 128 with the LAZY layout on sm_90a, wgmma (two warpgroups), fed by a TMA
+// producer warp when num_pages is given (LazyAttentionPrefillUsesWs), else by cp.async from
+// all threads; mma.sync otherwise (params.prefill_kernel).
 absl::Status LazyAttentionPrefill(const LazyAttentionParams& params, cudaStream_t stream);
 
 // Whether LazyAttentionPrefill(params) runs the wgmma kernel (head_dim 128, kRotatedLocal,
