@@ -60,6 +60,8 @@ const char* VariantName(PrefillKernel kernel) {
       return "lazy_k128";
     case PrefillKernel::kWgmmaWs:
       return "lazy_ws";
+    case PrefillKernel::kWgmmaWsPingPong:
+      return "lazy_ws_pingpong";
     default:
       return "lazy";
   }
@@ -579,7 +581,8 @@ int Main(int argc, char** argv) {
                          var.name, ms, s.KvBytes(), flops});
     }
     for (PrefillKernel kernel :
-         {PrefillKernel::kMmaSync, PrefillKernel::kWgmmaKeys64, PrefillKernel::kWgmmaKeys128}) {
+         {PrefillKernel::kMmaSync, PrefillKernel::kWgmmaKeys64, PrefillKernel::kWgmmaKeys128,
+          PrefillKernel::kWgmmaWsPingPong}) {
       const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
         LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
         p.prefill_kernel = kernel;
@@ -598,8 +601,9 @@ int Main(int argc, char** argv) {
     double pairs = 0;
     for (int i = 0; i < kChunk; ++i) pairs += kDocs * kDocLen + i + 1;
     const double flops = 4.0 * batch * kHeads * kHeadDim * pairs;
-    for (PrefillKernel kernel : {g_default_prefill_kernel, PrefillKernel::kMmaSync,
-                                 PrefillKernel::kWgmmaKeys64, PrefillKernel::kWgmmaKeys128}) {
+    for (PrefillKernel kernel :
+         {g_default_prefill_kernel, PrefillKernel::kMmaSync, PrefillKernel::kWgmmaKeys64,
+          PrefillKernel::kWgmmaKeys128, PrefillKernel::kWgmmaWsPingPong}) {
       const double ms = TimeMedianMs(2, std::max(5, iters / 5), [&](int i, cudaStream_t st) {
         LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
         p.prefill_kernel = kernel;

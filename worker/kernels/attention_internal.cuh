@@ -50,6 +50,9 @@ struct AttentionKernelParams {
   // Prefill only: query rows per block (kBlockM / group) and query blocks per request.
   int q_rows_per_block;
   int q_blocks;
+  // Warp-specialized prefill only: 1 = the consumer warpgroups ping-pong (PrefillKernel::
+  // kWgmmaWsPingPong).
+  int ws_pingpong;
 };
 
 // ---------------------------------------------------------------------------------------

@@ -784,8 +784,11 @@ TEST(LazyAttention, PrefillWgmmaMatchesCpuAndMmaSync) {
           // (only the loads and the stage hand-off differ): bit for bit.
           run.prefill_kernel = PrefillKernel::kWgmmaWs;
           const std::vector<float> ws = RunGpu(*prob, pool, run);
+          run.prefill_kernel = PrefillKernel::kWgmmaWsPingPong;
+          const std::vector<float> ping = RunGpu(*prob, pool, run);
           if (wgmma) {
             EXPECT_EQ(ws, got) << "warp-specialized vs 128-key tiles " << what;
+            EXPECT_EQ(ping, got) << "warp-specialized ping-pong vs 128-key tiles " << what;
           }
           run.prefill_kernel = PrefillKernel::kMmaSync;
           const std::vector<float> old = RunGpu(*prob, pool, run);

@@ -160,6 +160,7 @@ absl::Status MakeKernelParams(const LazyAttentionParams& params, int base_blocks
   kp->group = sh.num_heads / sh.num_kv_heads;
   kp->scale_log2 = sh.scale * kLog2e;
   kp->num_splits = splits;
+  kp->ws_pingpong = 0;
   kp->o_partial = nullptr;
   kp->lse_partial = nullptr;
   if (splits > 1) {

@@ -51,6 +51,9 @@ enum class PrefillKernel {
   // The warp-specialized wgmma kernel (a TMA producer warp, two consumer warpgroups on
   // mbarriers, 128-key tiles) where LazyAttentionPrefillUsesWs; else as kAuto.
   kWgmmaWs,
+  // As kWgmmaWs with the consumer warpgroups taking turns on the tensor cores (FA3's
+  // ping-pong). Experimental, for A/B.
+  kWgmmaWsPingPong,
 };
 
 struct LazyAttentionParams {

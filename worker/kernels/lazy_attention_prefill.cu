@@ -332,7 +332,7 @@ bool LazyAttentionPrefillUsesWs(const LazyAttentionParams& params) {
   const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   const PrefillKernel k = params.prefill_kernel;
   return (k == PrefillKernel::kAuto || k == PrefillKernel::kWgmma ||
-          k == PrefillKernel::kWgmmaWs) &&
+          k == PrefillKernel::kWgmmaWs || k == PrefillKernel::kWgmmaWsPingPong) &&
          LazyAttentionPrefillUsesWgmma(params) && params.num_pages > 0 &&
          (ps == 8 || ps == 16 || ps == 32 || ps == 64) &&
          int64_t(params.num_pages) * ps < (int64_t(1) << 31) && aligned(params.k_cache) &&
@@ -357,6 +357,7 @@ absl::Status LazyAttentionPrefill(const LazyAttentionParams& params, cudaStream_
   if (LazyAttentionPrefillUsesWs(params)) {
     detail::TmaMaps maps;
     RETURN_IF_ERROR(detail::EncodeKvTmaMaps(params, &maps));
+    kp.ws_pingpong = params.prefill_kernel == PrefillKernel::kWgmmaWsPingPong ? 1 : 0;
     RETURN_IF_ERROR(detail::LaunchPrefillWs(kp, maps, b, stream));
     return detail::LaunchMergeSplits(kp, v.num_q, params.shape.head_dim, stream);
   }

@@ -170,6 +170,16 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   RowStats rows;
+  // Ping-pong (p.ws_pingpong, FlashAttention-3's inter-warpgroup schedule): the two consumer
+  // warpgroups take turns issuing their products (named barriers 4 and 5: the waiting
+  // warpgroup's 128 threads + the other's 128 arriving), so one's softmax runs while the
+  // other's matrix products have the tensor cores. Warpgroup 1 hands warpgroup 0 the first
+  // turn; both walk the same tiles, so the turns alternate to the end.
+  const bool pingpong = p.ws_pingpong != 0;
+  const auto pass_turn = [&]() {
+    if (pingpong) asm volatile("bar.arrive %0, 256;\n" ::"r"(5 - wg) : "memory");
+  };
+  if (pingpong && wg == 1) pass_turn();
   int q_seg = -1, tile = 0;
   while (cur.valid) {
     const int st = tile % kStages;
@@ -184,10 +194,12 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
       q_seg = cur.s;
     }
     float s[kBlockN / 8][4];
-    QkTile128<Cfg::kBlockM>(s, q_rows, k_base + st * Cfg::kTileBytes);
+    if (pingpong) NamedBarrierSync(4 + wg, 256);  // my turn on the tensor cores
+    QkTile128<Cfg::kBlockM>(s, q_rows, k_base + st * Cfg::kTileBytes, pass_turn);
     SoftmaxTile<kBlockN>(s, o, min(cur.j_end, pos_lo - cur.start + 1) - cur.j,
                          min(cur.j_end, pos_hi - cur.start + 1) - cur.j, p.scale_log2, t, &rows);
-    PvTile<kBlockN>(o, s, v_base + st * Cfg::kTileBytes);
+    if (pingpong) NamedBarrierSync(4 + wg, 256);
+    PvTile<kBlockN>(o, s, v_base + st * Cfg::kTileBytes, pass_turn);
     __syncwarp();
     if (lane == 0) MbarArrive(empty_bar + 8 * st);  // this warp is done with the stage
     cur.Next(plan, v);

@@ -52,9 +52,14 @@ __device__ __forceinline__ void RotateQRowsSw128(char* rot_smem, const char* q_s
 // S[64 x 128] = Q K^T over a 128-key tile, both operands K-major Sw128 in shared memory: the
 // warpgroup's 64 rotated query rows at q_rows (row 0 of the warpgroup inside a kQRows-row
 // operand) and the K tile at kt (two halves of 128 rows x 128 bytes). k-step kk reads columns
-// 16kk..16kk+15: 32 bytes at (kk % 4) * 32 of column half kk / 4. Waits for the result.
-template <int kQRows>
-__device__ __forceinline__ void QkTile128(float (&s)[16][4], uint32_t q_rows, uint32_t kt) {
+// 16kk..16kk+15: 32 bytes at (kk % 4) * 32 of column half kk / 4. Calls issued() once the
+// products are issued, then waits for the result.
+struct NoHook {
+  __device__ __forceinline__ void operator()() const {}
+};
+template <int kQRows, typename Hook = NoHook>
+__device__ __forceinline__ void QkTile128(float (&s)[16][4], uint32_t q_rows, uint32_t kt,
+                                          Hook issued = {}) {
   WgmmaFence();
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
@@ -62,6 +67,7 @@ __device__ __forceinline__ void QkTile128(float (&s)[16][4], uint32_t q_rows, ui
                       Sw128Desc(kt + (kk / 4) * (128 * 128) + (kk % 4) * 32, 16), kk > 0 ? 1 : 0);
   }
   WgmmaCommit();
+  issued();
   WgmmaWait<0>();
   FenceAccumulators(s);
 }
@@ -136,10 +142,11 @@ __device__ __forceinline__ void SoftmaxTile(float (&s)[kBlockN / 8][4], float (&
 // O += P V over a kBlockN-key tile: P (the softmax'd S accumulators, rounded to bf16) is the
 // register A fragment of k-step kk (keys 16kk..16kk+15); V [kBlockN keys x 128] at vt is read
 // MN-major: its k-step is two 8-key row groups (2 KiB) further on, its 128 columns two
-// 64-column halves kBlockN x 128 bytes apart (the leading-dimension offset). Waits for it.
-template <int kBlockN>
+// 64-column halves kBlockN x 128 bytes apart (the leading-dimension offset). Calls issued()
+// once the products are issued, then waits for them.
+template <int kBlockN, typename Hook = NoHook>
 __device__ __forceinline__ void PvTile(float (&o)[16][4], const float (&s)[kBlockN / 8][4],
-                                       uint32_t vt) {
+                                       uint32_t vt, Hook issued = {}) {
   uint32_t pa[kBlockN / 16][4];
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) {
@@ -155,6 +162,7 @@ __device__ __forceinline__ void PvTile(float (&o)[16][4], const float (&s)[kBloc
     WgmmaM64N128K16Trans(o, pa[kk], Sw128Desc(vt + kk * 16 * 128, kBlockN * 128), 1);
   }
   WgmmaCommit();
+  issued();
   WgmmaWait<0>();
   FenceAccumulators(o);
 }
