@@ -8,7 +8,7 @@
 // wgmma register fragments of a warp's 16 rows are the mma.sync m16n8k16 A and C fragments).
 // Two instantiations by keys per K/V tile, kBlockN (the launcher picks, WgmmaKeyTile):
 //  * 64: 4-stage ring; the rotated Q lives in registers as the wgmma A operand
-//    (BuildRotatedQ once per segment); 202 registers.
+//    (BuildRotatedQ once per segment); 234 registers.
 //  * 128: 2-stage ring (the same 128 KiB in flight); S needs 64 accumulator registers, so the
 //    rotated Q is written once per segment into shared memory in the 128-byte-swizzle layout
 //    (RotateQRowsSw128, each warpgroup its own 64 rows behind a named barrier) and read by

@@ -248,10 +248,10 @@ absl::Status EncodeKvTmaMaps(const LazyAttentionParams& params, TmaMaps* maps) {
   const std::pair<CUtensorMap*, const uint16_t*> tensors[] = {{&maps->k, params.k_cache},
                                                               {&maps->v, params.v_cache}};
   for (const auto& [map, base] : tensors) {
-    const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
-                              const_cast<uint16_t*>(base), dims, strides, box, element_strides,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const CUresult r =
+        encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<uint16_t*>(base), dims, strides,
+               box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) {
       return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled failed: ", int(r)));
     }

@@ -108,8 +108,8 @@ __device__ __forceinline__ void WgmmaM64N128K16Trans(float (&d)[16][4], const ui
 }
 // D[64 x 128] += A[64 x 16] B[16 x 128], both operands K-major in shared memory (128-byte
 // swizzle) through descriptors; D fp32 in the m16n8 C-fragment layout per 8 columns.
-__device__ __forceinline__ void WgmmaM64N128K16SS(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b,
-                                                        int scale_d) {
+__device__ __forceinline__ void WgmmaM64N128K16SS(float (&d)[16][4], uint64_t desc_a,
+                                                  uint64_t desc_b, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
