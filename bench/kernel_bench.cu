@@ -461,7 +461,10 @@ int RunTrace(const cudaDeviceProp& prop) {
   for (int q_len : {1, 32}) {
     AttentionSetup s(1, q_len, prop.l2CacheSize, rng);
     for (int rep = 0; rep < 5; ++rep) {  // warm-up; the last launch is the traced one
-      const LazyAttentionParams p = s.Params(rep % s.copies, false, KeyLayout::kRotatedLocal);
+      LazyAttentionParams p = s.Params(rep % s.copies, false, KeyLayout::kRotatedLocal);
+      // The trace points are in the cp.async wgmma kernel (64-key tiles: the split launch's
+      // choice there), not in the warp-specialized default.
+      p.prefill_kernel = PrefillKernel::kWgmmaKeys64;
       BENCH_OK(q_len == 1 ? LazyAttentionDecode(p, nullptr) : LazyAttentionPrefill(p, nullptr));
     }
     BENCH_CUDA(cudaDeviceSynchronize());
