@@ -59,6 +59,14 @@ bool HaveGpu() {
     if (!HaveGpu()) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
 
+// Every GPU test starts with it: skip without a device, then a fresh random seed (printed
+// with any failure) for the test's generator `rng`.
+#define GPU_TEST_SETUP(rng)                      \
+  SKIP_WITHOUT_GPU();                            \
+  const uint32_t seed = FreshSeed();             \
+  SCOPED_TRACE(absl::StrCat("seed ", seed));     \
+  std::mt19937 rng(seed)
+
 #define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << cudaGetErrorString(cudaGetLastError())
 
 // Device copy of a host vector; freed on destruction.
@@ -447,10 +455,7 @@ class AttentionSweep : public ::testing::TestWithParam<SweepParam> {
 };
 
 TEST_P(AttentionSweep, DecodeMatchesCpu) {
-  SKIP_WITHOUT_GPU();
-  const uint32_t seed = FreshSeed();
-  SCOPED_TRACE(absl::StrCat("seed ", seed));
-  std::mt19937 rng(seed);
+  GPU_TEST_SETUP(rng);
   const Sizes s = GetSizes();
   KvPool pool(s.page_size, s.num_kv_heads, s.head_dim, PagesFor(8 * 700, s.page_size) + 64 * 8,
               rng);
@@ -464,10 +469,7 @@ TEST_P(AttentionSweep, DecodeMatchesCpu) {
 }
 
 TEST_P(AttentionSweep, PrefillQueryBlockMatchesCpu) {
-  SKIP_WITHOUT_GPU();
-  const uint32_t seed = FreshSeed();
-  SCOPED_TRACE(absl::StrCat("seed ", seed));
-  std::mt19937 rng(seed);
+  GPU_TEST_SETUP(rng);
   const Sizes s = GetSizes();
   KvPool pool(s.page_size, s.num_kv_heads, s.head_dim, PagesFor(8 * 600, s.page_size) + 64 * 8,
               rng);
@@ -496,10 +498,7 @@ INSTANTIATE_TEST_SUITE_P(
 // Large shapes.
 
 TEST(LazyAttention, Decode256Requests) {
-  SKIP_WITHOUT_GPU();
-  const uint32_t seed = FreshSeed();
-  SCOPED_TRACE(absl::StrCat("seed ", seed));
-  std::mt19937 rng(seed);
+  GPU_TEST_SETUP(rng);
   Sizes s;
   s.num_kv_heads = 8;
   s.group = 4;
@@ -512,10 +511,7 @@ TEST(LazyAttention, Decode256Requests) {
 }
 
 TEST(LazyAttention, Long32kContext) {
-  SKIP_WITHOUT_GPU();
-  const uint32_t seed = FreshSeed();
-  SCOPED_TRACE(absl::StrCat("seed ", seed));
-  std::mt19937 rng(seed);
+  GPU_TEST_SETUP(rng);
   Sizes s;
   s.num_kv_heads = 1;
   s.group = 8;
@@ -542,10 +538,7 @@ TEST(LazyAttention, Long32kContext) {
 }
 
 TEST(LazyAttention, PrefillBatch16QueryBlocks) {
-  SKIP_WITHOUT_GPU();
-  const uint32_t seed = FreshSeed();
-  SCOPED_TRACE(absl::StrCat("seed ", seed));
-  std::mt19937 rng(seed);
+  GPU_TEST_SETUP(rng);
   Sizes s;
   s.num_kv_heads = 2;
   s.group = 4;
@@ -562,10 +555,7 @@ TEST(LazyAttention, PrefillBatch16QueryBlocks) {
 // merged by the last split block), both head dims, page sizes 16 and 64; plus
 // group 8 and a 64-token block (two query blocks).
 TEST(LazyAttention, Batch1LongContextAutoSplits) {
-  SKIP_WITHOUT_GPU();
-  const uint32_t seed = FreshSeed();
-  SCOPED_TRACE(absl::StrCat("seed ", seed));
-  std::mt19937 rng(seed);
+  GPU_TEST_SETUP(rng);
   for (int d : {64, 128}) {
     for (int ps : {16, 64}) {
       for (int group : {4, 8}) {
@@ -606,10 +596,7 @@ TEST(LazyAttention, Batch1LongContextAutoSplits) {
 // for 2, for 3 (the launcher clamps the split count to what fits), on a
 // workspace that is poisoned once and then reused as the previous call left it.
 TEST(LazyAttention, DecodeSplitMergeWorkspace) {
-  SKIP_WITHOUT_GPU();
-  const uint32_t seed = FreshSeed();
-  SCOPED_TRACE(absl::StrCat("seed ", seed));
-  std::mt19937 rng(seed);
+  GPU_TEST_SETUP(rng);
   Sizes s;
   s.group = 4;
   s.num_kv_heads = 4;
@@ -644,10 +631,7 @@ TEST(LazyAttention, DecodeSplitMergeWorkspace) {
 // against forced split counts: splits that start past the cache, splits with no tiles, tile
 // ranges that straddle many segment boundaries.
 TEST(LazyAttention, ManySegments) {
-  SKIP_WITHOUT_GPU();
-  const uint32_t seed = FreshSeed();
-  SCOPED_TRACE(absl::StrCat("seed ", seed));
-  std::mt19937 rng(seed);
+  GPU_TEST_SETUP(rng);
   Sizes s;
   s.group = 4;
   s.page_size = 16;
@@ -678,10 +662,7 @@ TEST(LazyAttention, ManySegments) {
 // Chunked causal prefill of a request's own tokens (the second chunk of 100 after 200
 // earlier tokens) batched with a query block over documents: uneven rows per request.
 TEST(LazyAttention, ChunkedCausalPrefill) {
-  SKIP_WITHOUT_GPU();
-  const uint32_t seed = FreshSeed();
-  SCOPED_TRACE(absl::StrCat("seed ", seed));
-  std::mt19937 rng(seed);
+  GPU_TEST_SETUP(rng);
   for (int group : {3, 4}) {
     Sizes s;
     s.group = group;
@@ -703,10 +684,7 @@ TEST(LazyAttention, ChunkedCausalPrefill) {
 
 // FULL-mode document encoding: one segment from position 0, every token a query row.
 TEST(LazyAttention, FullCausalDocumentEncoding) {
-  SKIP_WITHOUT_GPU();
-  const uint32_t seed = FreshSeed();
-  SCOPED_TRACE(absl::StrCat("seed ", seed));
-  std::mt19937 rng(seed);
+  GPU_TEST_SETUP(rng);
   for (int d : {64, 128}) {
     Sizes s;
     s.head_dim = d;
@@ -731,10 +709,7 @@ TEST(LazyAttention, FullCausalDocumentEncoding) {
 // chunked causal prefill of the requests' own tokens (several query blocks per request,
 // uneven rows), page sizes 16 and 64, groups 4 and 8, automatic and forced splits.
 TEST(LazyAttention, PrefillWgmmaMatchesCpuAndMmaSync) {
-  SKIP_WITHOUT_GPU();
-  const uint32_t seed = FreshSeed();
-  SCOPED_TRACE(absl::StrCat("seed ", seed));
-  std::mt19937 rng(seed);
+  GPU_TEST_SETUP(rng);
   int major = 0, minor = 0;
   ASSERT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
   ASSERT_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
@@ -807,10 +782,7 @@ TEST(LazyAttention, PrefillWgmmaMatchesCpuAndMmaSync) {
 // LAZY with all deltas zero (every segment at logical 0) equals attention over the same
 // keys concatenated into one contiguous segment, when the query sees every key.
 TEST(LazyAttention, ZeroDeltasMatchContiguous) {
-  SKIP_WITHOUT_GPU();
-  const uint32_t seed = FreshSeed();
-  SCOPED_TRACE(absl::StrCat("seed ", seed));
-  std::mt19937 rng(seed);
+  GPU_TEST_SETUP(rng);
   Sizes s;
   s.page_size = 16;
   KvPool pool(s.page_size, s.num_kv_heads, s.head_dim, 400, rng);
@@ -911,10 +883,7 @@ void RunMaterializeGpu(KvPool& pool, const std::vector<float>& inv_freq,
 }
 
 TEST(Materialize, MatchesCpu) {
-  SKIP_WITHOUT_GPU();
-  const uint32_t seed = FreshSeed();
-  SCOPED_TRACE(absl::StrCat("seed ", seed));
-  std::mt19937 rng(seed);
+  GPU_TEST_SETUP(rng);
   for (int d : {64, 128}) {
     for (int ps : {16, 64}) {
       KvPool pool(ps, 4, d, PagesFor(10000, ps) + 16, rng, /*layers=*/2);
@@ -954,10 +923,7 @@ TEST(Materialize, MatchesCpu) {
 
 // MATERIALIZE then plain attention (one segment from 0, no deltas) == LAZY attention.
 TEST(Materialize, ThenAttentionMatchesLazy) {
-  SKIP_WITHOUT_GPU();
-  const uint32_t seed = FreshSeed();
-  SCOPED_TRACE(absl::StrCat("seed ", seed));
-  std::mt19937 rng(seed);
+  GPU_TEST_SETUP(rng);
   for (bool decode : {false, true}) {
     Sizes s;
     s.page_size = 16;
