@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "worker/backend/segment_view.h"
 
 // Returns an INTERNAL status from the enclosing host function when a CUDA call fails.
@@ -179,6 +180,46 @@ __device__ __forceinline__ void BuildRotatedQ(uint32_t (&qf)[D / 16][4], const c
   }
 }
 
+// Which (request b, KV head, query block, KV split) a prefill block computes (grid: x =
+// requests x KV heads x query blocks, y = splits) and its query rows: queries qi0 .. of the
+// request (q_begin + qi), packed_rows = q_rows_per_block x group (query, head) rows. Reads the
+// step's q_indptr. Shared by the mma.sync, wgmma and warp-specialized prefill kernels.
+struct PrefillBlock {
+  int kvh, b, split, q_begin, nq, qi0, packed_rows;
+};
+__device__ __forceinline__ PrefillBlock LocatePrefillBlock(const AttentionKernelParams& p) {
+  PrefillBlock k;
+  int bid = blockIdx.x;
+  const int qblock = bid % p.q_blocks;
+  bid /= p.q_blocks;
+  k.kvh = bid % p.num_kv_heads;
+  k.b = bid / p.num_kv_heads;
+  k.split = blockIdx.y;
+  k.q_begin = p.view.q_indptr[k.b];
+  k.nq = p.view.q_indptr[k.b + 1] - k.q_begin;
+  k.qi0 = qblock * p.q_rows_per_block;
+  k.packed_rows = p.q_rows_per_block * p.group;
+  return k;
+}
+
+// Rotates by RoPE to `pos` the eight rotate-half pairs held in one 16-byte chunk pair of a
+// bf16 row: lo holds columns 8cp..8cp+7, hi their partners D/2 further (the same products and
+// roundings as BuildRotatedQ).
+__device__ __forceinline__ void RotateChunkPair(uint4* lo, uint4* hi, int pos,
+                                                const float* inv_freq_smem, int cp) {
+  uint32_t* lw = reinterpret_cast<uint32_t*>(lo);
+  uint32_t* hw = reinterpret_cast<uint32_t*>(hi);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float2 x0 = UnpackBf16(lw[e]), x1 = UnpackBf16(hw[e]);
+    float s0, c0, s1, c1;
+    RopeSinCos(pos, inv_freq_smem[cp * 8 + 2 * e], &s0, &c0);
+    RopeSinCos(pos, inv_freq_smem[cp * 8 + 2 * e + 1], &s1, &c1);
+    lw[e] = PackBf16(x0.x * c0 - x1.x * s0, x0.y * c1 - x1.y * s1);
+    hw[e] = PackBf16(x1.x * c0 + x0.x * s0, x1.y * c1 + x0.y * s1);
+  }
+}
+
 // Rotates every key row of a K tile in shared memory in place: row r at position
 // pos0 + r (MEPIC variant; zero-filled rows stay zero). All threads of the block.
 template <int D, int kRows, int kThreads>
@@ -191,18 +232,7 @@ __device__ __forceinline__ void RotateKeyTile(char* k_smem, int pos0, const floa
     uint4* lo_ptr = reinterpret_cast<uint4*>(k_smem + TileOffset<D>(row, cp));
     uint4* hi_ptr = reinterpret_cast<uint4*>(k_smem + TileOffset<D>(row, cp + kPairs));
     uint4 lo = *lo_ptr, hi = *hi_ptr;
-    uint32_t* lw = reinterpret_cast<uint32_t*>(&lo);
-    uint32_t* hw = reinterpret_cast<uint32_t*>(&hi);
-    const int pos = pos0 + row;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float2 x0 = UnpackBf16(lw[e]), x1 = UnpackBf16(hw[e]);
-      float s0, c0, s1, c1;
-      RopeSinCos(pos, inv_freq_smem[cp * 8 + 2 * e], &s0, &c0);
-      RopeSinCos(pos, inv_freq_smem[cp * 8 + 2 * e + 1], &s1, &c1);
-      lw[e] = PackBf16(x0.x * c0 - x1.x * s0, x0.y * c1 - x1.y * s1);
-      hw[e] = PackBf16(x1.x * c0 + x0.x * s0, x1.y * c1 + x0.y * s1);
-    }
+    RotateChunkPair(&lo, &hi, pos0 + row, inv_freq_smem, cp);
     *lo_ptr = lo;
     *hi_ptr = hi;
   }
@@ -458,11 +488,19 @@ absl::Status SetSmemLimitOnce(const void* kernel, int bytes, std::atomic<uint64_
 absl::Status MakeKernelParams(const LazyAttentionParams& params, int base_blocks, int blocks_per_sm,
                               int min_split_keys, AttentionKernelParams* kp);
 
-// Launches an attention kernel as a programmatic dependent of the previous kernel on the
-// stream (the kernel calls PdlWait() before touching global memory).
-inline absl::Status LaunchAttentionKernel(void (*kernel)(AttentionKernelParams), dim3 grid,
-                                          int threads, int smem_bytes,
-                                          const AttentionKernelParams& kp, cudaStream_t stream) {
+// Launches `kernel(args...)` as a programmatic dependent of the previous kernel on the stream
+// (the kernel calls PdlWait() before touching what earlier kernels write): every attention
+// kernel, the merge kernel, the warp-specialized kernel with its tensor maps. With
+// `smem_configured` (the kernel's own once-per-device flags, see SetSmemLimitOnce), the
+// kernel's dynamic shared-memory limit is raised to smem_bytes first.
+template <typename... Params, typename... Args>
+absl::Status LaunchAttentionKernel(void (*kernel)(Params...), dim3 grid, int threads,
+                                   int smem_bytes, std::atomic<uint64_t>* smem_configured,
+                                   cudaStream_t stream, const Args&... args) {
+  if (smem_configured != nullptr) {
+    RETURN_IF_ERROR(
+        SetSmemLimitOnce(reinterpret_cast<const void*>(kernel), smem_bytes, smem_configured));
+  }
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = dim3(threads);
@@ -473,7 +511,7 @@ inline absl::Status LaunchAttentionKernel(void (*kernel)(AttentionKernelParams),
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attr;
   config.numAttrs = 1;
-  LAZYRAG_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, kp));
+  LAZYRAG_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, args...));
   return absl::OkStatus();
 }
 

@@ -175,27 +175,16 @@ absl::Status LaunchMergeSplits(const AttentionKernelParams& kp, int num_q, int h
                                cudaStream_t stream) {
   if (kp.num_splits <= 1 || num_q == 0) return absl::OkStatus();
   const int rows = num_q * kp.num_heads;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(rows);
-  config.blockDim = dim3(kMergeThreads);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = 1;
   switch (head_dim) {
     case 64:
-      LAZYRAG_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, MergeSplitsKernel<64>, kp, rows));
-      break;
+      return LaunchAttentionKernel(MergeSplitsKernel<64>, dim3(rows), kMergeThreads, 0, nullptr,
+                                   stream, kp, rows);
     case 128:
-      LAZYRAG_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, MergeSplitsKernel<128>, kp, rows));
-      break;
+      return LaunchAttentionKernel(MergeSplitsKernel<128>, dim3(rows), kMergeThreads, 0, nullptr,
+                                   stream, kp, rows);
     default:
       return absl::InvalidArgumentError(absl::StrCat("head_dim must be 64 or 128, got ", head_dim));
   }
-  return absl::OkStatus();
 }
 
 }  // namespace detail

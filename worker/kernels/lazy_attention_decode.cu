@@ -289,10 +289,8 @@ absl::Status LaunchDecode(const AttentionKernelParams& kp, int blocks, cudaStrea
   using Cfg = DecodeConfig<D>;
   auto* kernel = LazyDecodeKernel<D, kRotateKeys>;
   static std::atomic<uint64_t> smem_configured{0};
-  RETURN_IF_ERROR(
-      SetSmemLimitOnce(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, &smem_configured));
   return LaunchAttentionKernel(kernel, dim3(blocks, kp.num_splits), Cfg::kThreads, Cfg::kSmemBytes,
-                               kp, stream);
+                               &smem_configured, stream, kp);
 }
 
 }  // namespace

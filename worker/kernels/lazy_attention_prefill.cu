@@ -52,18 +52,11 @@ __device__ __forceinline__ void PrefillBody(const AttentionKernelParams& p, char
   PdlLaunchDependents();
   PdlWait();
 
-  int bid = blockIdx.x;
-  const int qblock = bid % p.q_blocks;
-  bid /= p.q_blocks;
-  const int kvh = bid % p.num_kv_heads;
-  const int b = bid / p.num_kv_heads;
-  const int split = blockIdx.y;
-  const int q_begin = v.q_indptr[b];
-  const int nq = v.q_indptr[b + 1] - q_begin;
-  const int qi0 = qblock * p.q_rows_per_block;
-  if (qi0 >= nq) return;  // whole block idle (uniform)
+  const PrefillBlock blk = LocatePrefillBlock(p);
+  if (blk.qi0 >= blk.nq) return;  // whole block idle (uniform)
+  const int kvh = blk.kvh, b = blk.b, split = blk.split, q_begin = blk.q_begin, nq = blk.nq;
+  const int qi0 = blk.qi0, packed_rows = blk.packed_rows;
   const int group = p.group, H = p.num_heads;
-  const int packed_rows = p.q_rows_per_block * group;
 
   char* q_smem = smem;
   char* k_smem = smem + Cfg::kQBytes;
@@ -296,10 +289,8 @@ absl::Status LaunchPrefill(const AttentionKernelParams& kp, int blocks, cudaStre
   using Cfg = PrefillConfig<D>;
   auto* kernel = LazyPrefillKernel<D, kRotateKeys>;
   static std::atomic<uint64_t> smem_configured{0};
-  RETURN_IF_ERROR(
-      SetSmemLimitOnce(reinterpret_cast<const void*>(kernel), Cfg::kSmemBytes, &smem_configured));
   return LaunchAttentionKernel(kernel, dim3(blocks, kp.num_splits), Cfg::kThreads, Cfg::kSmemBytes,
-                               kp, stream);
+                               &smem_configured, stream, kp);
 }
 
 }  // namespace

@@ -85,18 +85,11 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
   // overlapping the previous kernel's tail; the query and the K/V bytes (the previous kernels
   // write the step's own rows) are read after it.
 
-  int bid = blockIdx.x;
-  const int qblock = bid % p.q_blocks;
-  bid /= p.q_blocks;
-  const int kvh = bid % p.num_kv_heads;
-  const int b = bid / p.num_kv_heads;
-  const int split = blockIdx.y;
-  const int q_begin = v.q_indptr[b];
-  const int nq = v.q_indptr[b + 1] - q_begin;
-  const int qi0 = qblock * p.q_rows_per_block;
-  if (qi0 >= nq) return;  // whole block idle (uniform)
+  const PrefillBlock blk = LocatePrefillBlock(p);
+  if (blk.qi0 >= blk.nq) return;  // whole block idle (uniform)
+  const int kvh = blk.kvh, b = blk.b, split = blk.split, q_begin = blk.q_begin, nq = blk.nq;
+  const int qi0 = blk.qi0, packed_rows = blk.packed_rows;
   const int group = p.group, H = p.num_heads;
-  const int packed_rows = p.q_rows_per_block * group;
 
   char* smem = smem_raw + ((1024u - (SmemAddr(smem_raw) & 1023u)) & 1023u);
   char* k_smem = smem;
@@ -291,21 +284,17 @@ bool WgmmaPrefillSupported() {
 
 absl::Status LaunchPrefillWgmma128(const AttentionKernelParams& kp, int blocks, int key_tile,
                                    cudaStream_t stream) {
-  auto launch = [&](auto kernel, int threads, int smem_bytes,
-                    std::atomic<uint64_t>* configured) -> absl::Status {
-    RETURN_IF_ERROR(
-        SetSmemLimitOnce(reinterpret_cast<const void*>(kernel), smem_bytes, configured));
-    return LaunchAttentionKernel(kernel, dim3(blocks, kp.num_splits), threads, smem_bytes, kp,
-                                 stream);
-  };
+  const dim3 grid(blocks, kp.num_splits);
   if (key_tile == 64) {
     using Cfg = WgmmaPrefillConfig<64>;
     static std::atomic<uint64_t> configured{0};
-    return launch(LazyPrefillWgmmaKernel<64>, Cfg::kThreads, Cfg::kSmemBytes, &configured);
+    return LaunchAttentionKernel(LazyPrefillWgmmaKernel<64>, grid, Cfg::kThreads, Cfg::kSmemBytes,
+                                 &configured, stream, kp);
   }
   using Cfg = WgmmaPrefillConfig<128>;
   static std::atomic<uint64_t> configured{0};
-  return launch(LazyPrefillWgmmaKernel<128>, Cfg::kThreads, Cfg::kSmemBytes, &configured);
+  return LaunchAttentionKernel(LazyPrefillWgmmaKernel<128>, grid, Cfg::kThreads, Cfg::kSmemBytes,
+                               &configured, stream, kp);
 }
 
 #ifdef LAZYRAG_ATTN_TRACE

@@ -59,18 +59,11 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
   const SegmentView& v = p.view;
   PdlLaunchDependents();
 
-  int bid = blockIdx.x;
-  const int qblock = bid % p.q_blocks;
-  bid /= p.q_blocks;
-  const int kvh = bid % p.num_kv_heads;
-  const int b = bid / p.num_kv_heads;
-  const int split = blockIdx.y;
-  const int q_begin = v.q_indptr[b];
-  const int nq = v.q_indptr[b + 1] - q_begin;
-  const int qi0 = qblock * p.q_rows_per_block;
-  if (qi0 >= nq) return;  // whole block idle (uniform)
+  const PrefillBlock blk = LocatePrefillBlock(p);
+  if (blk.qi0 >= blk.nq) return;  // whole block idle (uniform)
+  const int kvh = blk.kvh, b = blk.b, split = blk.split, q_begin = blk.q_begin, nq = blk.nq;
+  const int qi0 = blk.qi0, packed_rows = blk.packed_rows;
   const int group = p.group, H = p.num_heads;
-  const int packed_rows = p.q_rows_per_block * group;
 
   char* smem = smem_raw + ((1024u - (SmemAddr(smem_raw) & 1023u)) & 1023u);
   char* k_smem = smem;
@@ -262,20 +255,8 @@ absl::Status EncodeKvTmaMaps(const LazyAttentionParams& params, TmaMaps* maps) {
 absl::Status LaunchPrefillWs(const AttentionKernelParams& kp, const TmaMaps& maps, int blocks,
                              cudaStream_t stream) {
   static std::atomic<uint64_t> configured{0};
-  RETURN_IF_ERROR(SetSmemLimitOnce(reinterpret_cast<const void*>(LazyPrefillWsKernel),
-                                   WsConfig::kSmemBytes, &configured));
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(blocks, kp.num_splits);
-  config.blockDim = dim3(WsConfig::kThreads);
-  config.dynamicSmemBytes = static_cast<size_t>(WsConfig::kSmemBytes);
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  LAZYRAG_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, LazyPrefillWsKernel, kp, maps));
-  return absl::OkStatus();
+  return LaunchAttentionKernel(LazyPrefillWsKernel, dim3(blocks, kp.num_splits), WsConfig::kThreads,
+                               WsConfig::kSmemBytes, &configured, stream, kp, maps);
 }
 
 }  // namespace lazyrag::kernels::detail

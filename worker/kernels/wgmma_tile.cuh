@@ -31,18 +31,7 @@ __device__ __forceinline__ void RotateQRowsSw128(char* rot_smem, const char* q_s
     const int row = row0 + it / kPairs, cp = it % kPairs;
     uint4 lo = *reinterpret_cast<const uint4*>(q_smem + TileOffset<D>(row, cp));
     uint4 hi = *reinterpret_cast<const uint4*>(q_smem + TileOffset<D>(row, cp + kPairs));
-    uint32_t* lw = reinterpret_cast<uint32_t*>(&lo);
-    uint32_t* hw = reinterpret_cast<uint32_t*>(&hi);
-    const int pos = pos_smem[row] - seg_start;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float2 x0 = UnpackBf16(lw[e]), x1 = UnpackBf16(hw[e]);
-      float s0, c0, s1, c1;
-      RopeSinCos(pos, inv_freq_smem[cp * 8 + 2 * e], &s0, &c0);
-      RopeSinCos(pos, inv_freq_smem[cp * 8 + 2 * e + 1], &s1, &c1);
-      lw[e] = PackBf16(x0.x * c0 - x1.x * s0, x0.y * c1 - x1.y * s1);
-      hw[e] = PackBf16(x1.x * c0 + x0.x * s0, x1.y * c1 + x0.y * s1);
-    }
+    RotateChunkPair(&lo, &hi, pos_smem[row] - seg_start, inv_freq_smem, cp);
     *reinterpret_cast<uint4*>(rot_smem + Sw128Offset<kRows>(row, cp)) = lo;
     *reinterpret_cast<uint4*>(rot_smem + Sw128Offset<kRows>(row, cp + kPairs)) = hi;
   }
