@@ -569,7 +569,7 @@ int Main(int argc, char** argv) {
     probe.num_pages = 1;
     probe.k_cache = probe.v_cache = reinterpret_cast<const uint16_t*>(uintptr_t(256));
     std::printf("prefill kernel for variant lazy: %s\n",
-                LazyAttentionPrefillUsesWs(probe)      ? "wgmma, warp-specialized (TMA)"
+                LazyAttentionPrefillUsesWs(probe)      ? "wgmma, warp-specialized (TMA; ping-pong when split)"
                 : LazyAttentionPrefillUsesWgmma(probe) ? "wgmma"
                                                        : "mma.sync");
   }
@@ -585,7 +585,7 @@ int Main(int argc, char** argv) {
     }
     for (PrefillKernel kernel :
          {PrefillKernel::kMmaSync, PrefillKernel::kWgmmaKeys64, PrefillKernel::kWgmmaKeys128,
-          PrefillKernel::kWgmmaWsPingPong}) {
+          PrefillKernel::kWgmmaWs, PrefillKernel::kWgmmaWsPingPong}) {
       const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
         LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
         p.prefill_kernel = kernel;
@@ -606,7 +606,7 @@ int Main(int argc, char** argv) {
     const double flops = 4.0 * batch * kHeads * kHeadDim * pairs;
     for (PrefillKernel kernel :
          {g_default_prefill_kernel, PrefillKernel::kMmaSync, PrefillKernel::kWgmmaKeys64,
-          PrefillKernel::kWgmmaKeys128, PrefillKernel::kWgmmaWsPingPong}) {
+          PrefillKernel::kWgmmaKeys128, PrefillKernel::kWgmmaWs, PrefillKernel::kWgmmaWsPingPong}) {
       const double ms = TimeMedianMs(2, std::max(5, iters / 5), [&](int i, cudaStream_t st) {
         LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
         p.prefill_kernel = kernel;

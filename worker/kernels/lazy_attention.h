@@ -38,8 +38,9 @@ namespace lazyrag::kernels {
 // Which prefill kernel runs (A/B benchmarking and tests; serving leaves kAuto).
 enum class PrefillKernel {
   // wgmma where it applies (head_dim 128, kRotatedLocal, sm_90a): the warp-specialized TMA
-  // kernel when LazyAttentionPrefillUsesWs (num_pages known, page size 8-64), else the
-  // all-warps cp.async kernel; mma.sync elsewhere.
+  // kernel when LazyAttentionPrefillUsesWs (num_pages known, page size 8-64; its consumer
+  // warpgroups ping-pong when the launch splits the KV), else the all-warps cp.async kernel;
+  // mma.sync elsewhere.
   kAuto,
   kMmaSync,  // always the mma.sync kernel
   kWgmma,    // same as kAuto
@@ -49,10 +50,10 @@ enum class PrefillKernel {
   kWgmmaKeys64,
   kWgmmaKeys128,
   // The warp-specialized wgmma kernel (a TMA producer warp, two consumer warpgroups on
-  // mbarriers, 128-key tiles) where LazyAttentionPrefillUsesWs; else as kAuto.
+  // mbarriers, 128-key tiles) where LazyAttentionPrefillUsesWs, never ping-pong; else as kAuto.
   kWgmmaWs,
-  // As kWgmmaWs with the consumer warpgroups taking turns on the tensor cores (FA3's
-  // ping-pong). Experimental, for A/B.
+  // As kWgmmaWs with the consumer warpgroups always taking turns on the tensor cores (FA3's
+  // ping-pong).
   kWgmmaWsPingPong,
 };
 

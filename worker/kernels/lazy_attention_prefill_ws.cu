@@ -35,7 +35,7 @@ struct WsConfig {
   static constexpr int kStages = 2;
   static constexpr int kTileBytes = kBlockN * kD * 2;  // 32 KiB: two halves of 128 x 128 B
   static constexpr int kQBytes = kBlockM * kD * 2;     // 32 KiB
-  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  static constexpr int kProducerRegs = 56, kConsumerRegs = 224;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "register file");
   // [1024-byte alignment slack][K stages][V stages][rotated Q (Sw128)][raw Q][inv_freq D/2]
   // [row positions kBlockM][block max position 4][split plan][8-byte slack]
