@@ -2,6 +2,8 @@
 
 #include "common/sha256.h"
 
+#include <algorithm>
+
 namespace lazyrag {
 namespace {
 
@@ -25,9 +27,19 @@ std::string DocumentId(std::string_view model_fingerprint, std::string_view cach
   uint8_t le[8];
   for (int i = 0; i < 8; ++i) le[i] = uint8_t(n >> (8 * i));
   h.Update(le, 8);
-  for (int32_t t : token_ids) {
-    uint8_t b[4] = {uint8_t(t), uint8_t(t >> 8), uint8_t(t >> 16), uint8_t(uint32_t(t) >> 24)};
-    h.Update(b, 4);
+  // The ids as little-endian bytes, hashed in chunks (one call per token cost more than the
+  // hashing itself).
+  uint8_t buf[4 * 256];
+  for (size_t i = 0; i < token_ids.size(); i += 256) {
+    const size_t m = std::min<size_t>(256, token_ids.size() - i);
+    for (size_t j = 0; j < m; ++j) {
+      const uint32_t t = uint32_t(token_ids[i + j]);
+      buf[4 * j] = uint8_t(t);
+      buf[4 * j + 1] = uint8_t(t >> 8);
+      buf[4 * j + 2] = uint8_t(t >> 16);
+      buf[4 * j + 3] = uint8_t(t >> 24);
+    }
+    h.Update(buf, 4 * m);
   }
   return ToHex(h.Finish());
 }

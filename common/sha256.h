@@ -1,4 +1,7 @@
-// SHA-256 (FIPS 180-4). Used for document ids and model fingerprints (DESIGN section 4).
+// SHA-256 (FIPS 180-4). Used for document ids, prefix-cache page ids and model fingerprints
+// (DESIGN section 4). OpenSSL's implementation (libcrypto, which gRPC already links): it uses
+// the CPU's SHA extensions where present, ~10x the portable C++ this replaced (2026-11-30:
+// a 2,048-token document id took 57 us; five of them were ~0.3 ms of every LAZY TTFT).
 #pragma once
 
 #include <array>
@@ -11,7 +14,8 @@ namespace lazyrag {
 
 using Digest256 = std::array<uint8_t, 32>;
 
-// Incremental hasher. Not thread-safe; one instance per thread.
+// Incremental hasher. Not thread-safe; one instance per thread. Copyable (the copy continues
+// from the same state).
 class Sha256 {
  public:
   Sha256();
@@ -21,11 +25,8 @@ class Sha256 {
   Digest256 Finish();
 
  private:
-  void Block(const uint8_t* p);
-  uint32_t h_[8];
-  uint8_t buf_[64];
-  size_t buf_len_ = 0;
-  uint64_t total_len_ = 0;
+  // OpenSSL's SHA256_CTX (112 bytes), kept opaque so that this header needs no OpenSSL.
+  alignas(8) unsigned char ctx_[128];
 };
 
 Digest256 Sha256Of(std::string_view data);

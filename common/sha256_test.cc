@@ -43,5 +43,26 @@ TEST(DocumentIdTest, DependsOnEveryField) {
   EXPECT_FALSE(IsDocumentId(std::string(64, 'G')));
 }
 
+// Document ids name stored KV (kvstore keys, caches): the scheme must never change. Golden
+// values from the original portable implementation.
+TEST(DocumentIdTest, StableAcrossImplementations) {
+  EXPECT_EQ(DocumentId("model", "ns", std::vector<int32_t>{1, 2, 3, -5, 70000}),
+            "61357953083453a0c39f36d1945e4859c7bfcd1f814b91982b157f38e8746321");
+  std::vector<int32_t> big(1000);
+  for (int i = 0; i < 1000; ++i) big[i] = i * 131;
+  EXPECT_EQ(DocumentId("m", "", big),
+            "af6b1f4c5295c5602acb593f7bdf6c81aff0fe27beb72639befe9a88b7ad87e8");
+}
+
+TEST(Sha256Test, CopyContinuesFromTheSameState) {
+  Sha256 a;
+  a.Update("prefix-");
+  Sha256 b = a;
+  a.Update("one");
+  b.Update("two");
+  EXPECT_EQ(ToHex(a.Finish()), ToHex(Sha256Of("prefix-one")));
+  EXPECT_EQ(ToHex(b.Finish()), ToHex(Sha256Of("prefix-two")));
+}
+
 }  // namespace
 }  // namespace lazyrag

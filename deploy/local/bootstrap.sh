@@ -11,7 +11,7 @@ set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config git python3
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
-  libcpp-httplib-dev libpcre2-dev prometheus unzip curl
+  libcpp-httplib-dev libpcre2-dev libssl-dev prometheus unzip curl
   golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev python3-yaml
   redis-server libhiredis-dev)
 
