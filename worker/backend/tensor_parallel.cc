@@ -137,16 +137,11 @@ class TensorParallelBackend final : public Backend {
   }
 
   absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override {
-    // Ranks 1..N-1 run the same layers (their collectives need them) but no logits.
-    ForwardBatch no_logits;
-    if (ranks_.size() > 1) {
-      no_logits = batch;
-      no_logits.logit_rows.clear();
-    }
-    std::vector<std::vector<float>> discard(ranks_.size());
-    return FanOut([&](int r, Backend& b) {
-      return r == 0 ? b.Forward(batch, logits) : b.Forward(no_logits, &discard[r]);
-    });
+    return ForwardAll(batch, [&](Backend& b) { return b.Forward(batch, logits); });
+  }
+
+  absl::Status ForwardArgmax(const ForwardBatch& batch, std::vector<int32_t>* ids) override {
+    return ForwardAll(batch, [&](Backend& b) { return b.ForwardArgmax(batch, ids); });
   }
 
   absl::Status Materialize(const std::vector<MaterializeCopy>& copies) override {
@@ -173,6 +168,21 @@ class TensorParallelBackend final : public Backend {
 
  private:
   int ElemBytes() const { return kv_dtype() == KvDtype::kFloat32 ? 4 : 2; }
+
+  // A forward step on every rank: rank 0 runs `rank0` (the caller's outputs); ranks 1..N-1 run
+  // the same layers (their collectives need them) but return no logits.
+  absl::Status ForwardAll(const ForwardBatch& batch,
+                          const std::function<absl::Status(Backend&)>& rank0) {
+    ForwardBatch no_logits;
+    if (ranks_.size() > 1) {
+      no_logits = batch;
+      no_logits.logit_rows.clear();
+    }
+    std::vector<std::vector<float>> discard(ranks_.size());
+    return FanOut([&](int r, Backend& b) {
+      return r == 0 ? rank0(b) : b.Forward(no_logits, &discard[r]);
+    });
+  }
 
   // Runs fn(r, rank r) on every rank (rank 0 on this thread) and joins; the lowest failing
   // rank's status wins.

@@ -375,11 +375,20 @@ void Scheduler::Step(std::vector<Fetched> fetched) {
       b.view.EndRequest(q_pos);
       row += s.n;
     }
+    // Greedy rows whose caller does not want the logits need only their argmax: the backend
+    // may reduce on the device and return one id per row (ForwardArgmax).
+    bool argmax_only = !logit_seq.empty();
+    for (int i : logit_seq) {
+      const Request &r = *seqs[i].r;
+      argmax_only = argmax_only && r.opts.sampling.temperature == 0.0f && !r.opts.step_logits;
+    }
     std::vector<float> logits;
+    std::vector<int32_t> argmax;
     const auto t_forward = Clock::now();
-    absl::Status st = backend_->Forward(b, &logits);
-    // With logits on the host the backend has synchronised: the step's wall time is its cost.
-    if (st.ok() && !logits.empty()) {
+    absl::Status st =
+        argmax_only ? backend_->ForwardArgmax(b, &argmax) : backend_->Forward(b, &logits);
+    // With outputs on the host the backend has synchronised: the step's wall time is its cost.
+    if (st.ok() && (!logits.empty() || !argmax.empty())) {
       cost_.ObserveCompute(int64_t(b.tokens.size()), MsBetween(t_forward, Clock::now()) / 1000);
     }
     if (!st.ok()) {
@@ -419,10 +428,15 @@ void Scheduler::Step(std::vector<Fetched> fetched) {
       for (size_t k = 0; k < logit_seq.size(); ++k) {
         Request &r = *seqs[logit_seq[k]].r;
         if (r.finished) continue;
-        std::span<const float> row_logits(logits.data() + k * vocab, vocab);
-        if (r.opts.step_logits)
-          r.opts.step_logits->emplace_back(row_logits.begin(), row_logits.end());
-        const int32_t token = r.sampler->Sample(row_logits);
+        int32_t token;
+        if (argmax_only) {
+          token = argmax[k];
+        } else {
+          std::span<const float> row_logits(logits.data() + k * vocab, vocab);
+          if (r.opts.step_logits)
+            r.opts.step_logits->emplace_back(row_logits.begin(), row_logits.end());
+          token = r.sampler->Sample(row_logits);
+        }
         const bool is_stop = std::find(r.opts.stop_token_ids.begin(), r.opts.stop_token_ids.end(),
                                        token) != r.opts.stop_token_ids.end();
         if (is_stop && !r.opts.ignore_eos) {

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -187,7 +188,12 @@ class CudaBackend final : public Backend {
   KvDtype kv_dtype() const override { return KvDtype::kBFloat16; }
 
   absl::Status InitPool(int num_pages, int page_size) override;
-  absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override;
+  absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override {
+    return ForwardImpl(batch, logits, nullptr);
+  }
+  absl::Status ForwardArgmax(const ForwardBatch& batch, std::vector<int32_t>* ids) override {
+    return ForwardImpl(batch, nullptr, ids);
+  }
   absl::Status Materialize(const std::vector<MaterializeCopy>& copies) override;
   absl::Status ExportKv(const std::vector<int32_t>& pages, int num_tokens,
                         std::string* out) override;
@@ -199,6 +205,14 @@ class CudaBackend final : public Backend {
                                  const std::vector<int32_t>& own_pages) override;
 
   absl::StatusOr<std::vector<float>> ReadWeight(uint32_t tag, int64_t offset, int64_t count);
+  std::vector<CudaStepTiming> TakeStepTimings();
+
+ private:
+  // Forward (logits) or ForwardArgmax (ids: the argmax kernel, one id per row copied back).
+  absl::Status ForwardImpl(const ForwardBatch& batch, std::vector<float>* logits,
+                           std::vector<int32_t>* ids);
+
+ public:
 
  private:
   bool tensor_parallel() const { return options_.shard.size > 1; }
@@ -265,6 +279,9 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   cudaEvent_t upload_done_ = nullptr;  // the pinned upload buffer may be rewritten after it
+  // options_.time_steps: events around each step's device work, and the recorded steps.
+  cudaEvent_t step_begin_ = nullptr, step_end_ = nullptr;
+  std::vector<CudaStepTiming> step_timings_ ABSL_GUARDED_BY(mu_);
 
   DeviceBuffer weights_;
   std::vector<LayerWeightsDevice> layers_;
@@ -298,6 +315,8 @@ class CudaBackend final : public Backend {
   PinnedBuffer upload_host_ ABSL_GUARDED_BY(mu_);
   DeviceBuffer upload_device_ ABSL_GUARDED_BY(mu_);
   PinnedBuffer logits_host_ ABSL_GUARDED_BY(mu_);
+  DeviceBuffer argmax_device_ ABSL_GUARDED_BY(mu_);  // ForwardArgmax's ids, [rows] int32
+  PinnedBuffer argmax_host_ ABSL_GUARDED_BY(mu_);
 
   // Activation scratch sized for act_tokens_ rows and act_rows_ logit rows.
   DeviceBuffer activations_ ABSL_GUARDED_BY(mu_);
@@ -327,6 +346,7 @@ class CudaBackend final : public Backend {
   std::map<GraphKey, CachedGraph> graphs_ ABSL_GUARDED_BY(mu_);
   std::map<GraphKey, int> graph_sightings_ ABSL_GUARDED_BY(mu_);
   uint64_t graph_clock_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t graph_replays_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 CudaBackend::~CudaBackend() {
@@ -345,6 +365,8 @@ CudaBackend::~CudaBackend() {
   for (auto& [handle, mapped] : peer_pools_) (void)peer_copy::ClosePoolIpcHandle(mapped);
   if (cublas_ != nullptr) cublasDestroy(cublas_);
   if (upload_done_ != nullptr) cudaEventDestroy(upload_done_);
+  if (step_begin_ != nullptr) cudaEventDestroy(step_begin_);
+  if (step_end_ != nullptr) cudaEventDestroy(step_end_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   // DeviceBuffer / PinnedBuffer members free themselves after this body, on this device.
 }
@@ -418,6 +440,10 @@ absl::Status CudaBackend::Init(const LoadedModel& model) {
   RETURN_IF_ERROR(SetDevice());
   LAZYRAG_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   LAZYRAG_RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&upload_done_, cudaEventDisableTiming));
+  if (options_.time_steps) {
+    LAZYRAG_RETURN_IF_CUDA_ERROR(cudaEventCreate(&step_begin_));
+    LAZYRAG_RETURN_IF_CUDA_ERROR(cudaEventCreate(&step_end_));
+  }
   LAZYRAG_RETURN_IF_CUBLAS_ERROR(cublasCreate(&cublas_));
   LAZYRAG_RETURN_IF_CUBLAS_ERROR(cublasSetStream(cublas_, stream_));
   RETURN_IF_ERROR(cublas_workspace_.Allocate(kCublasWorkspaceBytes));
@@ -729,15 +755,20 @@ absl::Status CudaBackend::Gemm(const uint16_t* x, const uint16_t* w, void* y, cu
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Forward(const ForwardBatch& batch, std::vector<float>* logits) {
+absl::Status CudaBackend::ForwardImpl(const ForwardBatch& batch, std::vector<float>* logits,
+                                      std::vector<int32_t>* ids) {
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(SetDevice());
   RETURN_IF_ERROR(CheckBatch(batch));
   const ModelConfig& c = config_;
   const int T = int(batch.tokens.size());
   const int R = int(batch.logit_rows.size());
-  logits->clear();
+  if (logits != nullptr) logits->clear();
+  if (ids != nullptr) ids->clear();
   if (T == 0) return absl::OkStatus();
+  using Clock = std::chrono::steady_clock;
+  const auto t_entry = Clock::now();
+  if (step_begin_ != nullptr) LAZYRAG_RETURN_IF_CUDA_ERROR(cudaEventRecord(step_begin_, stream_));
   const SegmentViewHost& v = batch.view;
   const int B = v.num_requests();
 
@@ -793,18 +824,65 @@ absl::Status CudaBackend::Forward(const ForwardBatch& batch, std::vector<float>*
   step.max_q_len = max_q_len;
   step.max_kv_len = max_kv_len;
   step.decode = decode;
+  const auto t_queue = Clock::now();
+  const size_t graphs_before = graph_replays_;
   RETURN_IF_ERROR(RunStep(step, int(v.seg_start.size())));
   // No logits: no sync (the next call queues behind this one). A pending delta_ needs no
   // applying: the residual stream does not outlive the call, the KV pool is written.
   if (R == 0) return absl::OkStatus();
-  const size_t logit_bytes = size_t(R) * c.vocab_size * sizeof(float);
-  RETURN_IF_ERROR(logits_host_.Reserve(logit_bytes));
-  LAZYRAG_RETURN_IF_CUDA_ERROR(
-      cudaMemcpyAsync(logits_host_.data(), logits_, logit_bytes, cudaMemcpyDeviceToHost, stream_));
+  if (ids != nullptr) {
+    RETURN_IF_ERROR(argmax_device_.Reserve(size_t(R) * sizeof(int32_t)));
+    RETURN_IF_ERROR(argmax_host_.Reserve(size_t(R) * sizeof(int32_t)));
+    cuda_model::ArgmaxRowsParams am;
+    am.logits = logits_;
+    am.ids = reinterpret_cast<int32_t*>(argmax_device_.data());
+    am.num_rows = R;
+    am.vocab = c.vocab_size;
+    RETURN_IF_ERROR(cuda_model::LaunchArgmaxRows(am, stream_));
+    LAZYRAG_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(argmax_host_.data(), am.ids,
+                                                 size_t(R) * sizeof(int32_t),
+                                                 cudaMemcpyDeviceToHost, stream_));
+  } else {
+    const size_t logit_bytes = size_t(R) * c.vocab_size * sizeof(float);
+    RETURN_IF_ERROR(logits_host_.Reserve(logit_bytes));
+    LAZYRAG_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(logits_host_.data(), logits_, logit_bytes,
+                                                 cudaMemcpyDeviceToHost, stream_));
+  }
+  if (step_end_ != nullptr) LAZYRAG_RETURN_IF_CUDA_ERROR(cudaEventRecord(step_end_, stream_));
+  const auto t_wait = Clock::now();
   LAZYRAG_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
-  const float* host = reinterpret_cast<const float*>(logits_host_.data());
-  logits->assign(host, host + size_t(R) * c.vocab_size);
+  const auto t_copy = Clock::now();
+  if (ids != nullptr) {
+    const int32_t* host = reinterpret_cast<const int32_t*>(argmax_host_.data());
+    ids->assign(host, host + R);
+  } else {
+    const float* host = reinterpret_cast<const float*>(logits_host_.data());
+    logits->assign(host, host + size_t(R) * c.vocab_size);
+  }
+  if (step_end_ != nullptr) {
+    const auto ms = [](Clock::time_point a, Clock::time_point b) {
+      return std::chrono::duration<double, std::milli>(b - a).count();
+    };
+    CudaStepTiming t;
+    t.tokens = T;
+    t.graph = graph_replays_ != graphs_before;
+    t.plan_ms = ms(t_entry, t_queue);
+    t.queue_ms = ms(t_queue, t_wait);
+    t.wait_ms = ms(t_wait, t_copy);
+    t.copy_ms = ms(t_copy, Clock::now());
+    float gpu = 0;
+    LAZYRAG_RETURN_IF_CUDA_ERROR(cudaEventElapsedTime(&gpu, step_begin_, step_end_));
+    t.gpu_ms = gpu;
+    if (step_timings_.size() < 1024) step_timings_.push_back(t);
+  }
   return absl::OkStatus();
+}
+
+std::vector<CudaStepTiming> CudaBackend::TakeStepTimings() {
+  absl::MutexLock lock(&mu_);
+  std::vector<CudaStepTiming> out;
+  out.swap(step_timings_);
+  return out;
 }
 
 absl::Status CudaBackend::EnqueueStep(const Step& s) {
@@ -946,6 +1024,7 @@ absl::Status CudaBackend::RunStep(const Step& s, int num_segments) {
   ++graph_clock_;
   if (auto it = graphs_.find(key); it != graphs_.end()) {
     it->second.last_use = graph_clock_;
+    ++graph_replays_;
     LAZYRAG_RETURN_IF_CUDA_ERROR(cudaGraphLaunch(it->second.exec, stream_));
     return absl::OkStatus();
   }
@@ -1291,6 +1370,12 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaTensorParallelBackend(
   }
   return CreateTensorParallelBackend(model.config, std::move(ranks));
 #endif
+}
+
+absl::StatusOr<std::vector<CudaStepTiming>> TakeCudaStepTimings(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  if (cuda == nullptr) return absl::InvalidArgumentError("step timings: not a CUDA backend");
+  return cuda->TakeStepTimings();
 }
 
 absl::StatusOr<std::vector<float>> ReadCudaWeight(Backend& backend, uint32_t tag, int64_t offset,

@@ -60,6 +60,9 @@ struct CudaBackendOptions {
   bool cuda_graphs = true;
   int graph_max_tokens = 256;
   int max_graphs = 64;
+  // Record the phases of each Forward that returns logits (TakeCudaStepTimings): two CUDA
+  // events and a few clock reads per step. For benchmarks (ttft_bench --profile).
+  bool time_steps = false;
   // Tensor parallelism: this backend is rank shard.rank of shard.size (CreateCudaBackend takes
   // the global model and keeps the rank's slice). `nccl_comm` is that rank's ncclComm_t
   // (opaque here so that this header needs no NCCL), REQUIRED when shard.size > 1; the backend
@@ -87,6 +90,19 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaTensorParallelBackend(
 
 // True when this build has NCCL (tensor parallelism over several GPUs).
 bool CudaBackendHasNccl();
+
+// Where the wall time of one Forward went (CudaBackendOptions::time_steps).
+struct CudaStepTiming {
+  int tokens = 0;
+  bool graph = false;    // replayed from a CUDA graph
+  double plan_ms = 0;    // host: checks, planning, upload queued (entry to the step's launch)
+  double queue_ms = 0;   // host: launching the step's kernels or replaying its graph
+  double wait_ms = 0;    // host: waiting for the GPU (logits copied to pinned memory)
+  double copy_ms = 0;    // host: logits into the caller's vector
+  double gpu_ms = 0;     // device: from the upload to the logits copy's end (CUDA events)
+};
+// The timings recorded since the last call (at most 1,024 kept), oldest first; cleared.
+absl::StatusOr<std::vector<CudaStepTiming>> TakeCudaStepTimings(Backend& backend);
 
 // For tests: elements [offset, offset + count) of one weight tensor as stored on the device
 // (bf16 widened to fp32; norm weights are fp32; a tensor-parallel rank's own slice), named by

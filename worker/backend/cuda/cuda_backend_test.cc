@@ -23,6 +23,7 @@
 
 #include "gtest/gtest.h"
 #include "worker/backend/cpu/cpu_backend.h"
+#include "worker/backend/cuda/model_kernels.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_test_util.h"
 #include "worker/model/model_source.h"
@@ -146,6 +147,71 @@ TEST(CudaBackendTest, DeviceGeneratedWeightsEqualHostWeights) {
         EXPECT_EQ(mismatches, 0) << "tag " << p.tag << " window at " << off;
       }
     }
+  }
+}
+
+// The greedy-sampling kernel: the largest value, the lowest index among equal maxima, NaNs
+// skipped, an all -inf row gives 0; vocabularies that are not multiples of the block.
+TEST(CudaBackendTest, ArgmaxRowsKernel) {
+  SKIP_WITHOUT_DEVICE();
+  const int vocab = 3001, rows = 6;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  std::vector<float> h(size_t(rows) * vocab);
+  for (float& x : h) x = nd(rng);
+  std::vector<int32_t> want(rows);
+  for (int r = 0; r < rows; ++r) {
+    const float* row = h.data() + size_t(r) * vocab;
+    want[r] = int32_t(std::max_element(row, row + vocab) - row);
+  }
+  float* row1 = h.data() + vocab;  // ties: ids 7 and 2900 share the maximum -> 7
+  row1[7] = row1[2900] = 100.f;
+  want[1] = 7;
+  float* row2 = h.data() + 2 * vocab;  // all -inf -> 0
+  std::fill(row2, row2 + vocab, -INFINITY);
+  want[2] = 0;
+  float* row3 = h.data() + 3 * vocab;  // a NaN before the maximum is skipped
+  row3[0] = NAN;
+  row3[3000] = 50.f;
+  want[3] = 3000;
+  float* dl = nullptr;
+  int32_t* di = nullptr;
+  ASSERT_EQ(cudaMalloc(&dl, h.size() * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&di, rows * sizeof(int32_t)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dl, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  cuda_model::ArgmaxRowsParams p;
+  p.logits = dl;
+  p.ids = di;
+  p.num_rows = rows;
+  p.vocab = vocab;
+  ASSERT_TRUE(cuda_model::LaunchArgmaxRows(p, nullptr).ok());
+  std::vector<int32_t> got(rows);
+  ASSERT_EQ(cudaMemcpy(got.data(), di, rows * sizeof(int32_t), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_EQ(got, want);
+  cudaFree(dl);
+  cudaFree(di);
+}
+
+// Greedy requests that do not ask for logits take ForwardArgmax (the device argmax): the same
+// tokens as the logits path, in every mode.
+TEST(CudaBackendTest, DeviceArgmaxGivesTheLogitsPathsTokens) {
+  SKIP_WITHOUT_DEVICE();
+  EnginePair e = MakePair("synthetic:smollm2-135m@4", 16, 128);
+  ASSERT_TRUE(e.gpu);
+  std::mt19937 rng(17);
+  const TokenPrompt rag = RagPrompt(rng, e.gpu->config().vocab_size, {60, 200, 33}, 19);
+  for (AttentionMode mode :
+       {AttentionMode::kLazy, AttentionMode::kMaterialize, AttentionMode::kFull}) {
+    const ModeRun with_logits = RunMode(*e.gpu, rag, mode, 6);
+    TokenRunOptions o;
+    o.mode = mode;
+    o.max_tokens = 6;
+    o.ignore_eos = true;
+    auto r = e.gpu->RunTokens(rag, o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->token_ids, with_logits.tokens) << "mode " << int(mode);
   }
 }
 
@@ -295,6 +361,15 @@ TEST(CudaBackendTest, MultiRequestBatchesMatchCpu) {
     const double err = RelError(lg, lc);
     std::printf("[ %s ] max|diff|/max|ref| = %.3g\n", what, err);
     EXPECT_LE(err, kLogitTolerance) << what;
+    // The same step again (it rewrites the same K/V) with the device argmax: each row's id is
+    // the argmax of the logits Forward returned, bit for bit the same step.
+    std::vector<int32_t> ids;
+    ASSERT_TRUE((*gpu)->ForwardArgmax(b, &ids).ok()) << what;
+    ASSERT_EQ(ids.size(), b.logit_rows.size()) << what;
+    for (size_t r = 0; r < ids.size(); ++r) {
+      const float* row = lg.data() + r * vocab;
+      EXPECT_EQ(ids[r], int32_t(std::max_element(row, row + vocab) - row)) << what << " row " << r;
+    }
   };
   Own a{{0, 1, 2, 3}}, bq{{10, 11}}, c{{20}, 0, 0}, d{{30}, 0, 0};
   {

@@ -2,9 +2,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
 
 #include "worker/backend/cuda/cuda_check.h"
 #include "worker/backend/cuda/model_kernels.h"
+#include "worker/kernels/attention_internal.cuh"  // PdlWait, LaunchAttentionKernel
 #include "worker/model/synthetic_init.h"
 
 namespace lazyrag::cuda_model {
@@ -162,8 +165,50 @@ __device__ __forceinline__ void RmsNormBody(const RmsNormParams& p, float* scrat
 }
 __global__ void __launch_bounds__(kNormThreads)
     RmsNormKernel(const __grid_constant__ RmsNormParams p) {
+  // Launched as a programmatic dependent of the previous kernel (LaunchPdl): wait for it, and
+  // let the next one start its prologue.
+  kernels::detail::PdlWait();
+  kernels::detail::PdlLaunchDependents();
   __shared__ float scratch[kNormThreads / 32];
   RmsNormBody(p, scratch);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Greedy sampling: one block per logit row.
+
+constexpr int kArgmaxThreads = 1024;
+
+// (v, i) becomes the better of itself and (ov, oi): the larger value, then the lower index.
+__device__ __forceinline__ void ArgmaxMerge(float& v, int& i, float ov, int oi) {
+  if (ov > v || (ov == v && oi < i)) {
+    v = ov;
+    i = oi;
+  }
+}
+__global__ void __launch_bounds__(kArgmaxThreads)
+    ArgmaxRowsKernel(const __grid_constant__ ArgmaxRowsParams p) {
+  const float* row = p.logits + int64_t(blockIdx.x) * p.vocab;
+  float best = -INFINITY;
+  int idx = INT_MAX;
+  for (int i = threadIdx.x; i < p.vocab; i += blockDim.x) ArgmaxMerge(best, idx, row[i], i);
+  for (int off = 16; off > 0; off >>= 1) {
+    ArgmaxMerge(best, idx, __shfl_xor_sync(~0u, best, off), __shfl_xor_sync(~0u, idx, off));
+  }
+  __shared__ float warp_best[kArgmaxThreads / 32];
+  __shared__ int warp_idx[kArgmaxThreads / 32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    warp_best[warp] = best;
+    warp_idx[warp] = idx;
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  best = lane < kArgmaxThreads / 32 ? warp_best[lane] : -INFINITY;
+  idx = lane < kArgmaxThreads / 32 ? warp_idx[lane] : INT_MAX;
+  for (int off = 16; off > 0; off >>= 1) {
+    ArgmaxMerge(best, idx, __shfl_xor_sync(~0u, best, off), __shfl_xor_sync(~0u, idx, off));
+  }
+  if (lane == 0) p.ids[blockIdx.x] = idx < p.vocab ? idx : 0;  // an all-NaN row: 0
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -211,7 +256,8 @@ __global__ void __launch_bounds__(kElementwiseThreads)
   // The attention kernel that follows is a programmatic dependent launch: letting it start
   // now overlaps its split planning and page-id loads (which read nothing this kernel
   // writes) with this kernel; it waits for this grid to finish before reading q or K/V.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  kernels::detail::PdlWait();  // as RmsNormKernel
+  kernels::detail::PdlLaunchDependents();
   QkvScatterBody(p);
 }
 
@@ -251,6 +297,8 @@ __device__ __forceinline__ void SwiGluBody(const SwiGluParams& p) {
 }
 __global__ void __launch_bounds__(kElementwiseThreads)
     SwiGluKernel(const __grid_constant__ SwiGluParams p) {
+  kernels::detail::PdlWait();  // as RmsNormKernel
+  kernels::detail::PdlLaunchDependents();
   SwiGluBody(p);
 }
 
@@ -443,23 +491,29 @@ absl::Status LaunchRopeTable(const RopeTableParams& p, cudaStream_t stream) {
 
 absl::Status LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
   if (p.num_rows == 0) return absl::OkStatus();
-  RmsNormKernel<<<p.num_rows, kNormThreads, 0, stream>>>(p);
-  LAZYRAG_RETURN_IF_LAUNCH_ERROR();
-  return absl::OkStatus();
+  return kernels::detail::LaunchAttentionKernel(RmsNormKernel, dim3(p.num_rows), kNormThreads, 0,
+                                                nullptr, stream, p);
 }
 
 absl::Status LaunchQkvScatter(const QkvScatterParams& p, cudaStream_t stream) {
   const int64_t work = int64_t(p.num_tokens) * (p.num_heads + 2 * p.num_kv_heads) * p.head_dim / 2;
   if (work == 0) return absl::OkStatus();
-  QkvScatterKernel<<<GridFor(work, kElementwiseThreads), kElementwiseThreads, 0, stream>>>(p);
-  LAZYRAG_RETURN_IF_LAUNCH_ERROR();
-  return absl::OkStatus();
+  return kernels::detail::LaunchAttentionKernel(QkvScatterKernel,
+                                                dim3(GridFor(work, kElementwiseThreads)),
+                                                kElementwiseThreads, 0, nullptr, stream, p);
 }
 
 absl::Status LaunchSwiGlu(const SwiGluParams& p, cudaStream_t stream) {
   const int64_t work = int64_t(p.num_tokens) * (p.ff % 8 == 0 ? p.ff / 8 : p.ff);
   if (work == 0) return absl::OkStatus();
-  SwiGluKernel<<<GridFor(work, kElementwiseThreads), kElementwiseThreads, 0, stream>>>(p);
+  return kernels::detail::LaunchAttentionKernel(SwiGluKernel,
+                                                dim3(GridFor(work, kElementwiseThreads)),
+                                                kElementwiseThreads, 0, nullptr, stream, p);
+}
+
+absl::Status LaunchArgmaxRows(const ArgmaxRowsParams& p, cudaStream_t stream) {
+  if (p.num_rows == 0) return absl::OkStatus();
+  ArgmaxRowsKernel<<<p.num_rows, kArgmaxThreads, 0, stream>>>(p);
   LAZYRAG_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

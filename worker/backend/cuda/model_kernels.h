@@ -77,6 +77,16 @@ struct SwiGluParams {
 };
 absl::Status LaunchSwiGlu(const SwiGluParams& p, cudaStream_t stream);
 
+// ids[r] = the index of the largest of logits[r, 0:vocab) (the lowest index among equal
+// maxima; NaNs are skipped) for each of num_rows rows: greedy sampling on the device.
+struct ArgmaxRowsParams {
+  const float* logits = nullptr;  // [num_rows, vocab]
+  int32_t* ids = nullptr;         // [num_rows]
+  int num_rows = 0;
+  int vocab = 0;
+};
+absl::Status LaunchArgmaxRows(const ArgmaxRowsParams& p, cudaStream_t stream);
+
 // Synthetic weights in device memory, bit-identical to the loader's fp32 values before bf16
 // rounding: dst[i] = bf16(bound * u(seed, tag, g(i))) when bound > 0 (linear weights),
 // bf16(u(seed, tag, g(i))) when bound == 0 (embeddings), where g(i) is the element's index in
