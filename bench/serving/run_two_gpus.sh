@@ -8,8 +8,9 @@
 # Other knobs are passed through to run_serving.sh (QUICK, RATES, N, SAT_S, BUDGET_S, ...);
 # the defaults here are the paper's sizes (QUICK=0: 120 requests per point), no saturation
 # point, BUDGET_S=570.
-# What comes back in $OUT: serving-<mode>.tgz (each instance's whole output folder:
-# log.txt, serving-results.tgz, summary.md/json, plots) and log.txt (both logs' tails).
+# What comes back in $OUT: <mode>/ (each instance's output folder, written in place so that
+# finished points come back even if the call is cut short: log.txt, serving-results.tgz
+# rewritten after every point, summary.md/json, plots) and log.txt (both logs' tails).
 set -uo pipefail
 OUT=${OUT:?set OUT to the output folder}
 MODE0=${MODE0:-lazy}
@@ -22,7 +23,7 @@ mkdir -p "$OUT"
 pids=()
 gpu=0
 for mode in "$MODE0" "$MODE1"; do
-  CUDA_VISIBLE_DEVICES=$gpu WORK=/tmp/lazyrag-serve-$gpu OUT=/tmp/serving-out-$mode MODES=$mode \
+  CUDA_VISIBLE_DEVICES=$gpu WORK=/tmp/lazyrag-serve-$gpu OUT="$OUT/$mode" MODES=$mode \
     bash "$here/run_serving.sh" >/tmp/serving-$mode.console 2>&1 &
   pids+=($!)
   gpu=$((gpu + 1))
@@ -30,7 +31,6 @@ done
 for pid in "${pids[@]}"; do wait "$pid"; done
 : >"$OUT/log.txt"
 for mode in "$MODE0" "$MODE1"; do
-  tar czf "$OUT/serving-$mode.tgz" -C /tmp "serving-out-$mode"
-  { echo "== $mode"; tail -n 40 "/tmp/serving-out-$mode/log.txt"; } >>"$OUT/log.txt"
+  { echo "== $mode"; tail -n 40 "$OUT/$mode/log.txt"; } >>"$OUT/log.txt"
 done
 cat "$OUT/log.txt"
