@@ -49,11 +49,11 @@ struct BenchOptions {
   int page_size = 16;
   int decode_steps = 32;
   bool residual_in_gemm = false;  // CudaBackendOptions::residual_add_in_gemm
-  bool cuda_graphs = true;       // CudaBackendOptions::cuda_graphs
-  bool step_times = true;        // CudaBackendOptions::time_steps: where LAZY's TTFT goes
-  int idle_ms = 0;               // GPU idle before each timed request (a lone request)
-  bool profile = false;          // one LAZY request (prefill + 1 decode step) between
-                                 // cudaProfilerStart/Stop after warm-up, then exit (for ncu)
+  bool cuda_graphs = true;        // CudaBackendOptions::cuda_graphs
+  bool step_times = true;         // CudaBackendOptions::time_steps: where LAZY's TTFT goes
+  int idle_ms = 0;                // GPU idle before each timed request (a lone request)
+  bool profile = false;           // one LAZY request (prefill + 1 decode step) between
+                                  // cudaProfilerStart/Stop after warm-up, then exit (for ncu)
   std::string out;
 };
 
@@ -280,10 +280,10 @@ int Main(int argc, char** argv) {
   std::printf("%-36s %10.3f %10.3f %10.3f\n", "decode step, batch 1 (LAZY)", decode.Median(),
               decode.Min(), decode.Max());
   if (!steps.empty()) {
-    std::printf("\nwhere one LAZY request's time goes (TTFT %.2f ms), ms per forward step:\n"
-                "%6s %5s %8s %8s %8s %8s %8s %10s\n",
-                step_ttft_ms, "tokens", "graph", "plan", "queue", "wait", "copy", "gpu",
-                "host-gpu");
+    std::printf(
+        "\nwhere one LAZY request's time goes (TTFT %.2f ms), ms per forward step:\n"
+        "%6s %5s %8s %8s %8s %8s %8s %10s\n",
+        step_ttft_ms, "tokens", "graph", "plan", "queue", "wait", "copy", "gpu", "host-gpu");
     for (const CudaStepTiming& t : steps) {
       const double wall = t.plan_ms + t.queue_ms + t.wait_ms + t.copy_ms;
       std::printf("%6d %5s %8.3f %8.3f %8.3f %8.3f %8.3f %10.3f\n", t.tokens,
@@ -291,8 +291,8 @@ int Main(int argc, char** argv) {
                   wall - t.gpu_ms);
     }
     std::printf("TTFT - first step's wall time (engine, before and after the step): %.3f ms\n",
-                step_ttft_ms - (steps[0].plan_ms + steps[0].queue_ms + steps[0].wait_ms +
-                                steps[0].copy_ms));
+                step_ttft_ms -
+                    (steps[0].plan_ms + steps[0].queue_ms + steps[0].wait_ms + steps[0].copy_ms));
   }
   std::printf(
       "\ntarget (issue 7): LAZY TTFT <= 6 ms: %s interleaved with the other modes, %s with "
@@ -331,8 +331,7 @@ int Main(int argc, char** argv) {
       }
       f << "]},\n";
     }
-    f
-      << "  \"target_lazy_ttft_ms\": 6, \"peer_hf_full_prefill_ms\": 335\n}\n";
+    f << "  \"target_lazy_ttft_ms\": 6, \"peer_hf_full_prefill_ms\": 335\n}\n";
     if (!f) return Fail(absl::InternalError("write failed"), o.out.c_str());
     std::printf("wrote %s\n", o.out.c_str());
   }

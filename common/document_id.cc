@@ -1,8 +1,8 @@
 #include "common/document_id.h"
 
-#include "common/sha256.h"
-
 #include <algorithm>
+
+#include "common/sha256.h"
 
 namespace lazyrag {
 namespace {

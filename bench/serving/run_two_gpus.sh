@@ -8,9 +8,10 @@
 # Other knobs are passed through to run_serving.sh (QUICK, RATES, N, SAT_S, BUDGET_S, ...);
 # the defaults here are the paper's sizes (QUICK=0: 120 requests per point), no saturation
 # point, BUDGET_S=570.
-# What comes back in $OUT: <mode>/ (each instance's output folder, written in place so that
-# finished points come back even if the call is cut short: log.txt, serving-results.tgz
-# rewritten after every point, summary.md/json, plots) and log.txt (both logs' tails).
+# What comes back in $OUT: serving-<mode>.tgz (each instance's output folder: log.txt,
+# serving-results.tgz, summary.md/json, plots) and log.txt (both logs' tails). The instances
+# write into $OUT/<mode> in place and the folders are archived at the end: a call cut short
+# still returns what was written (but only 8 files come back, so archive when you can).
 set -uo pipefail
 OUT=${OUT:?set OUT to the output folder}
 MODE0=${MODE0:-lazy}
@@ -32,5 +33,6 @@ for pid in "${pids[@]}"; do wait "$pid"; done
 : >"$OUT/log.txt"
 for mode in "$MODE0" "$MODE1"; do
   { echo "== $mode"; tail -n 40 "$OUT/$mode/log.txt"; } >>"$OUT/log.txt"
+  tar czf "$OUT/serving-$mode.tgz" -C "$OUT" "$mode" && rm -rf "${OUT:?}/$mode"
 done
 cat "$OUT/log.txt"

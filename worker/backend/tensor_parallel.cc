@@ -179,9 +179,8 @@ class TensorParallelBackend final : public Backend {
       no_logits.logit_rows.clear();
     }
     std::vector<std::vector<float>> discard(ranks_.size());
-    return FanOut([&](int r, Backend& b) {
-      return r == 0 ? rank0(b) : b.Forward(no_logits, &discard[r]);
-    });
+    return FanOut(
+        [&](int r, Backend& b) { return r == 0 ? rank0(b) : b.Forward(no_logits, &discard[r]); });
   }
 
   // Runs fn(r, rank r) on every rank (rank 0 on this thread) and joins; the lowest failing

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -710,6 +711,10 @@ TEST(LazyAttention, FullCausalDocumentEncoding) {
 // uneven rows), page sizes 16 and 64, groups 4 and 8, automatic and forced splits.
 TEST(LazyAttention, PrefillWgmmaMatchesCpuAndMmaSync) {
   GPU_TEST_SETUP(rng);
+  // KERNELS_TEST_WS_ONLY=1: only the warp-specialized kernel against the CPU (a short run for
+  // compute-sanitizer's racecheck).
+  const char* ws_env = std::getenv("KERNELS_TEST_WS_ONLY");
+  const bool ws_only = ws_env != nullptr && std::string(ws_env) == "1";
   int major = 0, minor = 0;
   ASSERT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
   ASSERT_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
@@ -751,6 +756,13 @@ TEST(LazyAttention, PrefillWgmmaMatchesCpuAndMmaSync) {
         for (int splits : {0, 1, 3}) {
           const std::string what = absl::StrCat(name, " splits=", splits);
           GpuRun run{false, KeyLayout::kRotatedLocal, splits};
+          if (ws_only) {  // the warp-specialized kernel alone (for racecheck, ~4x faster)
+            for (PrefillKernel k : {PrefillKernel::kWgmmaWs, PrefillKernel::kWgmmaWsPingPong}) {
+              run.prefill_kernel = k;
+              ExpectClose(RunGpu(*prob, pool, run), ref, "warp-specialized " + what);
+            }
+            continue;
+          }
           run.prefill_kernel = PrefillKernel::kWgmmaKeys128;
           const std::vector<float> got = RunGpu(*prob, pool, run);
           run.prefill_kernel = PrefillKernel::kWgmmaKeys64;

@@ -94,12 +94,12 @@ bool CudaBackendHasNccl();
 // Where the wall time of one Forward went (CudaBackendOptions::time_steps).
 struct CudaStepTiming {
   int tokens = 0;
-  bool graph = false;    // replayed from a CUDA graph
-  double plan_ms = 0;    // host: checks, planning, upload queued (entry to the step's launch)
-  double queue_ms = 0;   // host: launching the step's kernels or replaying its graph
-  double wait_ms = 0;    // host: waiting for the GPU (logits copied to pinned memory)
-  double copy_ms = 0;    // host: logits into the caller's vector
-  double gpu_ms = 0;     // device: from the upload to the logits copy's end (CUDA events)
+  bool graph = false;   // replayed from a CUDA graph
+  double plan_ms = 0;   // host: checks, planning, upload queued (entry to the step's launch)
+  double queue_ms = 0;  // host: launching the step's kernels or replaying its graph
+  double wait_ms = 0;   // host: waiting for the GPU (logits copied to pinned memory)
+  double copy_ms = 0;   // host: logits into the caller's vector
+  double gpu_ms = 0;    // device: from the upload to the logits copy's end (CUDA events)
 };
 // The timings recorded since the last call (at most 1,024 kept), oldest first; cleared.
 absl::StatusOr<std::vector<CudaStepTiming>> TakeCudaStepTimings(Backend& backend);
