@@ -6,7 +6,7 @@ RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-ins
       build-essential cmake ninja-build pkg-config \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
       librocksdb-dev libabsl-dev libgtest-dev libgmock-dev libopenblas-dev \
-      libcpp-httplib-dev libpcre2-dev \
+      libcpp-httplib-dev libpcre2-dev libssl-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -17,7 +17,7 @@ RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAZYRAG_CUDA=OFF 
 
 FROM debian:12-slim
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      libgrpc++1.51 libprotobuf32 libabsl20220623 libcpp-httplib0.11 ca-certificates \
+      libgrpc++1.51 libprotobuf32 libabsl20220623 libcpp-httplib0.11 libssl3 ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/ /
 USER 65532:65532

@@ -15,7 +15,7 @@ RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-ins
       build-essential cmake ninja-build pkg-config \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
       librocksdb-dev libabsl-dev libgtest-dev libgmock-dev libopenblas-dev \
-      libcpp-httplib-dev libpcre2-dev \
+      libcpp-httplib-dev libpcre2-dev libssl-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .

@@ -60,8 +60,9 @@ struct CudaBackendOptions {
   bool cuda_graphs = true;
   int graph_max_tokens = 256;
   int max_graphs = 64;
-  // Record the phases of each Forward that returns logits (TakeCudaStepTimings): two CUDA
-  // events and a few clock reads per step. For benchmarks (ttft_bench --profile).
+  // Record the phases of each Forward or ForwardArgmax that returns outputs
+  // (TakeCudaStepTimings): two CUDA events and a few clock reads per step. For benchmarks
+  // (ttft_bench --step_times).
   bool time_steps = false;
   // Tensor parallelism: this backend is rank shard.rank of shard.size (CreateCudaBackend takes
   // the global model and keeps the rank's slice). `nccl_comm` is that rank's ncclComm_t
@@ -97,9 +98,9 @@ struct CudaStepTiming {
   bool graph = false;   // replayed from a CUDA graph
   double plan_ms = 0;   // host: checks, planning, upload queued (entry to the step's launch)
   double queue_ms = 0;  // host: launching the step's kernels or replaying its graph
-  double wait_ms = 0;   // host: waiting for the GPU (logits copied to pinned memory)
-  double copy_ms = 0;   // host: logits into the caller's vector
-  double gpu_ms = 0;    // device: from the upload to the logits copy's end (CUDA events)
+  double wait_ms = 0;   // host: waiting for the GPU (outputs copied to pinned memory)
+  double copy_ms = 0;   // host: the logits or argmax ids into the caller's vector
+  double gpu_ms = 0;    // device: from the upload to the outputs' copy's end (CUDA events)
 };
 // The timings recorded since the last call (at most 1,024 kept), oldest first; cleared.
 absl::StatusOr<std::vector<CudaStepTiming>> TakeCudaStepTimings(Backend& backend);
