@@ -85,10 +85,8 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
   // overlapping the previous kernel's tail; the query and the K/V bytes (the previous kernels
   // write the step's own rows) are read after it.
 
-  const PrefillBlock blk = LocatePrefillBlock(p);
-  if (blk.qi0 >= blk.nq) return;  // whole block idle (uniform)
-  const int kvh = blk.kvh, b = blk.b, split = blk.split, q_begin = blk.q_begin, nq = blk.nq;
-  const int qi0 = blk.qi0, packed_rows = blk.packed_rows;
+  const auto [kvh, b, split, q_begin, nq, qi0, packed_rows] = LocatePrefillBlock(p);
+  if (qi0 >= nq) return;  // whole block idle (uniform)
   const int group = p.group, H = p.num_heads;
 
   char* smem = smem_raw + ((1024u - (SmemAddr(smem_raw) & 1023u)) & 1023u);
@@ -240,7 +238,7 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
   CpAsyncWait<0>();  // nothing may land in shared memory after the block exits
   LAZYRAG_TRACE_POINT(g_trace, 6);
 
-  StoreRows(p, o, rows, r_lo, qi0, q_begin, nq, packed_rows, kvh, split, t);
+  StoreRows<128>(p, o, rows, r_lo, qi0, q_begin, nq, packed_rows, kvh, split, t);
   LAZYRAG_TRACE_POINT(g_trace, 7);
 #else
   // Built for a target without wgmma: the launcher never selects this kernel there
