@@ -605,13 +605,14 @@ absl::Status MakeKernelParams(const LazyAttentionParams& params, int base_blocks
 
 // Launches `kernel(args...)` as a programmatic dependent of the previous kernel on the stream
 // (the kernel calls PdlWait() before touching what earlier kernels write): every attention
-// kernel, the merge kernel, the warp-specialized kernel with its tensor maps. With
+// kernel, the merge kernel, the warp-specialized kernel with its tensor maps, and the CUDA
+// model's RMSNorm, QKV-scatter and SwiGLU kernels (worker/backend/cuda/model_kernels.cu). With
 // `smem_configured` (the kernel's own once-per-device flags, see SetSmemLimitOnce), the
 // kernel's dynamic shared-memory limit is raised to smem_bytes first.
 template <typename... Params, typename... Args>
-absl::Status LaunchAttentionKernel(void (*kernel)(Params...), dim3 grid, int threads,
-                                   int smem_bytes, std::atomic<uint64_t>* smem_configured,
-                                   cudaStream_t stream, const Args&... args) {
+absl::Status LaunchPdlKernel(void (*kernel)(Params...), dim3 grid, int threads, int smem_bytes,
+                             std::atomic<uint64_t>* smem_configured, cudaStream_t stream,
+                             const Args&... args) {
   if (smem_configured != nullptr) {
     RETURN_IF_ERROR(
         SetSmemLimitOnce(reinterpret_cast<const void*>(kernel), smem_bytes, smem_configured));

@@ -215,8 +215,8 @@ absl::Status LaunchPrefill(const AttentionKernelParams& kp, int blocks, cudaStre
   using Cfg = PrefillConfig<D>;
   auto* kernel = LazyPrefillKernel<D, kRotateKeys>;
   static std::atomic<uint64_t> smem_configured{0};
-  return LaunchAttentionKernel(kernel, dim3(blocks, kp.num_splits), Cfg::kThreads, Cfg::kSmemBytes,
-                               &smem_configured, stream, kp);
+  return LaunchPdlKernel(kernel, dim3(blocks, kp.num_splits), Cfg::kThreads, Cfg::kSmemBytes,
+                         &smem_configured, stream, kp);
 }
 
 }  // namespace
@@ -248,8 +248,8 @@ bool LazyAttentionPrefillUsesWs(const LazyAttentionParams& params) {
   const int ps = params.view.page_size;
   const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   const PrefillKernel k = params.prefill_kernel;
-  return (k == PrefillKernel::kAuto || k == PrefillKernel::kWgmma ||
-          k == PrefillKernel::kWgmmaWs || k == PrefillKernel::kWgmmaWsPingPong) &&
+  return (k == PrefillKernel::kAuto || k == PrefillKernel::kWgmma || k == PrefillKernel::kWgmmaWs ||
+          k == PrefillKernel::kWgmmaWsPingPong) &&
          LazyAttentionPrefillUsesWgmma(params) && params.num_pages > 0 &&
          (ps == 8 || ps == 16 || ps == 32 || ps == 64) &&
          int64_t(params.num_pages) * ps < (int64_t(1) << 31) && aligned(params.k_cache) &&
@@ -277,11 +277,11 @@ absl::Status LazyAttentionPrefill(const LazyAttentionParams& params, cudaStream_
     // Ping-pong where the launch splits the KV (few query blocks, e.g. one 32-token query over
     // 10k cached tokens: 2-3% faster on the H200); the plain schedule for many query blocks.
     const PrefillKernel k = params.prefill_kernel;
-    kp.ws_pingpong = k == PrefillKernel::kWgmmaWsPingPong ||
-                             ((k == PrefillKernel::kAuto || k == PrefillKernel::kWgmma) &&
-                              kp.num_splits > 1)
-                         ? 1
-                         : 0;
+    kp.ws_pingpong =
+        k == PrefillKernel::kWgmmaWsPingPong ||
+                ((k == PrefillKernel::kAuto || k == PrefillKernel::kWgmma) && kp.num_splits > 1)
+            ? 1
+            : 0;
     RETURN_IF_ERROR(detail::LaunchPrefillWs(kp, maps, b, stream));
     return detail::LaunchMergeSplits(kp, v.num_q, params.shape.head_dim, stream);
   }

@@ -253,8 +253,8 @@ absl::Status EncodeKvTmaMaps(const LazyAttentionParams& params, TmaMaps* maps) {
 absl::Status LaunchPrefillWs(const AttentionKernelParams& kp, const TmaMaps& maps, int blocks,
                              cudaStream_t stream) {
   static std::atomic<uint64_t> configured{0};
-  return LaunchAttentionKernel(LazyPrefillWsKernel, dim3(blocks, kp.num_splits), WsConfig::kThreads,
-                               WsConfig::kSmemBytes, &configured, stream, kp, maps);
+  return LaunchPdlKernel(LazyPrefillWsKernel, dim3(blocks, kp.num_splits), WsConfig::kThreads,
+                         WsConfig::kSmemBytes, &configured, stream, kp, maps);
 }
 
 }  // namespace lazyrag::kernels::detail
