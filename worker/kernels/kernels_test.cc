@@ -294,6 +294,7 @@ struct GpuRun {
   // Calls on the same (not re-poisoned) workspace and output; the last output is returned.
   int repeats = 1;
   PrefillKernel prefill_kernel = PrefillKernel::kAuto;
+  DecodeKernel decode_kernel = DecodeKernel::kAuto;
 };
 
 // Runs one kernel on device copies of the problem; returns the bf16 output as floats.
@@ -323,6 +324,7 @@ std::vector<float> RunGpu(const Problem& p, const KvPool& pool, const GpuRun& ru
   prm.workspace_bytes = ws_bytes;
   prm.num_splits = run.num_splits;
   prm.prefill_kernel = run.prefill_kernel;
+  prm.decode_kernel = run.decode_kernel;
   prm.num_pages = pool.pages;
   for (int i = 0; i < run.repeats; ++i) {
     const absl::Status st =
@@ -587,6 +589,46 @@ TEST(LazyAttention, Batch1LongContextAutoSplits) {
           ExpectClose(RunGpu(dec, pool, {true, layout, 0}),
                       RunCpu(dec, pool, layout),
                       "decode " + LayoutName(layout));
+        }
+      }
+    }
+  }
+}
+
+// The decode kernel with per-warp pipelines (DecodeKernel::kWarpPipes: each warp loads its own
+// 16 keys of every tile, no block barrier in the loop) does the block-tile kernel's arithmetic
+// in the same order: bit for bit, and against the CPU; batch 1 over 5 long documents and a
+// batch of 5 requests, pages 16 and 64, groups 4 and 8, automatic and forced splits.
+TEST(LazyAttention, DecodeWarpPipesMatchBlockTiles) {
+  GPU_TEST_SETUP(rng);
+  for (int ps : {16, 64}) {
+    for (int group : {4, 8}) {
+      SCOPED_TRACE(absl::StrCat("ps=", ps, " group=", group));
+      Sizes s;
+      s.head_dim = 128;
+      s.group = group;
+      s.page_size = ps;
+      s.num_kv_heads = 2;
+      KvPool pool(ps, s.num_kv_heads, s.head_dim, PagesFor(8 * 1500, ps) + 40 * 8, rng);
+      const std::vector<Doc> docs = MakeDocs(pool, 8, 1, 1500, rng);
+      Problem b1;
+      b1.shape = MakeShape(s);
+      b1.view.page_size = ps;
+      b1.inv_freq = InvFreq(s.head_dim);
+      AddRequest(b1, pool, docs, {5, 2, 7, 0, 3}, 41, 1, rng);
+      const Problem b5 = MakeRagBatch(s, pool, docs, 5, 4, 40, 1, rng);
+      const std::pair<const char*, const Problem*> problems[] = {{"b1", &b1}, {"b5", &b5}};
+      for (const auto& [name, prob] : problems) {
+        const std::vector<float> ref = RunCpu(*prob, pool, KeyLayout::kRotatedLocal);
+        for (int splits : {0, 1, 3, 16}) {
+          const std::string what = absl::StrCat(name, " splits=", splits);
+          GpuRun run{true, KeyLayout::kRotatedLocal, splits};
+          run.decode_kernel = DecodeKernel::kBlockTiles;
+          const std::vector<float> block = RunGpu(*prob, pool, run);
+          run.decode_kernel = DecodeKernel::kWarpPipes;
+          const std::vector<float> warp = RunGpu(*prob, pool, run);
+          ExpectClose(warp, ref, "warp pipelines " + what);
+          EXPECT_EQ(warp, block) << "warp pipelines vs block tiles " << what;
         }
       }
     }
