@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One H200 call that validates and times the per-warp-pipeline decode kernel of branch
-# wip/decode-warp-pipes (DecodeKernel::kWarpPipes; written 2026-11-30 without device time).
+# wip/decode-warp-pipes (DecodeKernel::kWarpPipes; written 2026-11-30 without device time), and
+# the mma.sync decode/prefill kernels' online softmax folded into one OnlineSoftmaxTile (same
+# registers and spills per ptxas, PTX equal up to register names and commuted multiplies).
 # About 2 minutes. Run ON THE GPU MACHINE from the repository root with GPU_DIR (default
 # .gpu-dec) carried: bin/ and lib.tar.xz.
 #

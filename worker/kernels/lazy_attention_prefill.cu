@@ -178,48 +178,7 @@ __device__ __forceinline__ void PrefillBody(const AttentionKernelParams& p, char
     // Mask (segment tail, split end, causality) and online softmax in the log2 domain.
     const int lim_lo = min(cons.j_end, pos_lo - cons.start + 1) - cons.j;
     const int lim_hi = min(cons.j_end, pos_hi - cons.start + 1) - cons.j;
-    float mx_lo = kNegInf, mx_hi = kNegInf;
-#pragma unroll
-    for (int nb = 0; nb < kBlockN / 8; ++nb) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int key = nb * 8 + 2 * t + e;
-        s[nb][e] = key < lim_lo ? s[nb][e] * p.scale_log2 : kNegInf;
-        s[nb][2 + e] = key < lim_hi ? s[nb][2 + e] * p.scale_log2 : kNegInf;
-        mx_lo = fmaxf(mx_lo, s[nb][e]);
-        mx_hi = fmaxf(mx_hi, s[nb][2 + e]);
-      }
-    }
-#pragma unroll
-    for (int off = 1; off <= 2; off *= 2) {
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
-    }
-    const float new_lo = fmaxf(m_lo, mx_lo), new_hi = fmaxf(m_hi, mx_hi);
-    const float use_lo = new_lo == kNegInf ? 0.f : new_lo;
-    const float use_hi = new_hi == kNegInf ? 0.f : new_hi;
-    const float alpha_lo = Exp2(m_lo - use_lo), alpha_hi = Exp2(m_hi - use_hi);
-    m_lo = new_lo;
-    m_hi = new_hi;
-    float sum_lo = 0.f, sum_hi = 0.f;
-#pragma unroll
-    for (int nb = 0; nb < kBlockN / 8; ++nb) {
-      s[nb][0] = Exp2(s[nb][0] - use_lo);
-      s[nb][1] = Exp2(s[nb][1] - use_lo);
-      s[nb][2] = Exp2(s[nb][2] - use_hi);
-      s[nb][3] = Exp2(s[nb][3] - use_hi);
-      sum_lo += s[nb][0] + s[nb][1];
-      sum_hi += s[nb][2] + s[nb][3];
-    }
-    l_lo = l_lo * alpha_lo + sum_lo;
-    l_hi = l_hi * alpha_hi + sum_hi;
-#pragma unroll
-    for (int db = 0; db < D / 8; ++db) {
-      o[db][0] *= alpha_lo;
-      o[db][1] *= alpha_lo;
-      o[db][2] *= alpha_hi;
-      o[db][3] *= alpha_hi;
-    }
+    OnlineSoftmaxTile(s, o, lim_lo, lim_hi, p.scale_log2, t, m_lo, m_hi, l_lo, l_hi);
 
     // O += P V: the S accumulators re-packed as bf16 A fragments.
 #pragma unroll
