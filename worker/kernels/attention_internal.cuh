@@ -184,7 +184,7 @@ __device__ __forceinline__ void BuildRotatedQ(uint32_t (&qf)[D / 16][4], const c
 // requests x KV heads x query blocks, y = splits) and its query rows: queries qi0 .. of the
 // request (q_begin + qi), packed_rows = q_rows_per_block x group (query, head) rows. Reads the
 // step's q_indptr. Shared by the mma.sync, wgmma and warp-specialized prefill kernels.
-struct PrefillBlock {
+struct PrefillBlock {  // the kernels bind these fields in this order
   int kvh, b, split, q_begin, nq, qi0, packed_rows;
 };
 __device__ __forceinline__ PrefillBlock LocatePrefillBlock(const AttentionKernelParams& p) {
@@ -346,6 +346,121 @@ __device__ __forceinline__ void PlanSplit(const SegmentView& v, int s_first, int
     plan->t_seg = t_found;
     plan->t_begin = t_begin;
     plan->t_end = t_end;
+  }
+}
+
+// Score fragments in the mma.sync m16n8 C layout (also wgmma's, per 8 columns): s[nb] holds
+// rows g = lane / 4 ("lo") and g + 8 ("hi") of a warp's 16 at keys nb * 8 + 2 t + e (t = lane %
+// 4). Sets the keys at or past lim_lo / lim_hi to -inf, scales the others by `scale` when
+// kScale, and folds each row's values into mx_lo / mx_hi (this thread's share of the row).
+template <int NB, bool kScale>
+__device__ __forceinline__ void MaskRowMax(float (&s)[NB][4], int lim_lo, int lim_hi, float scale,
+                                           int t, float& mx_lo, float& mx_hi) {
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int key = nb * 8 + 2 * t + e;
+      s[nb][e] = key < lim_lo ? (kScale ? s[nb][e] * scale : s[nb][e]) : kNegInf;
+      s[nb][2 + e] = key < lim_hi ? (kScale ? s[nb][2 + e] * scale : s[nb][2 + e]) : kNegInf;
+      mx_lo = fmaxf(mx_lo, s[nb][e]);
+      mx_hi = fmaxf(mx_hi, s[nb][2 + e]);
+    }
+  }
+}
+// The row maxima over the 4 threads (a quad) that hold one row.
+__device__ __forceinline__ void QuadMax(float& mx_lo, float& mx_hi) {
+#pragma unroll
+  for (int off = 1; off <= 2; off *= 2) {
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
+    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
+  }
+}
+
+// One tile of the online softmax on mma.sync score fragments (layout as MaskRowMax), for the
+// mma.sync decode and prefill kernels: keys at or past lim_lo / lim_hi are masked, the rest
+// scaled into the log2 domain; the running maxima m and sums l are updated, s becomes the
+// unnormalised probabilities and the O fragments are rescaled.
+template <int NB, int DB>
+__device__ __forceinline__ void OnlineSoftmaxTile(float (&s)[NB][4], float (&o)[DB][4], int lim_lo,
+                                                  int lim_hi, float scale_log2, int t, float& m_lo,
+                                                  float& m_hi, float& l_lo, float& l_hi) {
+  float mx_lo = kNegInf, mx_hi = kNegInf;
+  MaskRowMax<NB, true>(s, lim_lo, lim_hi, scale_log2, t, mx_lo, mx_hi);
+  QuadMax(mx_lo, mx_hi);
+  const float new_lo = fmaxf(m_lo, mx_lo), new_hi = fmaxf(m_hi, mx_hi);
+  const float use_lo = new_lo == kNegInf ? 0.f : new_lo;
+  const float use_hi = new_hi == kNegInf ? 0.f : new_hi;
+  const float alpha_lo = Exp2(m_lo - use_lo), alpha_hi = Exp2(m_hi - use_hi);
+  m_lo = new_lo;
+  m_hi = new_hi;
+  float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb) {
+    s[nb][0] = Exp2(s[nb][0] - use_lo);
+    s[nb][1] = Exp2(s[nb][1] - use_lo);
+    s[nb][2] = Exp2(s[nb][2] - use_hi);
+    s[nb][3] = Exp2(s[nb][3] - use_hi);
+    sum_lo += s[nb][0] + s[nb][1];
+    sum_hi += s[nb][2] + s[nb][3];
+  }
+  l_lo = l_lo * alpha_lo + sum_lo;
+  l_hi = l_hi * alpha_hi + sum_hi;
+#pragma unroll
+  for (int db = 0; db < DB; ++db) {
+    o[db][0] *= alpha_lo;
+    o[db][1] *= alpha_lo;
+    o[db][2] *= alpha_hi;
+    o[db][3] *= alpha_hi;
+  }
+}
+
+// Running softmax state of a thread's two rows (log2 domain; m already scaled).
+struct RowStats {
+  float m_lo = kNegInf, m_hi = kNegInf, l_lo = 0.f, l_hi = 0.f;
+};
+
+// Finalize a prefill block (the mma.sync and wgmma kernels; O in the m16n8 C layout, rows
+// r_lo and r_lo + 8): row sums across the quad, then the thread's two rows of the output (bf16, one
+// split) or of this split's partial result (fp32 O / l and the log2-sum-exp). Packed row r of
+// the block is query row qi0 + r / group, head kvh * group + r % group.
+template <int D>
+__device__ __forceinline__ void StoreRows(const AttentionKernelParams& p,
+                                          const float (&o)[D / 8][4], RowStats rs, int r_lo,
+                                          int qi0, int q_begin, int nq, int packed_rows, int kvh,
+                                          int split, int t) {
+  const int group = p.group, H = p.num_heads;
+#pragma unroll
+  for (int off = 1; off <= 2; off *= 2) {
+    rs.l_lo += __shfl_xor_sync(0xffffffffu, rs.l_lo, off);
+    rs.l_hi += __shfl_xor_sync(0xffffffffu, rs.l_hi, off);
+  }
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    const int r = r_lo + hi * 8;
+    const int qi = qi0 + r / group;
+    if (r >= packed_rows || qi >= nq) continue;
+    const int64_t row_head = int64_t(q_begin + qi) * H + kvh * group + r % group;
+    const float l = hi ? rs.l_hi : rs.l_lo;
+    const float m = hi ? rs.m_hi : rs.m_lo;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    if (p.num_splits == 1) {
+      __nv_bfloat16* dst = p.out + row_head * D + 2 * t;
+#pragma unroll
+      for (int db = 0; db < D / 8; ++db) {
+        *reinterpret_cast<uint32_t*>(dst + db * 8) =
+            PackBf16(o[db][2 * hi] * inv, o[db][2 * hi + 1] * inv);
+      }
+    } else {
+      const int64_t rows = int64_t(p.view.num_q) * H;
+      float* dst = p.o_partial + (split * rows + row_head) * D + 2 * t;
+#pragma unroll
+      for (int db = 0; db < D / 8; ++db) {
+        *reinterpret_cast<float2*>(dst + db * 8) =
+            make_float2(o[db][2 * hi] * inv, o[db][2 * hi + 1] * inv);
+      }
+      if (t == 0) p.lse_partial[split * rows + row_head] = l > 0.f ? m + __log2f(l) : kNegInf;
+    }
   }
 }
 
@@ -546,13 +661,14 @@ absl::Status MakeKernelParams(const LazyAttentionParams& params, int base_blocks
 
 // Launches `kernel(args...)` as a programmatic dependent of the previous kernel on the stream
 // (the kernel calls PdlWait() before touching what earlier kernels write): every attention
-// kernel, the merge kernel, the warp-specialized kernel with its tensor maps. With
+// kernel, the merge kernel, the warp-specialized kernel with its tensor maps, and the CUDA
+// model's RMSNorm, QKV-scatter and SwiGLU kernels (worker/backend/cuda/model_kernels.cu). With
 // `smem_configured` (the kernel's own once-per-device flags, see SetSmemLimitOnce), the
 // kernel's dynamic shared-memory limit is raised to smem_bytes first.
 template <typename... Params, typename... Args>
-absl::Status LaunchAttentionKernel(void (*kernel)(Params...), dim3 grid, int threads,
-                                   int smem_bytes, std::atomic<uint64_t>* smem_configured,
-                                   cudaStream_t stream, const Args&... args) {
+absl::Status LaunchPdlKernel(void (*kernel)(Params...), dim3 grid, int threads, int smem_bytes,
+                             std::atomic<uint64_t>* smem_configured, cudaStream_t stream,
+                             const Args&... args) {
   if (smem_configured != nullptr) {
     RETURN_IF_ERROR(
         SetSmemLimitOnce(reinterpret_cast<const void*>(kernel), smem_bytes, smem_configured));

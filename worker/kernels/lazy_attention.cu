@@ -177,11 +177,11 @@ absl::Status LaunchMergeSplits(const AttentionKernelParams& kp, int num_q, int h
   const int rows = num_q * kp.num_heads;
   switch (head_dim) {
     case 64:
-      return LaunchAttentionKernel(MergeSplitsKernel<64>, dim3(rows), kMergeThreads, 0, nullptr,
-                                   stream, kp, rows);
+      return LaunchPdlKernel(MergeSplitsKernel<64>, dim3(rows), kMergeThreads, 0, nullptr, stream,
+                             kp, rows);
     case 128:
-      return LaunchAttentionKernel(MergeSplitsKernel<128>, dim3(rows), kMergeThreads, 0, nullptr,
-                                   stream, kp, rows);
+      return LaunchPdlKernel(MergeSplitsKernel<128>, dim3(rows), kMergeThreads, 0, nullptr, stream,
+                             kp, rows);
     default:
       return absl::InvalidArgumentError(absl::StrCat("head_dim must be 64 or 128, got ", head_dim));
   }

@@ -285,8 +285,8 @@ absl::Status LaunchDecode(const AttentionKernelParams& kp, int blocks, cudaStrea
   using Cfg = DecodeConfig<D>;
   auto* kernel = LazyDecodeKernel<D, kRotateKeys, kWarpPipes>;
   static std::atomic<uint64_t> smem_configured{0};
-  return LaunchAttentionKernel(kernel, dim3(blocks, kp.num_splits), Cfg::kThreads, Cfg::kSmemBytes,
-                               &smem_configured, stream, kp);
+  return LaunchPdlKernel(kernel, dim3(blocks, kp.num_splits), Cfg::kThreads, Cfg::kSmemBytes,
+                         &smem_configured, stream, kp);
 }
 
 }  // namespace

@@ -52,10 +52,8 @@ __device__ __forceinline__ void PrefillBody(const AttentionKernelParams& p, char
   PdlLaunchDependents();
   PdlWait();
 
-  const PrefillBlock blk = LocatePrefillBlock(p);
-  if (blk.qi0 >= blk.nq) return;  // whole block idle (uniform)
-  const int kvh = blk.kvh, b = blk.b, split = blk.split, q_begin = blk.q_begin, nq = blk.nq;
-  const int qi0 = blk.qi0, packed_rows = blk.packed_rows;
+  const auto [kvh, b, split, q_begin, nq, qi0, packed_rows] = LocatePrefillBlock(p);
+  if (qi0 >= nq) return;  // whole block idle (uniform)
   const int group = p.group, H = p.num_heads;
 
   char* q_smem = smem;
@@ -201,39 +199,8 @@ __device__ __forceinline__ void PrefillBody(const AttentionKernelParams& p, char
   }
   CpAsyncWait<0>();  // nothing may land in shared memory after the block exits
 
-  // Finalize: row sums across the quad, then the output (or this split's partial result).
-#pragma unroll
-  for (int off = 1; off <= 2; off *= 2) {
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
-  }
-#pragma unroll
-  for (int hi = 0; hi < 2; ++hi) {
-    const int r = r_lo + hi * 8;
-    const int qi = qi0 + r / group;
-    if (r >= packed_rows || qi >= nq) continue;
-    const int64_t row_head = int64_t(q_begin + qi) * H + kvh * group + r % group;
-    const float l = hi ? l_hi : l_lo;
-    const float m = hi ? m_hi : m_lo;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    if (p.num_splits == 1) {
-      __nv_bfloat16* dst = p.out + row_head * D + 2 * t;
-#pragma unroll
-      for (int db = 0; db < D / 8; ++db) {
-        *reinterpret_cast<uint32_t*>(dst + db * 8) =
-            PackBf16(o[db][2 * hi] * inv, o[db][2 * hi + 1] * inv);
-      }
-    } else {
-      const int64_t rows = int64_t(v.num_q) * H;
-      float* dst = p.o_partial + (split * rows + row_head) * D + 2 * t;
-#pragma unroll
-      for (int db = 0; db < D / 8; ++db) {
-        *reinterpret_cast<float2*>(dst + db * 8) =
-            make_float2(o[db][2 * hi] * inv, o[db][2 * hi + 1] * inv);
-      }
-      if (t == 0) p.lse_partial[split * rows + row_head] = l > 0.f ? m + __log2f(l) : kNegInf;
-    }
-  }
+  StoreRows<D>(p, o, RowStats{m_lo, m_hi, l_lo, l_hi}, r_lo, qi0, q_begin, nq, packed_rows, kvh,
+               split, t);
 }
 
 template <int D, bool kRotateKeys>
@@ -248,8 +215,8 @@ absl::Status LaunchPrefill(const AttentionKernelParams& kp, int blocks, cudaStre
   using Cfg = PrefillConfig<D>;
   auto* kernel = LazyPrefillKernel<D, kRotateKeys>;
   static std::atomic<uint64_t> smem_configured{0};
-  return LaunchAttentionKernel(kernel, dim3(blocks, kp.num_splits), Cfg::kThreads, Cfg::kSmemBytes,
-                               &smem_configured, stream, kp);
+  return LaunchPdlKernel(kernel, dim3(blocks, kp.num_splits), Cfg::kThreads, Cfg::kSmemBytes,
+                         &smem_configured, stream, kp);
 }
 
 }  // namespace
@@ -281,8 +248,8 @@ bool LazyAttentionPrefillUsesWs(const LazyAttentionParams& params) {
   const int ps = params.view.page_size;
   const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   const PrefillKernel k = params.prefill_kernel;
-  return (k == PrefillKernel::kAuto || k == PrefillKernel::kWgmma ||
-          k == PrefillKernel::kWgmmaWs || k == PrefillKernel::kWgmmaWsPingPong) &&
+  return (k == PrefillKernel::kAuto || k == PrefillKernel::kWgmma || k == PrefillKernel::kWgmmaWs ||
+          k == PrefillKernel::kWgmmaWsPingPong) &&
          LazyAttentionPrefillUsesWgmma(params) && params.num_pages > 0 &&
          (ps == 8 || ps == 16 || ps == 32 || ps == 64) &&
          int64_t(params.num_pages) * ps < (int64_t(1) << 31) && aligned(params.k_cache) &&
@@ -310,11 +277,11 @@ absl::Status LazyAttentionPrefill(const LazyAttentionParams& params, cudaStream_
     // Ping-pong where the launch splits the KV (few query blocks, e.g. one 32-token query over
     // 10k cached tokens: 2-3% faster on the H200); the plain schedule for many query blocks.
     const PrefillKernel k = params.prefill_kernel;
-    kp.ws_pingpong = k == PrefillKernel::kWgmmaWsPingPong ||
-                             ((k == PrefillKernel::kAuto || k == PrefillKernel::kWgmma) &&
-                              kp.num_splits > 1)
-                         ? 1
-                         : 0;
+    kp.ws_pingpong =
+        k == PrefillKernel::kWgmmaWsPingPong ||
+                ((k == PrefillKernel::kAuto || k == PrefillKernel::kWgmma) && kp.num_splits > 1)
+            ? 1
+            : 0;
     RETURN_IF_ERROR(detail::LaunchPrefillWs(kp, maps, b, stream));
     return detail::LaunchMergeSplits(kp, v.num_q, params.shape.head_dim, stream);
   }

@@ -68,7 +68,6 @@ struct WgmmaPrefillConfig {
   static_assert(kSmemBytes + 1024 <= 228 * 1024, "one block per SM");
 };
 
-
 template <int kBlockN_>
 __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p, char* smem_raw) {
 #ifdef LAZYRAG_HAVE_WGMMA
@@ -85,10 +84,8 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
   // overlapping the previous kernel's tail; the query and the K/V bytes (the previous kernels
   // write the step's own rows) are read after it.
 
-  const PrefillBlock blk = LocatePrefillBlock(p);
-  if (blk.qi0 >= blk.nq) return;  // whole block idle (uniform)
-  const int kvh = blk.kvh, b = blk.b, split = blk.split, q_begin = blk.q_begin, nq = blk.nq;
-  const int qi0 = blk.qi0, packed_rows = blk.packed_rows;
+  const auto [kvh, b, split, q_begin, nq, qi0, packed_rows] = LocatePrefillBlock(p);
+  if (qi0 >= nq) return;  // whole block idle (uniform)
   const int group = p.group, H = p.num_heads;
 
   char* smem = smem_raw + ((1024u - (SmemAddr(smem_raw) & 1023u)) & 1023u);
@@ -150,8 +147,7 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
       const int qi = qi0 + row / group;
       const bool ok = row < packed_rows && qi < nq;
       const __nv_bfloat16* src =
-          ok ? p.q + (int64_t(q_begin + qi) * H + kvh * group + row % group) * D + chunk * 8
-             : p.q;
+          ok ? p.q + (int64_t(q_begin + qi) * H + kvh * group + row % group) * D + chunk * 8 : p.q;
       CpAsync16(SmemAddr(q_smem) + TileOffset<D>(row, chunk), src, ok);
     }
 #pragma unroll
@@ -203,8 +199,8 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
         // The warpgroup's wgmma reads only its own 64 rows: rotate them, publish them to the
         // async proxy, and wait for the warpgroup alone (named barrier 1 + wg). The previous
         // segment's products that read these rows have completed (wgmma.wait_group 0).
-        RotateQRowsSw128<Cfg::kBlockM>(qrot_smem, q_smem, wg * 64, cons.start, pos_smem,
-                                       freq_smem, tid % 128);
+        RotateQRowsSw128<Cfg::kBlockM>(qrot_smem, q_smem, wg * 64, cons.start, pos_smem, freq_smem,
+                                       tid % 128);
         FenceProxyAsyncShared();
         asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
       }
@@ -230,8 +226,7 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
     }
 
     SoftmaxTile<kBlockN>(s, o, min(cons.j_end, pos_lo - cons.start + 1) - cons.j,
-                         min(cons.j_end, pos_hi - cons.start + 1) - cons.j, p.scale_log2, t,
-                         &rows);
+                         min(cons.j_end, pos_hi - cons.start + 1) - cons.j, p.scale_log2, t, &rows);
 
     PvTile<kBlockN>(o, s, vt);
     cons.Next(plan, v);
@@ -240,7 +235,7 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
   CpAsyncWait<0>();  // nothing may land in shared memory after the block exits
   LAZYRAG_TRACE_POINT(g_trace, 6);
 
-  StoreRows(p, o, rows, r_lo, qi0, q_begin, nq, packed_rows, kvh, split, t);
+  StoreRows<128>(p, o, rows, r_lo, qi0, q_begin, nq, packed_rows, kvh, split, t);
   LAZYRAG_TRACE_POINT(g_trace, 7);
 #else
   // Built for a target without wgmma: the launcher never selects this kernel there
@@ -288,13 +283,13 @@ absl::Status LaunchPrefillWgmma128(const AttentionKernelParams& kp, int blocks, 
   if (key_tile == 64) {
     using Cfg = WgmmaPrefillConfig<64>;
     static std::atomic<uint64_t> configured{0};
-    return LaunchAttentionKernel(LazyPrefillWgmmaKernel<64>, grid, Cfg::kThreads, Cfg::kSmemBytes,
-                                 &configured, stream, kp);
+    return LaunchPdlKernel(LazyPrefillWgmmaKernel<64>, grid, Cfg::kThreads, Cfg::kSmemBytes,
+                           &configured, stream, kp);
   }
   using Cfg = WgmmaPrefillConfig<128>;
   static std::atomic<uint64_t> configured{0};
-  return LaunchAttentionKernel(LazyPrefillWgmmaKernel<128>, grid, Cfg::kThreads, Cfg::kSmemBytes,
-                               &configured, stream, kp);
+  return LaunchPdlKernel(LazyPrefillWgmmaKernel<128>, grid, Cfg::kThreads, Cfg::kSmemBytes,
+                         &configured, stream, kp);
 }
 
 #ifdef LAZYRAG_ATTN_TRACE

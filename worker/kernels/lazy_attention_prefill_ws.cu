@@ -59,10 +59,8 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
   const SegmentView& v = p.view;
   PdlLaunchDependents();
 
-  const PrefillBlock blk = LocatePrefillBlock(p);
-  if (blk.qi0 >= blk.nq) return;  // whole block idle (uniform)
-  const int kvh = blk.kvh, b = blk.b, split = blk.split, q_begin = blk.q_begin, nq = blk.nq;
-  const int qi0 = blk.qi0, packed_rows = blk.packed_rows;
+  const auto [kvh, b, split, q_begin, nq, qi0, packed_rows] = LocatePrefillBlock(p);
+  if (qi0 >= nq) return;  // whole block idle (uniform)
   const int group = p.group, H = p.num_heads;
 
   char* smem = smem_raw + ((1024u - (SmemAddr(smem_raw) & 1023u)) & 1023u);
@@ -198,7 +196,7 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
     cur.Next(plan, v);
     ++tile;
   }
-  StoreRows(p, o, rows, r_lo, qi0, q_begin, nq, packed_rows, kvh, split, t);
+  StoreRows<128>(p, o, rows, r_lo, qi0, q_begin, nq, packed_rows, kvh, split, t);
 #else
   // Built for a target without wgmma: the launcher never selects this kernel there.
   (void)p;
@@ -255,8 +253,8 @@ absl::Status EncodeKvTmaMaps(const LazyAttentionParams& params, TmaMaps* maps) {
 absl::Status LaunchPrefillWs(const AttentionKernelParams& kp, const TmaMaps& maps, int blocks,
                              cudaStream_t stream) {
   static std::atomic<uint64_t> configured{0};
-  return LaunchAttentionKernel(LazyPrefillWsKernel, dim3(blocks, kp.num_splits), WsConfig::kThreads,
-                               WsConfig::kSmemBytes, &configured, stream, kp, maps);
+  return LaunchPdlKernel(LazyPrefillWsKernel, dim3(blocks, kp.num_splits), WsConfig::kThreads,
+                         WsConfig::kSmemBytes, &configured, stream, kp, maps);
 }
 
 }  // namespace lazyrag::kernels::detail

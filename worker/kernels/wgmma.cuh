@@ -74,6 +74,23 @@ __device__ __forceinline__ void WgmmaM64N64K16(float (&d)[8][4], const uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
 }
 
+// The 64 fp32 accumulators of an m64n128 wgmma: the register list {%0, ..., %63} of the
+// instruction and the matching "+f" operands d[0][0] .. d[15][3].
+#define LAZYRAG_WGMMA_D64_REGS                                                  \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "     \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, " \
+  "%31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, " \
+  "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, " \
+  "%61, %62, %63}"
+#define LAZYRAG_WGMMA_D64_ROW(d, i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
+#define LAZYRAG_WGMMA_D64_OPERANDS(d)                                                           \
+  LAZYRAG_WGMMA_D64_ROW(d, 0), LAZYRAG_WGMMA_D64_ROW(d, 1), LAZYRAG_WGMMA_D64_ROW(d, 2),        \
+      LAZYRAG_WGMMA_D64_ROW(d, 3), LAZYRAG_WGMMA_D64_ROW(d, 4), LAZYRAG_WGMMA_D64_ROW(d, 5),    \
+      LAZYRAG_WGMMA_D64_ROW(d, 6), LAZYRAG_WGMMA_D64_ROW(d, 7), LAZYRAG_WGMMA_D64_ROW(d, 8),    \
+      LAZYRAG_WGMMA_D64_ROW(d, 9), LAZYRAG_WGMMA_D64_ROW(d, 10), LAZYRAG_WGMMA_D64_ROW(d, 11),  \
+      LAZYRAG_WGMMA_D64_ROW(d, 12), LAZYRAG_WGMMA_D64_ROW(d, 13), LAZYRAG_WGMMA_D64_ROW(d, 14), \
+      LAZYRAG_WGMMA_D64_ROW(d, 15)
+
 // D[64 x 128] += A[64 x 16] B[16 x 128]: A (bf16) from registers in the mma.sync m16n8k16
 // A-fragment layout of each warp's 16 rows, B (bf16) through `desc`, MN-major (transposed), D
 // fp32 in the m16n8 C-fragment layout per 8 columns (d[j] = columns 8j..8j+7). scale_d = 0:
@@ -82,28 +99,10 @@ __device__ __forceinline__ void WgmmaM64N128K16Trans(float (&d)[16][4], const ui
                                                      uint64_t desc, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, "
-      "%8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, "
-      "%24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, "
-      "%40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, "
-      "%56, %57, %58, %59, %60, %61, %62, %63}, "
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " LAZYRAG_WGMMA_D64_REGS
+      ", "
       "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
-        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]),
-        "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
-        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]),
-        "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]),
-        "+f"(d[15][2]), "+f"(d[15][3])
+      : LAZYRAG_WGMMA_D64_OPERANDS(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
 }
 // D[64 x 128] += A[64 x 16] B[16 x 128], both operands K-major in shared memory (128-byte
@@ -112,32 +111,15 @@ __device__ __forceinline__ void WgmmaM64N128K16SS(float (&d)[16][4], uint64_t de
                                                   uint64_t desc_b, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{"
-      "%0, %1, %2, %3, %4, %5, %6, %7, "
-      "%8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, "
-      "%24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, "
-      "%40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, "
-      "%56, %57, %58, %59, %60, %61, %62, %63"
-      "}, "
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " LAZYRAG_WGMMA_D64_REGS
+      ", "
       "%64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]),
-        "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]),
-        "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]),
-        "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]),
-        "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : LAZYRAG_WGMMA_D64_OPERANDS(d)
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
+#undef LAZYRAG_WGMMA_D64_OPERANDS
+#undef LAZYRAG_WGMMA_D64_ROW
+#undef LAZYRAG_WGMMA_D64_REGS
 // clang-format on
 #endif  // LAZYRAG_HAVE_WGMMA
 

@@ -11,11 +11,6 @@
 
 namespace lazyrag::kernels::detail {
 
-// Running softmax state of a thread's two rows (log2 domain; m already scaled).
-struct RowStats {
-  float m_lo = kNegInf, m_hi = kNegInf, l_lo = 0.f, l_hi = 0.f;
-};
-
 // Rotates packed query rows row0 .. row0 + 63 of the raw tile at q_smem (TileOffset layout)
 // by RoPE to position pos_smem[row] - seg_start and stores them as bf16 at rot_smem in the
 // Sw128 layout of a kRows-row operand (the wgmma A operand of Q K^T). The 128 threads of one
@@ -81,23 +76,9 @@ __device__ __forceinline__ void SoftmaxTile(float (&s)[kBlockN / 8][4], float (&
       mx_hi = fmaxf(mx_hi, fmaxf(s[nb][2], s[nb][3]));
     }
   } else {
-#pragma unroll
-    for (int nb = 0; nb < kBlockN / 8; ++nb) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int key = nb * 8 + 2 * t + e;
-        s[nb][e] = key < lim_lo ? s[nb][e] : kNegInf;
-        s[nb][2 + e] = key < lim_hi ? s[nb][2 + e] : kNegInf;
-        mx_lo = fmaxf(mx_lo, s[nb][e]);
-        mx_hi = fmaxf(mx_hi, s[nb][2 + e]);
-      }
-    }
+    MaskRowMax<kBlockN / 8, false>(s, lim_lo, lim_hi, scale, t, mx_lo, mx_hi);
   }
-#pragma unroll
-  for (int off = 1; off <= 2; off *= 2) {
-    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
-    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
-  }
+  QuadMax(mx_lo, mx_hi);
   const float new_lo = fmaxf(rs->m_lo, mx_lo * scale), new_hi = fmaxf(rs->m_hi, mx_hi * scale);
   const float use_lo = new_lo == kNegInf ? 0.f : new_lo;
   const float use_hi = new_hi == kNegInf ? 0.f : new_hi;
@@ -156,47 +137,5 @@ __device__ __forceinline__ void PvTile(float (&o)[16][4], const float (&s)[kBloc
   FenceAccumulators(o);
 }
 #endif  // LAZYRAG_HAVE_WGMMA
-
-// Finalize: row sums across the quad, then the thread's two rows of the output (bf16, one
-// split) or of this split's partial result (fp32 O / l and the log2-sum-exp). Packed row r of
-// the block is query row qi0 + r / group, head kvh * group + r % group.
-__device__ __forceinline__ void StoreRows(const AttentionKernelParams& p, const float (&o)[16][4],
-                                          RowStats rs, int r_lo, int qi0, int q_begin, int nq,
-                                          int packed_rows, int kvh, int split, int t) {
-  constexpr int D = 128;
-  const int group = p.group, H = p.num_heads;
-#pragma unroll
-  for (int off = 1; off <= 2; off *= 2) {
-    rs.l_lo += __shfl_xor_sync(0xffffffffu, rs.l_lo, off);
-    rs.l_hi += __shfl_xor_sync(0xffffffffu, rs.l_hi, off);
-  }
-#pragma unroll
-  for (int hi = 0; hi < 2; ++hi) {
-    const int r = r_lo + hi * 8;
-    const int qi = qi0 + r / group;
-    if (r >= packed_rows || qi >= nq) continue;
-    const int64_t row_head = int64_t(q_begin + qi) * H + kvh * group + r % group;
-    const float l = hi ? rs.l_hi : rs.l_lo;
-    const float m = hi ? rs.m_hi : rs.m_lo;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    if (p.num_splits == 1) {
-      __nv_bfloat16* dst = p.out + row_head * D + 2 * t;
-#pragma unroll
-      for (int db = 0; db < D / 8; ++db) {
-        *reinterpret_cast<uint32_t*>(dst + db * 8) =
-            PackBf16(o[db][2 * hi] * inv, o[db][2 * hi + 1] * inv);
-      }
-    } else {
-      const int64_t rows = int64_t(p.view.num_q) * H;
-      float* dst = p.o_partial + (split * rows + row_head) * D + 2 * t;
-#pragma unroll
-      for (int db = 0; db < D / 8; ++db) {
-        *reinterpret_cast<float2*>(dst + db * 8) =
-            make_float2(o[db][2 * hi] * inv, o[db][2 * hi + 1] * inv);
-      }
-      if (t == 0) p.lse_partial[split * rows + row_head] = l > 0.f ? m + __log2f(l) : kNegInf;
-    }
-  }
-}
 
 }  // namespace lazyrag::kernels::detail

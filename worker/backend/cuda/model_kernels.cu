@@ -7,7 +7,7 @@
 
 #include "worker/backend/cuda/cuda_check.h"
 #include "worker/backend/cuda/model_kernels.h"
-#include "worker/kernels/attention_internal.cuh"  // PdlWait, LaunchAttentionKernel
+#include "worker/kernels/attention_internal.cuh"  // PdlWait, LaunchPdlKernel
 #include "worker/model/synthetic_init.h"
 
 namespace lazyrag::cuda_model {
@@ -491,24 +491,23 @@ absl::Status LaunchRopeTable(const RopeTableParams& p, cudaStream_t stream) {
 
 absl::Status LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
   if (p.num_rows == 0) return absl::OkStatus();
-  return kernels::detail::LaunchAttentionKernel(RmsNormKernel, dim3(p.num_rows), kNormThreads, 0,
-                                                nullptr, stream, p);
+  return kernels::detail::LaunchPdlKernel(RmsNormKernel, dim3(p.num_rows), kNormThreads, 0, nullptr,
+                                          stream, p);
 }
 
 absl::Status LaunchQkvScatter(const QkvScatterParams& p, cudaStream_t stream) {
   const int64_t work = int64_t(p.num_tokens) * (p.num_heads + 2 * p.num_kv_heads) * p.head_dim / 2;
   if (work == 0) return absl::OkStatus();
-  return kernels::detail::LaunchAttentionKernel(QkvScatterKernel,
-                                                dim3(GridFor(work, kElementwiseThreads)),
-                                                kElementwiseThreads, 0, nullptr, stream, p);
+  return kernels::detail::LaunchPdlKernel(QkvScatterKernel,
+                                          dim3(GridFor(work, kElementwiseThreads)),
+                                          kElementwiseThreads, 0, nullptr, stream, p);
 }
 
 absl::Status LaunchSwiGlu(const SwiGluParams& p, cudaStream_t stream) {
   const int64_t work = int64_t(p.num_tokens) * (p.ff % 8 == 0 ? p.ff / 8 : p.ff);
   if (work == 0) return absl::OkStatus();
-  return kernels::detail::LaunchAttentionKernel(SwiGluKernel,
-                                                dim3(GridFor(work, kElementwiseThreads)),
-                                                kElementwiseThreads, 0, nullptr, stream, p);
+  return kernels::detail::LaunchPdlKernel(SwiGluKernel, dim3(GridFor(work, kElementwiseThreads)),
+                                          kElementwiseThreads, 0, nullptr, stream, p);
 }
 
 absl::Status LaunchArgmaxRows(const ArgmaxRowsParams& p, cudaStream_t stream) {
