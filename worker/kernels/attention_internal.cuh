@@ -466,59 +466,6 @@ __device__ __forceinline__ void StoreRows(const AttentionKernelParams& p,
 
 // The walk over a split's tiles. Every thread of a block walks the same cursor (uniform
 // control flow); the producer (loads) runs kStages - 1 tiles ahead of the consumer (math).
-// One tile of the online softmax on mma.sync m16n8 score fragments, for the mma.sync decode
-// and prefill kernels: s[nb] holds rows g = lane / 4 ("lo") and g + 8 ("hi") of the warp's 16
-// at keys nb * 8 + 2 t + e (t = lane % 4). Keys at or past lim_lo / lim_hi are masked, the rest
-// scaled into the log2 domain; the running maxima m and sums l are updated, s becomes the
-// unnormalised probabilities and the O fragments are rescaled.
-template <int NB, int DB>
-__device__ __forceinline__ void OnlineSoftmaxTile(float (&s)[NB][4], float (&o)[DB][4], int lim_lo,
-                                                  int lim_hi, float scale_log2, int t, float& m_lo,
-                                                  float& m_hi, float& l_lo, float& l_hi) {
-  float mx_lo = kNegInf, mx_hi = kNegInf;
-#pragma unroll
-  for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int key = nb * 8 + 2 * t + e;
-      s[nb][e] = key < lim_lo ? s[nb][e] * scale_log2 : kNegInf;
-      s[nb][2 + e] = key < lim_hi ? s[nb][2 + e] * scale_log2 : kNegInf;
-      mx_lo = fmaxf(mx_lo, s[nb][e]);
-      mx_hi = fmaxf(mx_hi, s[nb][2 + e]);
-    }
-  }
-#pragma unroll
-  for (int off = 1; off <= 2; off *= 2) {
-    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
-    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
-  }
-  const float new_lo = fmaxf(m_lo, mx_lo), new_hi = fmaxf(m_hi, mx_hi);
-  const float use_lo = new_lo == kNegInf ? 0.f : new_lo;
-  const float use_hi = new_hi == kNegInf ? 0.f : new_hi;
-  const float alpha_lo = Exp2(m_lo - use_lo), alpha_hi = Exp2(m_hi - use_hi);
-  m_lo = new_lo;
-  m_hi = new_hi;
-  float sum_lo = 0.f, sum_hi = 0.f;
-#pragma unroll
-  for (int nb = 0; nb < NB; ++nb) {
-    s[nb][0] = Exp2(s[nb][0] - use_lo);
-    s[nb][1] = Exp2(s[nb][1] - use_lo);
-    s[nb][2] = Exp2(s[nb][2] - use_hi);
-    s[nb][3] = Exp2(s[nb][3] - use_hi);
-    sum_lo += s[nb][0] + s[nb][1];
-    sum_hi += s[nb][2] + s[nb][3];
-  }
-  l_lo = l_lo * alpha_lo + sum_lo;
-  l_hi = l_hi * alpha_hi + sum_hi;
-#pragma unroll
-  for (int db = 0; db < DB; ++db) {
-    o[db][0] *= alpha_lo;
-    o[db][1] *= alpha_lo;
-    o[db][2] *= alpha_hi;
-    o[db][3] *= alpha_hi;
-  }
-}
-
 template <int kBlockN>
 struct TileCursor {
   int s;          // current segment (global index)
