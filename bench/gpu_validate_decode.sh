@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One H200 call that validates and times the per-warp-pipeline decode kernel of branch
-# wip/decode-warp-pipes (DecodeKernel::kWarpPipes; written 2026-11-30 without device time), and
-# the mma.sync decode/prefill kernels' online softmax folded into one OnlineSoftmaxTile (same
-# registers and spills per ptxas, PTX equal up to register names and commuted multiplies).
+# wip/decode-warp-pipes (DecodeKernel::kWarpPipes; written 2026-11-30 without device time). Its
+# kernels_test run also validates main's kernel mends of 2026-11-30 (OnlineSoftmaxTile,
+# MaskRowMax, StoreRows<D>, the wgmma operand macros: checked by PTX equivalence only).
 # About 2 minutes. Run ON THE GPU MACHINE from the repository root with GPU_DIR (default
 # .gpu-dec) carried: bin/ and lib.tar.xz.
 #
