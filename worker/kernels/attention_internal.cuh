@@ -540,7 +540,10 @@ struct KvTileLoader {
   int tok[kPasses];
   bool any;  // the prefetched tile exists
 
-  __device__ __forceinline__ void Prefetch(const TileCursor<kBlockN>& c, const SegmentView& v,
+  // `c` may walk wider tiles than this loader moves (the decode kernel's warp pipelines: each
+  // warp moves 16 rows of a 64-key tile, c.j shifted to its first row).
+  template <int kCursorN>
+  __device__ __forceinline__ void Prefetch(const TileCursor<kCursorN>& c, const SegmentView& v,
                                            int tid) {
     any = c.valid;
     const int row0 = tid / kChunks;

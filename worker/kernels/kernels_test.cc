@@ -216,6 +216,15 @@ AttentionShape MakeShape(const Sizes& s) {
   return sh;
 }
 
+// A problem with no requests yet: the shape, page size and RoPE frequencies of `s`.
+Problem EmptyProblem(const Sizes& s) {
+  Problem p;
+  p.shape = MakeShape(s);
+  p.view.page_size = s.page_size;
+  p.inv_freq = InvFreq(s.head_dim);
+  return p;
+}
+
 // Appends one request: the given documents at consecutive logical positions, then the
 // request's own segment (own_prefix earlier tokens + q_len new ones, whose keys are already
 // in the pool as a prefill writes them before attending), queries at its last q_len
@@ -257,10 +266,7 @@ std::vector<Doc> MakeDocs(KvPool& pool, int n, int min_len, int max_len, std::mt
 // random order (so the same pages sit at different rope deltas in different requests).
 Problem MakeRagBatch(const Sizes& s, KvPool& pool, const std::vector<Doc>& docs, int num_requests,
                      int max_docs, int max_own_prefix, int q_len, std::mt19937& rng) {
-  Problem p;
-  p.shape = MakeShape(s);
-  p.view.page_size = s.page_size;
-  p.inv_freq = InvFreq(s.head_dim);
+  Problem p = EmptyProblem(s);
   std::uniform_int_distribution<int> ndocs(0, max_docs), own(0, max_own_prefix);
   for (int b = 0; b < num_requests; ++b) {
     std::vector<int> ids(docs.size());
@@ -294,6 +300,7 @@ struct GpuRun {
   // Calls on the same (not re-poisoned) workspace and output; the last output is returned.
   int repeats = 1;
   PrefillKernel prefill_kernel = PrefillKernel::kAuto;
+  DecodeKernel decode_kernel = DecodeKernel::kAuto;
 };
 
 // Runs one kernel on device copies of the problem; returns the bf16 output as floats.
@@ -323,6 +330,7 @@ std::vector<float> RunGpu(const Problem& p, const KvPool& pool, const GpuRun& ru
   prm.workspace_bytes = ws_bytes;
   prm.num_splits = run.num_splits;
   prm.prefill_kernel = run.prefill_kernel;
+  prm.decode_kernel = run.decode_kernel;
   prm.num_pages = pool.pages;
   for (int i = 0; i < run.repeats; ++i) {
     const absl::Status st =
@@ -519,10 +527,7 @@ TEST(LazyAttention, Long32kContext) {
   s.page_size = 64;
   KvPool pool(s.page_size, s.num_kv_heads, s.head_dim, PagesFor(16 * 2048, 64) + 64, rng);
   const std::vector<Doc> docs = MakeDocs(pool, 16, 1900, 2040, rng);  // ~31.5k tokens
-  Problem dec;
-  dec.shape = MakeShape(s);
-  dec.view.page_size = s.page_size;
-  dec.inv_freq = InvFreq(s.head_dim);
+  Problem dec = EmptyProblem(s);
   std::vector<int> all(16);
   std::iota(all.begin(), all.end(), 0);
   Problem pre = dec;
@@ -569,10 +574,7 @@ TEST(LazyAttention, Batch1LongContextAutoSplits) {
         KvPool pool(ps, s.num_kv_heads, d,
                     PagesFor(5 * 2047, ps) + 5 + 2 * PagesFor(200, ps), rng);
         const std::vector<Doc> docs = MakeDocs(pool, 5, 1990, 2047, rng);
-        Problem pre;
-        pre.shape = MakeShape(s);
-        pre.view.page_size = ps;
-        pre.inv_freq = InvFreq(d);
+        Problem pre = EmptyProblem(s);
         Problem dec = pre;
         AddRequest(pre, pool, docs, {3, 0, 4, 1, 2}, 9, group == 4 ? 32 : 64,
                    rng);
@@ -587,6 +589,39 @@ TEST(LazyAttention, Batch1LongContextAutoSplits) {
           ExpectClose(RunGpu(dec, pool, {true, layout, 0}),
                       RunCpu(dec, pool, layout),
                       "decode " + LayoutName(layout));
+        }
+      }
+    }
+  }
+}
+
+// The decode kernel with per-warp pipelines (DecodeKernel::kWarpPipes: each warp loads its own
+// 16 keys of every tile, no block barrier in the loop) does the block-tile kernel's arithmetic
+// in the same order: bit for bit, and against the CPU; batch 1 over 5 long documents and a
+// batch of 5 requests, pages 16 and 64, groups 4 and 8, automatic and forced splits.
+TEST(LazyAttention, DecodeWarpPipesMatchBlockTiles) {
+  GPU_TEST_SETUP(rng);
+  for (int ps : {16, 64}) {
+    for (int group : {4, 8}) {
+      SCOPED_TRACE(absl::StrCat("ps=", ps, " group=", group));
+      const Sizes s{/*head_dim=*/128, group, /*num_kv_heads=*/2, ps};
+      KvPool pool(ps, s.num_kv_heads, s.head_dim, PagesFor(8 * 1500, ps) + 40 * 8, rng);
+      const std::vector<Doc> docs = MakeDocs(pool, 8, 1, 1500, rng);
+      Problem b1 = EmptyProblem(s);
+      AddRequest(b1, pool, docs, {5, 2, 7, 0, 3}, 41, 1, rng);
+      const Problem b5 = MakeRagBatch(s, pool, docs, 5, 4, 40, 1, rng);
+      const std::pair<const char*, const Problem*> problems[] = {{"b1", &b1}, {"b5", &b5}};
+      for (const auto& [name, prob] : problems) {
+        const std::vector<float> ref = RunCpu(*prob, pool, KeyLayout::kRotatedLocal);
+        for (int splits : {0, 1, 3, 16}) {
+          const std::string what = absl::StrCat(name, " splits=", splits);
+          GpuRun run{true, KeyLayout::kRotatedLocal, splits};
+          run.decode_kernel = DecodeKernel::kBlockTiles;
+          const std::vector<float> block = RunGpu(*prob, pool, run);
+          run.decode_kernel = DecodeKernel::kWarpPipes;
+          const std::vector<float> warp = RunGpu(*prob, pool, run);
+          ExpectClose(warp, ref, "warp pipelines " + what);
+          EXPECT_EQ(warp, block) << "warp pipelines vs block tiles " << what;
         }
       }
     }
@@ -645,10 +680,7 @@ TEST(LazyAttention, ManySegments) {
   std::vector<int> rev(order.rbegin(), order.rend());
   std::vector<int> few(order.begin(), order.begin() + 5);
   for (int q_len : {1, 32}) {
-    Problem p;
-    p.shape = MakeShape(s);
-    p.view.page_size = s.page_size;
-    p.inv_freq = InvFreq(s.head_dim);
+    Problem p = EmptyProblem(s);
     AddRequest(p, pool, docs, order, 30, q_len, rng);  // 71 segments
     AddRequest(p, pool, docs, few, 3, q_len, rng);
     AddRequest(p, pool, docs, rev, 0, q_len, rng);
@@ -670,10 +702,7 @@ TEST(LazyAttention, ChunkedCausalPrefill) {
     s.page_size = 16;
     KvPool pool(s.page_size, s.num_kv_heads, s.head_dim, 200, rng);
     const std::vector<Doc> docs = MakeDocs(pool, 3, 100, 500, rng);
-    Problem p;
-    p.shape = MakeShape(s);
-    p.view.page_size = s.page_size;
-    p.inv_freq = InvFreq(s.head_dim);
+    Problem p = EmptyProblem(s);
     AddRequest(p, pool, docs, {}, 200, 100, rng);
     AddRequest(p, pool, docs, {2, 0, 1}, 7, 37, rng);
     for (KeyLayout layout : {KeyLayout::kRotatedLocal, KeyLayout::kUnrotated}) {
@@ -692,10 +721,7 @@ TEST(LazyAttention, FullCausalDocumentEncoding) {
     s.group = 3;
     s.page_size = 64;
     KvPool pool(s.page_size, s.num_kv_heads, s.head_dim, 20, rng);
-    Problem p;
-    p.shape = MakeShape(s);
-    p.view.page_size = s.page_size;
-    p.inv_freq = InvFreq(s.head_dim);
+    Problem p = EmptyProblem(s);
     AddRequest(p, pool, {}, {}, 0, 777, rng);
     ExpectClose(RunGpu(p, pool, {false, KeyLayout::kRotatedLocal, 0}),
                 RunCpu(p, pool, KeyLayout::kRotatedLocal), absl::StrCat("full d=", d));
@@ -721,17 +747,10 @@ TEST(LazyAttention, PrefillWgmmaMatchesCpuAndMmaSync) {
   for (int ps : {16, 64}) {
     for (int group : {4, 8}) {
       SCOPED_TRACE(absl::StrCat("ps=", ps, " group=", group));
-      Sizes s;
-      s.head_dim = 128;
-      s.group = group;
-      s.page_size = ps;
-      s.num_kv_heads = 2;
+      const Sizes s{/*head_dim=*/128, group, /*num_kv_heads=*/2, ps};
       KvPool pool(ps, s.num_kv_heads, s.head_dim, PagesFor(8 * 1200, ps) + 40 * 16, rng);
       const std::vector<Doc> docs = MakeDocs(pool, 8, 1, 1200, rng);
-      Problem b1;
-      b1.shape = MakeShape(s);
-      b1.view.page_size = ps;
-      b1.inv_freq = InvFreq(s.head_dim);
+      Problem b1 = EmptyProblem(s);
       Problem causal = b1;
       AddRequest(b1, pool, docs, {5, 2, 7, 0, 3}, 9, 32, rng);
       AddRequest(causal, pool, docs, {}, 200, 100, rng);
@@ -799,12 +818,7 @@ TEST(LazyAttention, ZeroDeltasMatchContiguous) {
   s.page_size = 16;
   KvPool pool(s.page_size, s.num_kv_heads, s.head_dim, 400, rng);
   const std::vector<Doc> docs = MakeDocs(pool, 4, 100, 700, rng);
-  Problem lazy, contiguous;
-  for (Problem* p : {&lazy, &contiguous}) {
-    p->shape = MakeShape(s);
-    p->view.page_size = s.page_size;
-    p->inv_freq = InvFreq(s.head_dim);
-  }
+  Problem lazy = EmptyProblem(s), contiguous = EmptyProblem(s);
   int total = 0;
   for (const Doc& d : docs) {
     lazy.view.AddSegment(0, d.len, d.pages);

@@ -57,6 +57,16 @@ enum class PrefillKernel {
   kWgmmaWsPingPong,
 };
 
+// Which decode kernel runs (A/B benchmarking and tests; serving leaves kAuto).
+enum class DecodeKernel {
+  kAuto,        // block tiles (below), until warp pipelines are measured faster
+  kBlockTiles,  // 64-key tiles loaded by the whole block, one block barrier per tile
+  // Head dim 128, LAZY layout (else as kBlockTiles): each warp loads and consumes only its own
+  // 16 keys of every tile in its own cp.async ring, so the loop has no block barrier and the
+  // four warps drift apart instead of waiting for the slowest. Bit-identical to kBlockTiles.
+  kWarpPipes,
+};
+
 struct LazyAttentionParams {
   AttentionShape shape;  // num_heads % num_kv_heads == 0; head_dim 64 or 128; group <= 16
   KeyLayout key_layout = KeyLayout::kRotatedLocal;
@@ -83,6 +93,8 @@ struct LazyAttentionParams {
   int num_splits = 0;
   // Prefill only; decode ignores it.
   PrefillKernel prefill_kernel = PrefillKernel::kAuto;
+  // Decode only; prefill ignores it.
+  DecodeKernel decode_kernel = DecodeKernel::kAuto;
   // Pages in the K and V pools (the extent of the TMA tensor maps of the warp-specialized
   // kernel); 0: unknown, that kernel is not used.
   int num_pages = 0;

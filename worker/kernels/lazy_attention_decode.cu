@@ -7,6 +7,10 @@
 // tile (mma.sync m16n8k16; the tensor cores make the math free next to the bytes) with its
 // own online softmax, and the 4 warps' partial results are merged through shared memory at
 // the end. Splits (chosen so that the grid fills the GPU) are merged by the merge kernel.
+// DecodeKernel::kWarpPipes (head dim 128, LAZY layout): each warp gathers only its own 16 keys
+// of every tile into its own ring, so the loop needs a __syncwarp instead of a block barrier
+// and a warp never waits for the others; same arithmetic in the same order (bit-identical).
+// Work in progress: not yet run on a GPU (branch wip/decode-warp-pipes).
 #include "common/status.h"
 #include "worker/kernels/attention_internal.cuh"
 #include "worker/kernels/attention_trace.cuh"
@@ -36,8 +40,9 @@ struct DecodeConfig {
       kQBytes + 2 * kStages * kTileBytes + (D / 2) * 4 + int(sizeof(SplitPlan));
 };
 
-template <int D, bool kRotateKeys>
+template <int D, bool kRotateKeys, bool kWarpPipes>
 __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char* smem) {
+  static_assert(!(kRotateKeys && kWarpPipes), "key rotation works on whole tiles");
   using Cfg = DecodeConfig<D>;
   constexpr int kBlockN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
   constexpr int kWarps = Cfg::kWarps;
@@ -75,37 +80,64 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   TileCursor<kBlockN> cons;
   cons.Init(plan, v);
   TileCursor<kBlockN> prod = cons;
-  KvTileLoader<D, kBlockN, kThreads> loader;
+  const int key0 = warp * 16;  // this warp's keys within every tile
+  // Block tiles: all threads move each 64-key tile. Warp pipelines: each warp moves only its
+  // own 16 rows of every tile (the rows it consumes), so it needs no other warp's copies.
+  using Loader = KvTileLoader<D, kWarpPipes ? 16 : kBlockN, kWarpPipes ? 32 : kThreads>;
+  const int load_tid = kWarpPipes ? lane : tid;
+  const int slice = kWarpPipes ? key0 * D * 2 : 0;  // bytes: TileOffset<D>(key0 + r, c)
+  const auto prefetch = [&](Loader& l, const TileCursor<kBlockN>& c) {
+    TileCursor<kBlockN> w = c;
+    if (kWarpPipes) w.j += key0;
+    l.Prefetch(w, v, load_tid);
+  };
+  Loader loader;
   const int64_t token_stride = int64_t(p.num_kv_heads) * D;
   const int head_off = kvh * D;
   {
     // Prologue: the page ids of the first kStages - 1 tiles are fetched together (one round
     // trip, not one per tile), then their copies issued.
-    KvTileLoader<D, kBlockN, kThreads> first[kStages - 1];
+    Loader first[kStages - 1];
 #pragma unroll
     for (int st = 0; st < kStages - 1; ++st) {
-      first[st].Prefetch(prod, v, tid);
+      prefetch(first[st], prod);
       if (prod.valid) prod.Next(plan, v);
     }
     PdlWait();
     LAZYRAG_TRACE_POINT(g_trace, 1);
-    // Raw query rows (row r = head kvh * group + r; rows >= group zero); the cp.async group
-    // completes with the first K/V tile.
-    for (int it = tid; it < 16 * (D / 8); it += kThreads) {
-      const int row = it / (D / 8), chunk = it % (D / 8);
-      const bool ok = row < group;
-      const __nv_bfloat16* src =
-          ok ? p.q + (int64_t(q_row) * H + kvh * group + row) * D + chunk * 8 : p.q;
-      CpAsync16(SmemAddr(q_smem) + TileOffset<D>(row, chunk), src, ok);
+    // Raw query rows (row r = head kvh * group + r; rows >= group zero). Block tiles: by
+    // cp.async, completing with the first K/V tile. Warp pipelines: a warp waits only for its
+    // own copies, so the rows are loaded plainly after the K/V copies are issued, before the
+    // block barrier below.
+    if constexpr (!kWarpPipes) {
+      for (int it = tid; it < 16 * (D / 8); it += kThreads) {
+        const int row = it / (D / 8), chunk = it % (D / 8);
+        const bool ok = row < group;
+        const __nv_bfloat16* src =
+            ok ? p.q + (int64_t(q_row) * H + kvh * group + row) * D + chunk * 8 : p.q;
+        CpAsync16(SmemAddr(q_smem) + TileOffset<D>(row, chunk), src, ok);
+      }
     }
 #pragma unroll
     for (int st = 0; st < kStages - 1; ++st) {
-      first[st].Issue(k_smem + st * Cfg::kTileBytes, v_smem + st * Cfg::kTileBytes, p.k_cache,
-                      p.v_cache, token_stride, head_off, tid);
+      first[st].Issue(k_smem + st * Cfg::kTileBytes + slice, v_smem + st * Cfg::kTileBytes + slice,
+                      p.k_cache, p.v_cache, token_stride, head_off, load_tid);
       CpAsyncCommit();
     }
+    if constexpr (kWarpPipes) {
+      for (int it = tid; it < 16 * (D / 8); it += kThreads) {
+        const int row = it / (D / 8), chunk = it % (D / 8);
+        uint4 x = make_uint4(0u, 0u, 0u, 0u);
+        if (row < group) {
+          x = *reinterpret_cast<const uint4*>(p.q + (int64_t(q_row) * H + kvh * group + row) * D +
+                                              chunk * 8);
+        }
+        *reinterpret_cast<uint4*>(q_smem + TileOffset<D>(row, chunk)) = x;
+      }
+      __syncthreads();
+    }
   }
-  loader.Prefetch(prod, v, tid);
+  prefetch(loader, prod);
   LAZYRAG_TRACE_POINT(g_trace, 4);
 
   float o[D / 8][4];
@@ -115,20 +147,25 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   uint32_t qf[D / 16][4];
   int q_seg = -1;
   int stage = 0;
-  const int key0 = warp * 16;  // this warp's keys within every tile
 
   while (cons.valid) {
     CpAsyncWait<kStages - 2>();
-    __syncthreads();
+    // Warp pipelines: this warp's copies landed and its lanes are done with the stage refilled
+    // next; no other warp is involved.
+    if constexpr (kWarpPipes) {
+      __syncwarp();
+    } else {
+      __syncthreads();
+    }
 #ifdef LAZYRAG_ATTN_TRACE
     if (stage == 0 && q_seg < 0) LAZYRAG_TRACE_POINT(g_trace, 5);
 #endif
-    loader.Issue(k_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes,
-                 v_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes, p.k_cache, p.v_cache,
-                 token_stride, head_off, tid);
+    loader.Issue(k_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes + slice,
+                 v_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes + slice, p.k_cache,
+                 p.v_cache, token_stride, head_off, load_tid);
     CpAsyncCommit();
     if (prod.valid) prod.Next(plan, v);
-    loader.Prefetch(prod, v, tid);
+    prefetch(loader, prod);
 
     char* kt = k_smem + stage * Cfg::kTileBytes;
     char* vt = v_smem + stage * Cfg::kTileBytes;
@@ -236,17 +273,17 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   LAZYRAG_TRACE_POINT(g_trace, 7);
 }
 
-template <int D, bool kRotateKeys>
+template <int D, bool kRotateKeys, bool kWarpPipes>
 __global__ void __launch_bounds__(DecodeConfig<D>::kThreads, 2)
     LazyDecodeKernel(const __grid_constant__ AttentionKernelParams p) {
   extern __shared__ __align__(128) char smem[];
-  DecodeBody<D, kRotateKeys>(p, smem);
+  DecodeBody<D, kRotateKeys, kWarpPipes>(p, smem);
 }
 
-template <int D, bool kRotateKeys>
+template <int D, bool kRotateKeys, bool kWarpPipes = false>
 absl::Status LaunchDecode(const AttentionKernelParams& kp, int blocks, cudaStream_t stream) {
   using Cfg = DecodeConfig<D>;
-  auto* kernel = LazyDecodeKernel<D, kRotateKeys>;
+  auto* kernel = LazyDecodeKernel<D, kRotateKeys, kWarpPipes>;
   static std::atomic<uint64_t> smem_configured{0};
   return LaunchPdlKernel(kernel, dim3(blocks, kp.num_splits), Cfg::kThreads, Cfg::kSmemBytes,
                          &smem_configured, stream, kp);
@@ -279,8 +316,13 @@ absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t
                                    : detail::LaunchDecode<64, false>(kp, b, stream)));
       break;
     case 128:
-      RETURN_IF_ERROR((rotate_keys ? detail::LaunchDecode<128, true>(kp, b, stream)
-                                   : detail::LaunchDecode<128, false>(kp, b, stream)));
+      if (rotate_keys) {
+        RETURN_IF_ERROR((detail::LaunchDecode<128, true>(kp, b, stream)));
+      } else if (params.decode_kernel == DecodeKernel::kWarpPipes) {
+        RETURN_IF_ERROR((detail::LaunchDecode<128, false, true>(kp, b, stream)));
+      } else {
+        RETURN_IF_ERROR((detail::LaunchDecode<128, false>(kp, b, stream)));
+      }
       break;
     default:
       return absl::InvalidArgumentError(
