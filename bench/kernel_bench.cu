@@ -556,14 +556,15 @@ int Main(int argc, char** argv) {
       results.push_back({"decode_b" + std::to_string(batch), "decode", batch, 1, s.kv_len, var.name,
                          ms, s.KvBytes(), flops});
     }
-    // The per-warp-pipeline decode kernel (DecodeKernel::kWarpPipes) beside the default.
+    // The block-tile decode kernel (DecodeKernel::kBlockTiles) beside the default (per-warp
+    // pipelines).
     const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
       LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
-      p.decode_kernel = DecodeKernel::kWarpPipes;
+      p.decode_kernel = DecodeKernel::kBlockTiles;
       BENCH_OK(LazyAttentionDecode(p, st));
     });
     results.push_back({"decode_b" + std::to_string(batch), "decode", batch, 1, s.kv_len,
-                       "lazy_warp_pipes", ms, s.KvBytes(),
+                       "lazy_block_tiles", ms, s.KvBytes(),
                        4.0 * batch * kHeads * kHeadDim * double(s.kv_len)});
   }
   // 32-token query blocks: the launcher's choice for every variant (lazy and zero_deltas run
@@ -631,15 +632,15 @@ int Main(int argc, char** argv) {
   {
     AttentionSetup d(1, 1, prop.l2CacheSize, rng);
     for (int splits : {8, 16, 24, 32, 48, 64, 96, 128}) {
-      for (DecodeKernel kernel : {DecodeKernel::kBlockTiles, DecodeKernel::kWarpPipes}) {
-        if (kernel == DecodeKernel::kWarpPipes && splits > 64) continue;
+      for (DecodeKernel kernel : {DecodeKernel::kAuto, DecodeKernel::kBlockTiles}) {
+        if (kernel == DecodeKernel::kBlockTiles && splits > 64) continue;
         const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
           LazyAttentionParams p = d.Params(i % d.copies, false, KeyLayout::kRotatedLocal);
           p.num_splits = splits;
           p.decode_kernel = kernel;
           BENCH_OK(LazyAttentionDecode(p, st));
         });
-        const char* prefix = kernel == DecodeKernel::kWarpPipes ? "warp_s" : "lazy_s";
+        const char* prefix = kernel == DecodeKernel::kBlockTiles ? "block_s" : "lazy_s";
         results.push_back({"decode_b1_splits", "decode", 1, 1, d.kv_len,
                            prefix + std::to_string(splits), ms, d.KvBytes(),
                            4.0 * kHeads * kHeadDim * double(d.kv_len)});

@@ -9,8 +9,8 @@
 // the end. Splits (chosen so that the grid fills the GPU) are merged by the merge kernel.
 // DecodeKernel::kWarpPipes (head dim 128, LAZY layout): each warp gathers only its own 16 keys
 // of every tile into its own ring, so the loop needs a __syncwarp instead of a block barrier
-// and a warp never waits for the others; same arithmetic in the same order (bit-identical).
-// Work in progress: not yet run on a GPU (branch wip/decode-warp-pipes).
+// and a warp never waits for the others; same arithmetic in the same order (bit-identical). The
+// default where it applies (DecodeKernel::kAuto).
 #include "common/status.h"
 #include "worker/kernels/attention_internal.cuh"
 #include "worker/kernels/attention_trace.cuh"
@@ -318,7 +318,7 @@ absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t
     case 128:
       if (rotate_keys) {
         RETURN_IF_ERROR((detail::LaunchDecode<128, true>(kp, b, stream)));
-      } else if (params.decode_kernel == DecodeKernel::kWarpPipes) {
+      } else if (params.decode_kernel != DecodeKernel::kBlockTiles) {
         RETURN_IF_ERROR((detail::LaunchDecode<128, false, true>(kp, b, stream)));
       } else {
         RETURN_IF_ERROR((detail::LaunchDecode<128, false>(kp, b, stream)));
