@@ -266,6 +266,9 @@ struct AttentionSetup {
     p.workspace_bytes = workspace_bytes;
     p.prefill_kernel = g_default_prefill_kernel;
     p.num_pages = num_pages;
+    // As the engine: nothing before a launch writes the cached keys (the previous launch
+    // writes only `out` and the split scratch).
+    p.stable_history = true;
     return p;
   }
   // KV bytes one launch reads (K and V of every key of every request, all KV heads).
@@ -331,6 +334,50 @@ __global__ void __launch_bounds__(256)
          d.w;
   }
   for (; i < n; i += stride) x ^= src[i].x ^ src[i].y ^ src[i].z ^ src[i].w;
+  if (x == 0x9e3779b9u) sink[0] = x;
+}
+
+// Decode batch 1's gather without the math (a floor for that kernel's memory side): block
+// (KV head, split) reads its share of one request's pages (page size 16, head dim 128: per page
+// and head 16 rows of 256 B for K and for V, 2 KiB apart), kPages pages per round with all
+// their 16-byte loads in flight (4 per page per thread), page ids staged in shared memory.
+// kHeadMajor: the same bytes as if each page stored its heads one after another ([page][head]
+// [16 rows][D], 4 KiB contiguous per page and head) instead of the pool's [page][row][head][D].
+template <int kPages, bool kHeadMajor>
+__global__ void __launch_bounds__(128)
+    GatherKernel(const uint4* __restrict__ k, const uint4* __restrict__ v,
+                 const int32_t* __restrict__ pages, int num_pages, int kv_heads, uint32_t* sink) {
+  __shared__ int32_t ids[256];
+  const int kvh = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+  const int p0 = int(int64_t(num_pages) * split / splits);
+  const int n = min(256, int(int64_t(num_pages) * (split + 1) / splits) - p0);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) ids[i] = pages[p0 + i];
+  __syncthreads();
+  const int row = threadIdx.x / 16, chunk = threadIdx.x % 16;  // 8 rows x 16 chunks per pass
+  uint32_t x = 0;
+  for (int p = 0; p < n; p += kPages) {
+    uint4 a[kPages][4];
+#pragma unroll
+    for (int j = 0; j < kPages; ++j) {
+      if (p + j < n) {
+        const int64_t pg = ids[p + j];
+        const int64_t r0 = kHeadMajor ? ((pg * kv_heads + kvh) * 16 + row) * 16 + chunk
+                                      : ((pg * 16 + row) * kv_heads + kvh) * 16 + chunk;
+        const int64_t r1 = r0 + (kHeadMajor ? 8 * 16 : int64_t(8) * kv_heads * 16);
+        a[j][0] = __ldcg(k + r0);
+        a[j][1] = __ldcg(k + r1);
+        a[j][2] = __ldcg(v + r0);
+        a[j][3] = __ldcg(v + r1);
+      } else {
+        a[j][0] = a[j][1] = a[j][2] = a[j][3] = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kPages; ++j) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) x ^= a[j][c].x ^ a[j][c].y ^ a[j][c].z ^ a[j][c].w;
+    }
+  }
   if (x == 0x9e3779b9u) sink[0] = x;
 }
 
@@ -566,6 +613,31 @@ int Main(int argc, char** argv) {
     results.push_back({"decode_b" + std::to_string(batch), "decode", batch, 1, s.kv_len,
                        "lazy_block_tiles", ms, s.KvBytes(),
                        4.0 * batch * kHeads * kHeadDim * double(s.kv_len)});
+    // The default kernel with every K/V read after PdlWait (stable_history off).
+    const double wait_ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+      LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
+      p.stable_history = false;
+      BENCH_OK(LazyAttentionDecode(p, st));
+    });
+    results.push_back({"decode_b" + std::to_string(batch), "decode", batch, 1, s.kv_len,
+                       "lazy_wait_all", wait_ms, s.KvBytes(),
+                       4.0 * batch * kHeads * kHeadDim * double(s.kv_len)});
+    // Batch 1 without the overlap between consecutive launches: an empty kernel launched
+    // without the programmatic attribute before every call, so a launch starts only after the
+    // previous one has finished (its time, ~0.8 us as diag_empty, is included).
+    if (batch == 1) {
+      for (bool stable : {true, false}) {
+        const double iso_ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+          EmptyKernel<<<1, 32, 0, st>>>();
+          LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
+          p.stable_history = stable;
+          BENCH_OK(LazyAttentionDecode(p, st));
+        });
+        results.push_back({"decode_b1", "decode", 1, 1, s.kv_len,
+                           stable ? "lazy_isolated" : "lazy_wait_all_isolated", iso_ms,
+                           s.KvBytes(), 4.0 * kHeads * kHeadDim * double(s.kv_len)});
+      }
+    }
   }
   // 32-token query blocks: the launcher's choice for every variant (lazy and zero_deltas run
   // the wgmma kernel on sm_90a), then the mma.sync kernel forced (lazy_mma).
@@ -603,6 +675,20 @@ int Main(int argc, char** argv) {
       });
       results.push_back({"prefill_q32_b" + std::to_string(batch), "prefill", batch, 32, s.kv_len,
                          VariantName(kernel), ms, s.KvBytes(), flops});
+    }
+    // The launcher's kernel with every K/V read after PdlWait (stable_history off), and
+    // both without the overlap between consecutive launches (an empty kernel without the
+    // programmatic attribute before every call; its ~0.8 us included).
+    for (int mode = 0; mode < 3; ++mode) {
+      const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+        if (mode > 0) EmptyKernel<<<1, 32, 0, st>>>();
+        LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
+        p.stable_history = mode == 2;
+        BENCH_OK(LazyAttentionPrefill(p, st));
+      });
+      static const char* kNames[] = {"lazy_wait_all", "lazy_wait_all_isolated", "lazy_isolated"};
+      results.push_back({"prefill_q32_b" + std::to_string(batch), "prefill", batch, 32, s.kv_len,
+                         kNames[mode], ms, s.KvBytes(), flops});
     }
   }
   // Large prefill: a 2,048-token chunk of the request's own tokens (causal among themselves)
@@ -672,6 +758,8 @@ int Main(int argc, char** argv) {
   //    6 buffers = 4x the L2), one launch per call: launch + ramp + tail of a trivial kernel;
   //  * read_42MB+empty: the same plus an empty kernel per call (the cost of a second node);
   //  * empty: one empty kernel per call;
+  //  * gather_b1_sN_pP[_head_major]: decode b1's page gather without the math (GatherKernel),
+  //    in the pool's layout and in a head-major page layout;
   //  * merge_b1_sN: the split-merge kernel alone for decode b1 (32 heads, N splits).
   {
     const size_t bytes = 41943040, n16 = bytes / 16;
@@ -718,6 +806,33 @@ int Main(int argc, char** argv) {
                          seq.KvBytes(), 4.0 * kHeads * kHeadDim * double(seq.kv_len)});
     }
     AttentionSetup d(1, 1, prop.l2CacheSize, rng);
+    {
+      // gather_b1_sN_pP: GatherKernel over decode b1's pages (shuffled, as the decode rows),
+      // N splits per KV head, P pages in flight per round.
+      const int request_pages = d.num_pages / d.copies;
+      uint32_t* gsink = DeviceAlloc<uint32_t>(1);
+      for (int splits : {33, 66}) {
+        for (int pp : {4, 8}) {
+          for (bool head_major : {false, true}) {
+            const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+              const int32_t* ids = d.views[0][i % d.copies].page_indices;
+              const dim3 grid(kKvHeads, splits);
+              const auto* k = reinterpret_cast<const uint4*>(d.k);
+              const auto* v = reinterpret_cast<const uint4*>(d.v);
+              auto* kernel = pp == 4 ? (head_major ? GatherKernel<4, true> : GatherKernel<4, false>)
+                                     : (head_major ? GatherKernel<8, true> : GatherKernel<8, false>);
+              kernel<<<grid, 128, 0, st>>>(k, v, ids, request_pages, kKvHeads, gsink);
+              BENCH_CUDA(cudaGetLastError());
+            });
+            results.push_back({"diag_gather_b1", "diag", 1, 0, d.kv_len,
+                               "s" + std::to_string(splits) + "_p" + std::to_string(pp) +
+                                   (head_major ? "_head_major" : ""),
+                               ms, d.KvBytes(), 0});
+          }
+        }
+      }
+      cudaFree(gsink);
+    }
     for (int splits : {16, 33, 64}) {
       LazyAttentionParams p = d.Params(0, false, KeyLayout::kRotatedLocal);
       p.num_splits = splits;

@@ -13,7 +13,7 @@
 // Usage: ttft_bench [--model NAME] [--docs N] [--doc_len N] [--query N] [--runs N]
 //                   [--warmup N] [--cold_runs N] [--chunk N] [--page_size N]
 //                   [--decode_steps N] [--residual_in_gemm 0|1] [--cuda_graphs 0|1]
-//                   [--step_times 0|1] [--idle_ms N]
+//                   [--step_times 0|1] [--idle_ms N] [--early_kv 0|1]
 //                   [--profile] [--out PATH]
 #include <cuda_profiler_api.h>
 
@@ -51,6 +51,7 @@ struct BenchOptions {
   bool residual_in_gemm = false;  // CudaBackendOptions::residual_add_in_gemm
   bool cuda_graphs = true;        // CudaBackendOptions::cuda_graphs
   bool step_times = true;         // CudaBackendOptions::time_steps: where LAZY's TTFT goes
+  bool early_kv = true;           // CudaBackendOptions::early_kv_reads
   int idle_ms = 0;                // GPU idle before each timed request (a lone request)
   bool profile = false;           // one LAZY request (prefill + 1 decode step) between
                                   // cudaProfilerStart/Stop after warm-up, then exit (for ncu)
@@ -92,6 +93,8 @@ int Main(int argc, char** argv) {
       o.residual_in_gemm = std::atoi(argv[++i]) != 0;
     else if (arg("--step_times"))
       o.step_times = std::atoi(argv[++i]) != 0;
+    else if (arg("--early_kv"))
+      o.early_kv = std::atoi(argv[++i]) != 0;
     else if (arg("--idle_ms"))
       o.idle_ms = std::max(0, std::atoi(argv[++i]));
     else if (arg("--cuda_graphs"))
@@ -105,7 +108,7 @@ int Main(int argc, char** argv) {
                    "usage: %s [--model NAME] [--docs N] [--doc_len N] [--query N] [--runs N] "
                    "[--warmup N] [--cold_runs N] [--chunk N] [--page_size N] "
                    "[--decode_steps N] [--residual_in_gemm 0|1] [--cuda_graphs 0|1] "
-                   "[--step_times 0|1] [--idle_ms N] [--profile] "
+                   "[--step_times 0|1] [--idle_ms N] [--early_kv 0|1] [--profile] "
                    "[--out PATH]\n",
                    argv[0]);
       return 2;
@@ -123,6 +126,7 @@ int Main(int argc, char** argv) {
   bo.residual_add_in_gemm = o.residual_in_gemm;
   bo.cuda_graphs = o.cuda_graphs;
   bo.time_steps = o.step_times;
+  bo.early_kv_reads = o.early_kv;
   auto backend = CreateCudaBackend(*model, bo);
   if (!backend.ok()) return Fail(backend.status(), "cuda backend");
   const double init_s = std::chrono::duration<double>(Clock::now() - t_load).count();
@@ -306,6 +310,7 @@ int Main(int argc, char** argv) {
       << ", \"prompt_tokens\": " << prompt_tokens << ",\n"
       << "  \"residual_in_gemm\": " << (o.residual_in_gemm ? "true" : "false") << ",\n"
       << "  \"cuda_graphs\": " << (o.cuda_graphs ? "true" : "false") << ",\n"
+      << "  \"early_kv\": " << (o.early_kv ? "true" : "false") << ",\n"
       << "  \"idle_ms\": " << o.idle_ms << ",\n"
       << "  \"chunk\": " << o.chunk << ", \"page_size\": " << o.page_size
       << ", \"runs\": " << o.runs << ", \"warmup\": " << o.warmup << ",\n"

@@ -54,6 +54,9 @@ struct AttentionKernelParams {
   // Warp-specialized prefill only: 1 = the consumer warpgroups ping-pong (PrefillKernel::
   // kWgmmaWsPingPong).
   int ws_pingpong;
+  // LazyAttentionParams::stable_history: 1 = key rows at positions below a request's first
+  // query position may be read before PdlWait.
+  int stable_history;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -245,7 +248,8 @@ __device__ __forceinline__ void RotateKeyTile(char* k_smem, int pos0, const floa
 // Before PdlWait a kernel may read only what was written before the previous kernel started
 // (the step's segment view, uploaded by a copy earlier on the stream; inv_freq): the decode
 // and wgmma prefill kernels plan their split and fetch their first page ids there; the query,
-// the K/V bytes and every write come after it. PdlLaunchDependents() lets the next kernel
+// the K/V bytes and every write come after it (except, with stable_history, the decode kernel's
+// first K/V tiles below the query position). PdlLaunchDependents() lets the next kernel
 // (the split merge) be scheduled early; it still waits for this grid to complete.
 __device__ __forceinline__ void PdlWait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void PdlLaunchDependents() {

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "worker/backend/cpu/attention_cpu.h"
 #include "worker/backend/segment_view.h"
+#include "worker/kernels/kernels_test_util.h"
 #include "worker/kernels/lazy_attention.h"
 #include "worker/kernels/materialize.h"
 
@@ -301,11 +302,54 @@ struct GpuRun {
   int repeats = 1;
   PrefillKernel prefill_kernel = PrefillKernel::kAuto;
   DecodeKernel decode_kernel = DecodeKernel::kAuto;
+  bool stable_history = false;
+  // Rows left NaN in the uploaded pool and written by a kernel launched just before the
+  // attention kernel, which lets the attention kernel start at once and writes only after
+  // late_delay_ns (kernels_test_util.h): kStepRows, the keys at the queries' own positions
+  // (what the model's QKV scatter writes in a step: stable_history allows this);
+  // kFirstDocRows, every request's first key (breaks stable_history's promise: a probe).
+  enum class LateRows { kNone, kStepRows, kFirstKeys } late_rows = LateRows::kNone;
+  int64_t late_delay_ns = 20000;
 };
+
+// Element offsets (layer 0) of the rows GpuRun::late_rows names, for every KV head.
+std::vector<int64_t> LateRowOffsets(const Problem& p, const KvPool& pool, GpuRun::LateRows which) {
+  std::vector<int64_t> offsets;
+  const SegmentViewHost& h = p.view;
+  for (size_t r = 0; r + 1 < h.seg_indptr.size(); ++r) {
+    const int seg = which == GpuRun::LateRows::kStepRows ? h.seg_indptr[r + 1] - 1 : h.seg_indptr[r];
+    if (seg < h.seg_indptr[r]) continue;
+    const std::vector<int32_t> run(h.page_indices.begin() + h.page_indptr[seg],
+                                   h.page_indices.begin() + h.page_indptr[seg + 1]);
+    std::vector<int> keys;
+    if (which == GpuRun::LateRows::kStepRows) {
+      for (int i = h.q_indptr[r]; i < h.q_indptr[r + 1]; ++i) keys.push_back(h.q_pos[i] - h.seg_start[seg]);
+    } else {
+      keys.push_back(0);
+    }
+    for (int j : keys) {
+      for (int kvh = 0; kvh < pool.hkv; ++kvh) offsets.push_back(pool.Offset(run, j, kvh));
+    }
+  }
+  return offsets;
+}
 
 // Runs one kernel on device copies of the problem; returns the bf16 output as floats.
 std::vector<float> RunGpu(const Problem& p, const KvPool& pool, const GpuRun& run) {
-  DeviceArray<uint16_t> q(p.q), k(pool.k), v(pool.v);
+  std::vector<int64_t> late;
+  std::vector<uint16_t> k_host = pool.k, v_host = pool.v, k_late, v_late;
+  if (run.late_rows != GpuRun::LateRows::kNone) {
+    late = LateRowOffsets(p, pool, run.late_rows);
+    for (int64_t o : late) {
+      k_late.insert(k_late.end(), pool.k.begin() + o, pool.k.begin() + o + pool.d);
+      v_late.insert(v_late.end(), pool.v.begin() + o, pool.v.begin() + o + pool.d);
+      std::fill_n(k_host.begin() + o, pool.d, kBf16NaN);
+      std::fill_n(v_host.begin() + o, pool.d, kBf16NaN);
+    }
+  }
+  DeviceArray<uint16_t> q(p.q), k(k_host), v(v_host);
+  DeviceArray<int64_t> late_offsets(late);
+  DeviceArray<uint16_t> k_late_d(k_late), v_late_d(v_late);
   DeviceArray<float> inv_freq(p.inv_freq);
   DeviceView view(p.view);
   DeviceArray<uint16_t> out(p.q.size(), 0xff);  // NaN poison
@@ -332,6 +376,12 @@ std::vector<float> RunGpu(const Problem& p, const KvPool& pool, const GpuRun& ru
   prm.prefill_kernel = run.prefill_kernel;
   prm.decode_kernel = run.decode_kernel;
   prm.num_pages = pool.pages;
+  prm.stable_history = run.stable_history;
+  if (!late.empty()) {
+    EXPECT_TRUE(testing::LaunchDelayedRowWrite(k.get(), v.get(), late_offsets.get(), k_late_d.get(),
+                                               v_late_d.get(), int(late.size()), pool.d,
+                                               run.late_delay_ns, nullptr));
+  }
   for (int i = 0; i < run.repeats; ++i) {
     const absl::Status st =
         run.decode ? LazyAttentionDecode(prm, nullptr) : LazyAttentionPrefill(prm, nullptr);
@@ -624,6 +674,85 @@ TEST(LazyAttention, DecodeWarpPipesMatchBlockTiles) {
           EXPECT_EQ(warp, block) << "warp pipelines vs block tiles " << what;
         }
       }
+    }
+  }
+}
+
+// stable_history: the decode kernel copies its first K/V tiles before waiting for the kernel
+// launched just before it, except those holding the query's own key. Here that kernel writes
+// the queries' own K/V rows (NaN until then) 20 us after letting the decode start, as the
+// model's QKV scatter does: the output must still match the CPU on the written rows, for the
+// launcher's split and forced ones (the split holding the query's row waits, the others
+// start early).
+TEST(LazyAttention, DecodeStableHistoryWaitsForTheStepsRows) {
+  GPU_TEST_SETUP(rng);
+  for (int ps : {16, 64}) {
+    SCOPED_TRACE(absl::StrCat("ps=", ps));
+    const Sizes s{/*head_dim=*/128, /*group=*/4, /*num_kv_heads=*/2, ps};
+    KvPool pool(ps, s.num_kv_heads, s.head_dim, PagesFor(6 * 1500, ps) + 40 * 6, rng);
+    const std::vector<Doc> docs = MakeDocs(pool, 6, 1, 1500, rng);
+    Problem b1 = EmptyProblem(s);
+    AddRequest(b1, pool, docs, {4, 1, 5, 0}, 37, 1, rng);
+    const Problem b6 = MakeRagBatch(s, pool, docs, 6, 4, 40, 1, rng);
+    const std::pair<const char*, const Problem*> problems[] = {{"b1", &b1}, {"b6", &b6}};
+    for (const auto& [name, prob] : problems) {
+      const std::vector<float> ref = RunCpu(*prob, pool, KeyLayout::kRotatedLocal);
+      for (int splits : {0, 1, 7, 40}) {
+        GpuRun run{true, KeyLayout::kRotatedLocal, splits};
+        run.stable_history = true;
+        run.late_rows = GpuRun::LateRows::kStepRows;
+        ExpectClose(RunGpu(*prob, pool, run), ref, absl::StrCat(name, " splits=", splits));
+      }
+    }
+  }
+}
+
+// The same for the warp-specialized prefill (its producer gathers the tiles below the
+// request's first query position before the wait): query blocks of 32 and chunks of 150 rows
+// after 0-60 earlier own tokens, whose 32 or 150 keys are written late.
+TEST(LazyAttention, PrefillStableHistoryWaitsForTheStepsRows) {
+  GPU_TEST_SETUP(rng);
+  for (int ps : {16, 64}) {
+    SCOPED_TRACE(absl::StrCat("ps=", ps));
+    const Sizes s{/*head_dim=*/128, /*group=*/4, /*num_kv_heads=*/2, ps};
+    KvPool pool(ps, s.num_kv_heads, s.head_dim, PagesFor(6 * 1500, ps) + 240 * 5, rng);
+    const std::vector<Doc> docs = MakeDocs(pool, 6, 1, 1500, rng);
+    for (int q_len : {32, 150}) {
+      const Problem prob = MakeRagBatch(s, pool, docs, q_len == 32 ? 3 : 2, 4, 60, q_len, rng);
+      const std::vector<float> ref = RunCpu(prob, pool, KeyLayout::kRotatedLocal);
+      for (int splits : {0, 1, 5}) {
+        GpuRun run{false, KeyLayout::kRotatedLocal, splits};
+        run.stable_history = true;
+        run.late_rows = GpuRun::LateRows::kStepRows;
+        ExpectClose(RunGpu(prob, pool, run), ref, absl::StrCat("q_len=", q_len, " splits=", splits));
+      }
+    }
+  }
+}
+
+// The probe that the tests above can fail: with the promise broken (every request's FIRST key
+// written late), the early copies read the NaN rows. Timing-dependent, so only on request
+// (KERNELS_TEST_PROBE_EARLY_READS=1), to check on a GPU that the early copies happen.
+TEST(LazyAttention, DecodeStableHistoryProbeEarlyReads) {
+  GPU_TEST_SETUP(rng);
+  if (std::getenv("KERNELS_TEST_PROBE_EARLY_READS") == nullptr) {
+    GTEST_SKIP() << "set KERNELS_TEST_PROBE_EARLY_READS=1 to run";
+  }
+  const Sizes s{/*head_dim=*/128, /*group=*/4, /*num_kv_heads=*/2, 16};
+  KvPool pool(16, s.num_kv_heads, s.head_dim, PagesFor(4 * 1500, 16) + 40, rng);
+  const std::vector<Doc> docs = MakeDocs(pool, 4, 1000, 1500, rng);
+  Problem b1 = EmptyProblem(s);
+  AddRequest(b1, pool, docs, {2, 0, 3, 1}, 37, 1, rng);
+  for (bool stable : {true, false}) {
+    GpuRun run{true, KeyLayout::kRotatedLocal, 8};
+    run.stable_history = stable;
+    run.late_rows = GpuRun::LateRows::kFirstKeys;
+    const std::vector<float> out = RunGpu(b1, pool, run);
+    const size_t nans = std::count_if(out.begin(), out.end(), [](float x) { return std::isnan(x); });
+    if (stable) {
+      EXPECT_GT(nans, 0u) << "early copies did not see the late rows";
+    } else {
+      EXPECT_EQ(nans, 0u) << "without stable_history every read waits";
     }
   }
 }

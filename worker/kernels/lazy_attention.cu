@@ -161,6 +161,7 @@ absl::Status MakeKernelParams(const LazyAttentionParams& params, int base_blocks
   kp->scale_log2 = sh.scale * kLog2e;
   kp->num_splits = splits;
   kp->ws_pingpong = 0;
+  kp->stable_history = params.stable_history ? 1 : 0;
   kp->o_partial = nullptr;
   kp->lse_partial = nullptr;
   if (splits > 1) {

@@ -100,6 +100,15 @@ struct LazyAttentionParams {
   // Pages in the K and V pools (the extent of the TMA tensor maps of the warp-specialized
   // kernel); 0: unknown, that kernel is not used.
   int num_pages = 0;
+  // The caller's promise that every key row at a position below its request's first query
+  // position (its query positions increase) was written before the kernel that precedes this
+  // launch on the stream started: only the step's own rows (the query tokens' keys) may be
+  // written by the kernels just before (the engine's case: documents and earlier steps' rows
+  // are finished; the QKV scatter writes the step's rows). The decode kernel with warp
+  // pipelines and the warp-specialized prefill kernel then start gathering K/V tiles before
+  // waiting for the preceding kernel (programmatic dependent launch), overlapping its tail;
+  // tiles holding a step row are read after the wait. false: every K/V read waits.
+  bool stable_history = false;
 };
 
 inline constexpr int kMaxKvSplits = 128;

@@ -98,10 +98,28 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     // Prologue: the page ids of the first kStages - 1 tiles are fetched together (one round
     // trip, not one per tile), then their copies issued.
     Loader first[kStages - 1];
+    // Warp pipelines with stable_history: the leading prologue stages whose rows (this warp's
+    // 16 of the tile) all sit at positions below the query's are copied before PdlWait, in
+    // order (one commit group per stage either way).
+    int early = 0;
+    bool stable = kWarpPipes && p.stable_history != 0;
 #pragma unroll
     for (int st = 0; st < kStages - 1; ++st) {
       prefetch(first[st], prod);
+      stable = stable && (!prod.valid || prod.start + min(prod.j + key0 + 16, prod.j_end) <= pos);
+      if (stable) ++early;
       if (prod.valid) prod.Next(plan, v);
+    }
+    if constexpr (kWarpPipes) {
+#pragma unroll
+      for (int st = 0; st < kStages - 1; ++st) {
+        if (st < early) {
+          first[st].Issue(k_smem + st * Cfg::kTileBytes + slice,
+                          v_smem + st * Cfg::kTileBytes + slice, p.k_cache, p.v_cache,
+                          token_stride, head_off, load_tid);
+          CpAsyncCommit();
+        }
+      }
     }
     PdlWait();
     LAZYRAG_TRACE_POINT(g_trace, 1);
@@ -120,9 +138,12 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     }
 #pragma unroll
     for (int st = 0; st < kStages - 1; ++st) {
-      first[st].Issue(k_smem + st * Cfg::kTileBytes + slice, v_smem + st * Cfg::kTileBytes + slice,
-                      p.k_cache, p.v_cache, token_stride, head_off, load_tid);
-      CpAsyncCommit();
+      if (st >= early) {
+        first[st].Issue(k_smem + st * Cfg::kTileBytes + slice,
+                        v_smem + st * Cfg::kTileBytes + slice, p.k_cache, p.v_cache, token_stride,
+                        head_off, load_tid);
+        CpAsyncCommit();
+      }
     }
     if constexpr (kWarpPipes) {
       for (int it = tid; it < 16 * (D / 8); it += kThreads) {

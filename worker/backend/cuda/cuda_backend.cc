@@ -946,6 +946,10 @@ absl::Status CudaBackend::EnqueueStep(const Step& s) {
       ap.workspace = attention_workspace_.data();
       ap.workspace_bytes = attention_workspace_.size();
       ap.num_pages = num_pages_;  // lets the prefill gather pages with the TMA
+      // Keys below a request's query positions were written by earlier steps, Materialize or
+      // page uploads, all finished before this step's first kernel; only the QKV scatter just
+      // before writes (the step's own rows).
+      ap.stable_history = options_.early_kv_reads;
       RETURN_IF_ERROR(decode ? kernels::LazyAttentionDecode(ap, stream_)
                              : kernels::LazyAttentionPrefill(ap, stream_));
     } else {

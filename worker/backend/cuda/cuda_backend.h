@@ -64,6 +64,10 @@ struct CudaBackendOptions {
   // (TakeCudaStepTimings): two CUDA events and a few clock reads per step. For benchmarks
   // (ttft_bench --step_times).
   bool time_steps = false;
+  // The attention kernels may start gathering the K/V of documents and earlier steps before
+  // the step's QKV scatter has finished (kernels::LazyAttentionParams::stable_history: the
+  // scatter writes only the step's own rows). ttft_bench --early_kv 0|1 measures both.
+  bool early_kv_reads = true;
   // Tensor parallelism: this backend is rank shard.rank of shard.size (CreateCudaBackend takes
   // the global model and keeps the rank's slice). `nccl_comm` is that rank's ncclComm_t
   // (opaque here so that this header needs no NCCL), REQUIRED when shard.size > 1; the backend
