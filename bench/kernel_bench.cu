@@ -676,19 +676,15 @@ int Main(int argc, char** argv) {
       results.push_back({"prefill_q32_b" + std::to_string(batch), "prefill", batch, 32, s.kv_len,
                          VariantName(kernel), ms, s.KvBytes(), flops});
     }
-    // The launcher's kernel with every K/V read after PdlWait (stable_history off), and
-    // both without the overlap between consecutive launches (an empty kernel without the
-    // programmatic attribute before every call; its ~0.8 us included).
-    for (int mode = 0; mode < 3; ++mode) {
+    // The launcher's kernel without the overlap between consecutive launches (an empty kernel
+    // without the programmatic attribute before every call; its ~0.8 us included).
+    {
       const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
-        if (mode > 0) EmptyKernel<<<1, 32, 0, st>>>();
-        LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
-        p.stable_history = mode == 2;
-        BENCH_OK(LazyAttentionPrefill(p, st));
+        EmptyKernel<<<1, 32, 0, st>>>();
+        BENCH_OK(LazyAttentionPrefill(s.Params(i % s.copies, false, KeyLayout::kRotatedLocal), st));
       });
-      static const char* kNames[] = {"lazy_wait_all", "lazy_wait_all_isolated", "lazy_isolated"};
       results.push_back({"prefill_q32_b" + std::to_string(batch), "prefill", batch, 32, s.kv_len,
-                         kNames[mode], ms, s.KvBytes(), flops});
+                         "lazy_isolated", ms, s.KvBytes(), flops});
     }
   }
   // Large prefill: a 2,048-token chunk of the request's own tokens (causal among themselves)

@@ -1,15 +1,23 @@
 // Fetch or compute: whether a document missing from the KV pool is cheaper to fetch from the
 // kvstore or to recompute (DESIGN section 3: the store tier is there to save time). On a CPU
 // worker recomputing SmolLM2 costs ~3 ms a token while the kvstore moves a token's KV in
-// ~0.1 ms, so fetching wins; on an H200 the 8B model prefills ~30,000 tokens/s while the
-// kvstore (~0.5 GB/s, 131 KB of KV a token) moves ~4,000, so recomputing wins by 7x.
+// ~0.1 ms, so fetching wins; on an H200 the 8B model prefills a 2,048-token document in ~75 ms
+// while the kvstore (~0.5 GB/s, 131 KB of KV a token) takes ~0.5 s, so recomputing wins by 7x.
 //
-// The model keeps two moving averages in seconds per token: compute, from forward steps that
-// returned logits (the backend has synchronised, so their wall time is the device's), and
-// fetch, from kvstore hits (the whole Get: RPC, checksums, copies). It prefers compute when
-// fetching is predicted to take more than `margin` times as long; every `probe_every`-th such
-// decision fetches anyway, so a store that got faster is noticed. Until both averages exist
-// it always fetches. Thread-safe.
+// Compute: a least-squares line through the forward steps seen so far, step seconds = a + b x
+// tokens, with older steps fading (step_decay per step). A GPU step is mostly a fixed cost
+// (the weights read once: ~5 ms for the 8B model at 1 to 48 tokens) plus a small cost per
+// token, so dividing a small step's time by its tokens overstates what a token of a document
+// costs by 5-10x; the line does not. A document of n tokens is predicted to take
+// ceil(n / chunk_tokens) steps: ceil(n / chunk) x a + b x n. While every step seen had about
+// the same size (no slope), or the slope came out negative (noise), the prediction falls back to
+// n x (the steps' mean seconds per token), which overstates and so leans to fetching.
+// Fetch: a moving average of seconds per token over kvstore hits (the whole Get: RPC,
+// checksums, copies); documents already queued for the single fetch thread are waited for
+// first, so they count too.
+// Compute is preferred when the fetch is predicted to take more than `margin` times as long;
+// every `probe_every`-th such decision fetches anyway, so a store that got faster is noticed.
+// Until a fetch and a step have been seen it always fetches. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -19,32 +27,38 @@
 namespace lazyrag {
 
 struct FetchCostOptions {
-  double margin = 1.25;          // prefer compute only when fetch > margin x compute
-  int probe_every = 8;           // every n-th "compute" decision fetches anyway
-  double smoothing = 0.2;        // weight of a new observation in the moving averages
-  int64_t min_compute_tokens = 32;  // smaller steps are launch-bound, not throughput
+  double margin = 1.25;       // prefer compute only when fetch > margin x compute
+  int probe_every = 8;        // every n-th "compute" decision fetches anyway
+  double smoothing = 0.2;     // weight of a new fetch observation in its moving average
+  double step_decay = 0.98;   // weight an older step keeps in the line per newer step
+  int64_t chunk_tokens = 2048;  // prefill chunk (EngineOptions::prefill_chunk)
 };
 
 class FetchCostModel {
  public:
   explicit FetchCostModel(FetchCostOptions options = {}) : options_(options) {}
 
-  // A forward step of `tokens` tokens that took `seconds` (logits on the host).
+  // A forward step of `tokens` tokens that took `seconds` (outputs on the host).
   void ObserveCompute(int64_t tokens, double seconds);
   // A kvstore hit for a document of `tokens` tokens that took `seconds`.
   void ObserveFetch(int64_t tokens, double seconds);
-  // True: compute the document instead of fetching it from the kvstore.
-  bool PreferCompute();
+  // True: compute the document of `tokens` tokens instead of fetching it from the kvstore,
+  // behind `fetch_backlog_tokens` tokens of documents already waiting for the fetch thread.
+  bool PreferCompute(int64_t tokens, int64_t fetch_backlog_tokens = 0);
 
-  // Seconds per token; 0 when not observed yet.
-  double compute_s_per_token() const;
-  double fetch_s_per_token() const;
+  // Predicted seconds; 0 when nothing has been observed yet.
+  double PredictComputeSeconds(int64_t tokens) const;
+  double PredictFetchSeconds(int64_t tokens) const;
 
  private:
+  double ComputeLocked(int64_t tokens) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
   const FetchCostOptions options_;
   mutable absl::Mutex mu_;
-  double compute_ ABSL_GUARDED_BY(mu_) = 0;
-  double fetch_ ABSL_GUARDED_BY(mu_) = 0;
+  // Decayed sums over steps (x = tokens, y = seconds) for the line.
+  double w_ ABSL_GUARDED_BY(mu_) = 0, sx_ ABSL_GUARDED_BY(mu_) = 0, sy_ ABSL_GUARDED_BY(mu_) = 0;
+  double sxx_ ABSL_GUARDED_BY(mu_) = 0, sxy_ ABSL_GUARDED_BY(mu_) = 0;
+  double fetch_ ABSL_GUARDED_BY(mu_) = 0;  // seconds per token
   int skipped_in_a_row_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

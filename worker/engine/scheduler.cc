@@ -135,7 +135,8 @@ Scheduler::Scheduler(Backend *backend, DocumentTable *table, PageAllocator *allo
       allocator_(allocator),
       options_(options),
       metrics_(metrics),
-      store_(options.store) {
+      store_(options.store),
+      cost_(FetchCostOptions{.chunk_tokens = std::max<int64_t>(1, options.prefill_chunk)}) {
   loop_thread_ = std::thread([this] { Loop(); });
   if (store_ != nullptr) {
     fetch_thread_ = std::thread([this] { FetchLoop(); });
@@ -554,9 +555,12 @@ void Scheduler::Admit(const std::shared_ptr<Request> &r) {
     jobs_[blk.id] = job;
     if (store_ != nullptr) {
       job->state = DocJob::kFetching;
-      const bool peers_only = cost_.PreferCompute();
       absl::MutexLock l(&fetch_mu_);
-      fetch_queue_.push_back({job->ns, job->id, int64_t(job->tokens.size()), peers_only});
+      int64_t backlog = 0;  // tokens the fetch thread will fetch from the store first
+      for (const FetchItem &q : fetch_queue_) backlog += q.peers_only ? 0 : q.tokens;
+      const int64_t tokens = int64_t(job->tokens.size());
+      const bool peers_only = cost_.PreferCompute(tokens, backlog);
+      fetch_queue_.push_back({job->ns, job->id, tokens, peers_only});
     } else {
       job->state = DocJob::kNeedPages;
     }

@@ -707,30 +707,7 @@ TEST(LazyAttention, DecodeStableHistoryWaitsForTheStepsRows) {
   }
 }
 
-// The same for the warp-specialized prefill (its producer gathers the tiles below the
-// request's first query position before the wait): query blocks of 32 and chunks of 150 rows
-// after 0-60 earlier own tokens, whose 32 or 150 keys are written late.
-TEST(LazyAttention, PrefillStableHistoryWaitsForTheStepsRows) {
-  GPU_TEST_SETUP(rng);
-  for (int ps : {16, 64}) {
-    SCOPED_TRACE(absl::StrCat("ps=", ps));
-    const Sizes s{/*head_dim=*/128, /*group=*/4, /*num_kv_heads=*/2, ps};
-    KvPool pool(ps, s.num_kv_heads, s.head_dim, PagesFor(6 * 1500, ps) + 240 * 5, rng);
-    const std::vector<Doc> docs = MakeDocs(pool, 6, 1, 1500, rng);
-    for (int q_len : {32, 150}) {
-      const Problem prob = MakeRagBatch(s, pool, docs, q_len == 32 ? 3 : 2, 4, 60, q_len, rng);
-      const std::vector<float> ref = RunCpu(prob, pool, KeyLayout::kRotatedLocal);
-      for (int splits : {0, 1, 5}) {
-        GpuRun run{false, KeyLayout::kRotatedLocal, splits};
-        run.stable_history = true;
-        run.late_rows = GpuRun::LateRows::kStepRows;
-        ExpectClose(RunGpu(prob, pool, run), ref, absl::StrCat("q_len=", q_len, " splits=", splits));
-      }
-    }
-  }
-}
-
-// The probe that the tests above can fail: with the promise broken (every request's FIRST key
+// The probe that the test above can fail: with the promise broken (every request's FIRST key
 // written late), the early copies read the NaN rows. Timing-dependent, so only on request
 // (KERNELS_TEST_PROBE_EARLY_READS=1), to check on a GPU that the early copies happen.
 TEST(LazyAttention, DecodeStableHistoryProbeEarlyReads) {

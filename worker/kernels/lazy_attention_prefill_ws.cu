@@ -1,8 +1,9 @@
 // LAZY prefill attention, warp-specialized (FlashAttention-3's structure) on sm_90a: head dim
 // 128, keys stored rotated at their segment-local position; the default where
-// LazyAttentionPrefillUsesWs (PrefillKernel::kAuto, kWgmmaWs, kWgmmaWsPingPong). Same work split, grid, split planner, segment walk, masking,
-// epilogue and merge as the wgmma kernel (lazy_attention_prefill_wgmma.cu, 128-key tiles);
-// what differs is who loads and how the stages advance:
+// LazyAttentionPrefillUsesWs (PrefillKernel::kAuto, kWgmmaWs, kWgmmaWsPingPong). Same work
+// split, grid, split planner, segment walk, masking, epilogue and merge as the wgmma kernel
+// (lazy_attention_prefill_wgmma.cu, 128-key tiles); what differs is who loads and how the
+// stages advance:
 //  * warpgroup 0 is the producer: after setmaxnreg.dec its warp 0 alone walks the tiles and
 //    gathers each 128-key K/V tile with the tensor memory accelerator (TmaTileLoader: page
 //    boxes of page_size rows x 128 bytes, 128-byte swizzle, landing in the Sw128 layout the
@@ -107,6 +108,7 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
   __syncthreads();
   TileCursor<kBlockN> cur;
   cur.Init(plan, v);
+  PdlWait();  // the query and the step's own K/V rows are written by the previous kernels
 
   if (warp < 4) {
     // ---- Producer warpgroup.
@@ -114,19 +116,8 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
     if (warp != 0) return;
     TmaTileLoader<kBlockN, 32> loader;  // op o of a tile is lane o % 32's
     int tile = 0, tails = 0;
-    // The step's own K/V rows are written by the previous kernels: wait for them before the
-    // first tile that holds one. With stable_history, tiles whose keys all sit below the
-    // request's first query position are gathered before that (overlapping the previous
-    // kernel's tail); otherwise the wait comes first.
-    const int first_q_pos = v.q_pos[q_begin];
-    bool waited = p.stable_history == 0;
-    if (waited) PdlWait();
     while (cur.valid) {
       const int st = tile % kStages;
-      if (!waited && cur.start + min(cur.j + kBlockN, cur.j_end) > first_q_pos) {
-        PdlWait();
-        waited = true;
-      }
       if (tile >= kStages) MbarWait(empty_bar + 8 * st, uint32_t(tile / kStages - 1) & 1u);
       loader.Prefetch(cur, v, /*warp=*/lane, /*lane=*/0);
       const int valid_rows = min(kBlockN, cur.j_end - cur.j);
@@ -150,7 +141,6 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
 
   // ---- Consumer warpgroups: consumer thread ct, warp cw (0..7), warpgroup wg (0, 1).
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Cfg::kConsumerRegs));
-  PdlWait();  // the query is written by the previous kernels
   const int ct = tid - 128, cw = ct / 32, wg = cw / 4, t = lane & 3;
   // Raw query tile (TileOffset layout, read by RotateQRowsSw128).
   for (int it = ct; it < Cfg::kBlockM * (D / 8); it += 256) {

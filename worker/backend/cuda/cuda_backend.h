@@ -64,8 +64,8 @@ struct CudaBackendOptions {
   // (TakeCudaStepTimings): two CUDA events and a few clock reads per step. For benchmarks
   // (ttft_bench --step_times).
   bool time_steps = false;
-  // The attention kernels may start gathering the K/V of documents and earlier steps before
-  // the step's QKV scatter has finished (kernels::LazyAttentionParams::stable_history: the
+  // The decode attention kernel may start gathering the K/V of documents and earlier steps
+  // before the step's QKV scatter has finished (kernels::LazyAttentionParams::stable_history: the
   // scatter writes only the step's own rows). ttft_bench --early_kv 0|1 measures both.
   bool early_kv_reads = true;
   // Tensor parallelism: this backend is rank shard.rank of shard.size (CreateCudaBackend takes
