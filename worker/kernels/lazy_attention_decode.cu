@@ -10,7 +10,8 @@
 // DecodeKernel::kWarpPipes (head dim 128, LAZY layout): each warp gathers only its own 16 keys
 // of every tile into its own ring, so the loop needs a __syncwarp instead of a block barrier
 // and a warp never waits for the others; same arithmetic in the same order (bit-identical). The
-// default where it applies (DecodeKernel::kAuto).
+// default where it applies (DecodeKernel::kAuto). With LazyAttentionParams::stable_history it
+// also issues the copies of its first tiles below the query's position before the PDL wait.
 #include "common/status.h"
 #include "worker/kernels/attention_internal.cuh"
 #include "worker/kernels/attention_trace.cuh"
