@@ -815,8 +815,9 @@ int Main(int argc, char** argv) {
               const dim3 grid(kKvHeads, splits);
               const auto* k = reinterpret_cast<const uint4*>(d.k);
               const auto* v = reinterpret_cast<const uint4*>(d.v);
-              auto* kernel = pp == 4 ? (head_major ? GatherKernel<4, true> : GatherKernel<4, false>)
-                                     : (head_major ? GatherKernel<8, true> : GatherKernel<8, false>);
+              auto* kernel = pp == 4
+                                 ? (head_major ? GatherKernel<4, true> : GatherKernel<4, false>)
+                                 : (head_major ? GatherKernel<8, true> : GatherKernel<8, false>);
               kernel<<<grid, 128, 0, st>>>(k, v, ids, request_pages, kKvHeads, gsink);
               BENCH_CUDA(cudaGetLastError());
             });

@@ -27,10 +27,10 @@
 namespace lazyrag {
 
 struct FetchCostOptions {
-  double margin = 1.25;       // prefer compute only when fetch > margin x compute
-  int probe_every = 8;        // every n-th "compute" decision fetches anyway
-  double smoothing = 0.2;     // weight of a new fetch observation in its moving average
-  double step_decay = 0.98;   // weight an older step keeps in the line per newer step
+  double margin = 1.25;         // prefer compute only when fetch > margin x compute
+  int probe_every = 8;          // every n-th "compute" decision fetches anyway
+  double smoothing = 0.2;       // weight of a new fetch observation in its moving average
+  double step_decay = 0.99;     // weight an older step keeps in the line per newer step
   int64_t chunk_tokens = 2048;  // prefill chunk (EngineOptions::prefill_chunk)
 };
 

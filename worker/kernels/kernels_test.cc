@@ -307,7 +307,7 @@ struct GpuRun {
   // attention kernel, which lets the attention kernel start at once and writes only after
   // late_delay_ns (kernels_test_util.h): kStepRows, the keys at the queries' own positions
   // (what the model's QKV scatter writes in a step: stable_history allows this);
-  // kFirstDocRows, every request's first key (breaks stable_history's promise: a probe).
+  // kFirstKeys, every request's first key (breaks stable_history's promise: a probe).
   enum class LateRows { kNone, kStepRows, kFirstKeys } late_rows = LateRows::kNone;
   int64_t late_delay_ns = 20000;
 };
@@ -317,13 +317,15 @@ std::vector<int64_t> LateRowOffsets(const Problem& p, const KvPool& pool, GpuRun
   std::vector<int64_t> offsets;
   const SegmentViewHost& h = p.view;
   for (size_t r = 0; r + 1 < h.seg_indptr.size(); ++r) {
-    const int seg = which == GpuRun::LateRows::kStepRows ? h.seg_indptr[r + 1] - 1 : h.seg_indptr[r];
+    const int seg =
+        which == GpuRun::LateRows::kStepRows ? h.seg_indptr[r + 1] - 1 : h.seg_indptr[r];
     if (seg < h.seg_indptr[r]) continue;
     const std::vector<int32_t> run(h.page_indices.begin() + h.page_indptr[seg],
                                    h.page_indices.begin() + h.page_indptr[seg + 1]);
     std::vector<int> keys;
     if (which == GpuRun::LateRows::kStepRows) {
-      for (int i = h.q_indptr[r]; i < h.q_indptr[r + 1]; ++i) keys.push_back(h.q_pos[i] - h.seg_start[seg]);
+      for (int i = h.q_indptr[r]; i < h.q_indptr[r + 1]; ++i)
+        keys.push_back(h.q_pos[i] - h.seg_start[seg]);
     } else {
       keys.push_back(0);
     }
@@ -725,7 +727,8 @@ TEST(LazyAttention, DecodeStableHistoryProbeEarlyReads) {
     run.stable_history = stable;
     run.late_rows = GpuRun::LateRows::kFirstKeys;
     const std::vector<float> out = RunGpu(b1, pool, run);
-    const size_t nans = std::count_if(out.begin(), out.end(), [](float x) { return std::isnan(x); });
+    const size_t nans =
+        std::count_if(out.begin(), out.end(), [](float x) { return std::isnan(x); });
     if (stable) {
       EXPECT_GT(nans, 0u) << "early copies did not see the late rows";
     } else {

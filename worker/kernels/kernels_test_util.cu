@@ -1,6 +1,6 @@
-#include "worker/kernels/kernels_test_util.h"
-
 #include <cuda_runtime.h>
+
+#include "worker/kernels/kernels_test_util.h"
 
 namespace lazyrag::kernels::testing {
 namespace {
