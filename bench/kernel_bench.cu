@@ -3,13 +3,17 @@
 //   * the bandwidth ceilings, measured in the same run (MeasureCeilings: eager cudaMemcpy,
 //     a vectorized copy kernel, a read-only kernel);
 //   * decode, batch 1/16/64/128, 10,240-token context (5 documents of 2,040 tokens + the
-//     request's own 40), LAZY vs all-zero deltas vs the key-rotating (MEPIC) variant;
+//     request's own 40), LAZY vs all-zero deltas vs the key-rotating (MEPIC) variant, beside
+//     the block-tile kernel (lazy_block_tiles) and every K/V read after the PDL wait
+//     (lazy_wait_all); batch 1 also without overlap between launches (*_isolated);
 //   * 32-token query block, batch 1 and 16, against the same 10,240 cached tokens, with the
 //     launcher's kernel (variant lazy: wgmma on sm_90a) and the mma.sync kernel forced
 //     (lazy_mma);
 //   * large prefill: 2,048-token chunks (the request's own tokens, causal) after the same
 //     10,200 document tokens, batch 1 and 4, wgmma vs mma.sync;
 //   * batch 1 decode and query block against forced KV split counts (both prefill kernels);
+//   * batch-1 diagnostics (diag_*): a plain read and a math-free gather of decode b1's bytes,
+//     an empty kernel, the split merge alone, decode with pages in pool order;
 //   * MATERIALIZE of 10,240 tokens x 32 layers (copy + re-rotate K, copy V).
 // Timing: CUDA events around graph replays of 20 launches after warm-up, median of many
 // samples (see TimeMedianMs); inputs rotate
