@@ -292,6 +292,15 @@ TEST_F(RouterWithFakesTest, BadRequestsAreAnsweredNotRetried) {
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(r.status.error_message(), "query is empty");  // the worker's own words
 
+  // Not UTF-8 in a string field: the router's own parser refuses it (lazyrag_wire_traits.h),
+  // clearly and without calling a worker.
+  const std::vector<int> calls_before = Calls();
+  r = CallGenerate(*stub_, RequestWithTexts({"x"}, /*query=*/"caf\xe9"));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(r.status.error_message().find("lazyrag.v1.GenerateRequest"), std::string::npos)
+      << r.status.error_message();
+  EXPECT_EQ(Calls(), calls_before) << "a request that does not parse reached a worker";
+
   GenerateRequest unknown;
   unknown.add_documents()->set_id(std::string(64, 'a'));
   unknown.set_query("q");

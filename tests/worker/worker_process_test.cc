@@ -348,13 +348,28 @@ TEST(WorkerProcessTest, BadInputGetsAClearStatus) {
   r = good;
   r.set_system_prompt("\xc3\x28 broken");
   r.set_query("ok");
+  // proto3 strings must be UTF-8: protobuf refuses the message before the service sees it
+  // (the client's protobuf sends it anyway, logging an error); lazyrag_wire_traits.h turns
+  // gRPC's INTERNAL with an empty message into INVALID_ARGUMENT naming the message.
   {
-    // proto3 strings must be UTF-8: the server's protobuf parser refuses the
-    // message before the service sees it; either way the client gets an error,
-    // never a stream.
     Reply bad = Generate(w.stub(), r);
-    EXPECT_FALSE(bad.status.ok());
+    EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(bad.status.error_message().find("lazyrag.v1.GenerateRequest"), std::string::npos)
+        << bad.status.error_message();
+    EXPECT_NE(bad.status.error_message().find("UTF-8"), std::string::npos);
     EXPECT_EQ(bad.messages, 0);
+  }
+  {
+    v1::PrepareDocumentsRequest prep;
+    prep.add_texts("fine");
+    prep.add_texts("caf\xe9 in Latin-1");
+    v1::PrepareDocumentsResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    const grpc::Status st = w.stub().PrepareDocuments(&ctx, prep, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+    EXPECT_NE(st.error_message().find("lazyrag.v1.PrepareDocumentsRequest"), std::string::npos)
+        << st.error_message();
   }
   expect(good, grpc::StatusCode::DEADLINE_EXCEEDED, "deadline already past", -1);
   // A full waiting queue: one running, one waiting, the rest refused.
