@@ -342,44 +342,44 @@ __global__ void __launch_bounds__(256)
 }
 
 // Decode batch 1's gather without the math (a floor for that kernel's memory side): block
-// (KV head, split) reads its share of one request's pages (page size 16, head dim 128: per page
-// and head 16 rows of 256 B for K and for V, 2 KiB apart), kPages pages per round with all
-// their 16-byte loads in flight (4 per page per thread), page ids staged in shared memory.
+// (KV head, split) of kThreads threads reads its share of one request's pages (page size 16,
+// head dim 128: per page and head 16 rows of 256 B for K and for V, 2 KiB apart), kPages pages
+// per round with all their 16-byte loads in flight (kThreads / 16 rows per pass, so 4 loads
+// per page per thread at 128 threads, 2 at 256), page ids staged in shared memory.
 // kHeadMajor: the same bytes as if each page stored its heads one after another ([page][head]
 // [16 rows][D], 4 KiB contiguous per page and head) instead of the pool's [page][row][head][D].
-template <int kPages, bool kHeadMajor>
-__global__ void __launch_bounds__(128)
+template <int kPages, bool kHeadMajor, int kThreads = 128>
+__global__ void __launch_bounds__(kThreads)
     GatherKernel(const uint4* __restrict__ k, const uint4* __restrict__ v,
                  const int32_t* __restrict__ pages, int num_pages, int kv_heads, uint32_t* sink) {
+  constexpr int kRows = kThreads / 16, kPasses = 16 / kRows;  // rows per pass, passes per page
   __shared__ int32_t ids[256];
   const int kvh = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
   const int p0 = int(int64_t(num_pages) * split / splits);
   const int n = min(256, int(int64_t(num_pages) * (split + 1) / splits) - p0);
   for (int i = threadIdx.x; i < n; i += blockDim.x) ids[i] = pages[p0 + i];
   __syncthreads();
-  const int row = threadIdx.x / 16, chunk = threadIdx.x % 16;  // 8 rows x 16 chunks per pass
+  const int row = threadIdx.x / 16, chunk = threadIdx.x % 16;  // kRows rows x 16 chunks
+  const int64_t pass_stride = kHeadMajor ? kRows * 16 : int64_t(kRows) * kv_heads * 16;
   uint32_t x = 0;
   for (int p = 0; p < n; p += kPages) {
-    uint4 a[kPages][4];
+    uint4 a[kPages][2 * kPasses];
 #pragma unroll
     for (int j = 0; j < kPages; ++j) {
-      if (p + j < n) {
-        const int64_t pg = ids[p + j];
-        const int64_t r0 = kHeadMajor ? ((pg * kv_heads + kvh) * 16 + row) * 16 + chunk
-                                      : ((pg * 16 + row) * kv_heads + kvh) * 16 + chunk;
-        const int64_t r1 = r0 + (kHeadMajor ? 8 * 16 : int64_t(8) * kv_heads * 16);
-        a[j][0] = __ldcg(k + r0);
-        a[j][1] = __ldcg(k + r1);
-        a[j][2] = __ldcg(v + r0);
-        a[j][3] = __ldcg(v + r1);
-      } else {
-        a[j][0] = a[j][1] = a[j][2] = a[j][3] = make_uint4(0u, 0u, 0u, 0u);
+      const int64_t pg = p + j < n ? ids[p + j] : 0;
+      const int64_t r0 = kHeadMajor ? ((pg * kv_heads + kvh) * 16 + row) * 16 + chunk
+                                    : ((pg * 16 + row) * kv_heads + kvh) * 16 + chunk;
+#pragma unroll
+      for (int q = 0; q < kPasses; ++q) {
+        const bool ok = p + j < n;
+        a[j][2 * q] = ok ? __ldcg(k + r0 + q * pass_stride) : make_uint4(0u, 0u, 0u, 0u);
+        a[j][2 * q + 1] = ok ? __ldcg(v + r0 + q * pass_stride) : make_uint4(0u, 0u, 0u, 0u);
       }
     }
 #pragma unroll
     for (int j = 0; j < kPages; ++j) {
 #pragma unroll
-      for (int c = 0; c < 4; ++c) x ^= a[j][c].x ^ a[j][c].y ^ a[j][c].z ^ a[j][c].w;
+      for (int c = 0; c < 2 * kPasses; ++c) x ^= a[j][c].x ^ a[j][c].y ^ a[j][c].z ^ a[j][c].w;
     }
   }
   if (x == 0x9e3779b9u) sink[0] = x;
@@ -638,8 +638,8 @@ int Main(int argc, char** argv) {
           BENCH_OK(LazyAttentionDecode(p, st));
         });
         results.push_back({"decode_b1", "decode", 1, 1, s.kv_len,
-                           stable ? "lazy_isolated" : "lazy_wait_all_isolated", iso_ms,
-                           s.KvBytes(), 4.0 * kHeads * kHeadDim * double(s.kv_len)});
+                           stable ? "lazy_isolated" : "lazy_wait_all_isolated", iso_ms, s.KvBytes(),
+                           4.0 * kHeads * kHeadDim * double(s.kv_len)});
       }
     }
   }
@@ -655,7 +655,8 @@ int Main(int argc, char** argv) {
     probe.num_pages = 1;
     probe.k_cache = probe.v_cache = reinterpret_cast<const uint16_t*>(uintptr_t(256));
     std::printf("prefill kernel for variant lazy: %s\n",
-                LazyAttentionPrefillUsesWs(probe)      ? "wgmma, warp-specialized (TMA; ping-pong when split)"
+                LazyAttentionPrefillUsesWs(probe)
+                    ? "wgmma, warp-specialized (TMA; ping-pong when split)"
                 : LazyAttentionPrefillUsesWgmma(probe) ? "wgmma"
                                                        : "mma.sync");
   }
@@ -709,8 +710,7 @@ int Main(int argc, char** argv) {
         BENCH_OK(LazyAttentionPrefill(p, st));
       });
       results.push_back({"prefill_q2048_b" + std::to_string(batch), "prefill", batch, kChunk,
-                         s.kv_len, VariantName(kernel), ms,
-                         s.KvBytes(), flops});
+                         s.kv_len, VariantName(kernel), ms, s.KvBytes(), flops});
     }
   }
   // Batch 1 against forced KV split counts (LAZY only): how the fixed costs move with the
@@ -758,8 +758,9 @@ int Main(int argc, char** argv) {
   //    6 buffers = 4x the L2), one launch per call: launch + ramp + tail of a trivial kernel;
   //  * read_42MB+empty: the same plus an empty kernel per call (the cost of a second node);
   //  * empty: one empty kernel per call;
-  //  * gather_b1_sN_pP[_head_major]: decode b1's page gather without the math (GatherKernel),
-  //    in the pool's layout and in a head-major page layout;
+  //  * gather_b1_sN_pP[_t256][_head_major]: decode b1's page gather without the math
+  //    (GatherKernel), in the pool's layout and in a head-major page layout, 128 or 256
+  //    threads per block;
   //  * merge_b1_sN: the split-merge kernel alone for decode b1 (32 heads, N splits).
   {
     const size_t bytes = 41943040, n16 = bytes / 16;
@@ -811,26 +812,36 @@ int Main(int argc, char** argv) {
       // N splits per KV head, P pages in flight per round.
       const int request_pages = d.num_pages / d.copies;
       uint32_t* gsink = DeviceAlloc<uint32_t>(1);
-      for (int splits : {33, 66}) {
-        for (int pp : {4, 8}) {
-          for (bool head_major : {false, true}) {
-            const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
-              const int32_t* ids = d.views[0][i % d.copies].page_indices;
-              const dim3 grid(kKvHeads, splits);
-              const auto* k = reinterpret_cast<const uint4*>(d.k);
-              const auto* v = reinterpret_cast<const uint4*>(d.v);
-              auto* kernel = pp == 4
-                                 ? (head_major ? GatherKernel<4, true> : GatherKernel<4, false>)
-                                 : (head_major ? GatherKernel<8, true> : GatherKernel<8, false>);
-              kernel<<<grid, 128, 0, st>>>(k, v, ids, request_pages, kKvHeads, gsink);
-              BENCH_CUDA(cudaGetLastError());
-            });
-            results.push_back({"diag_gather_b1", "diag", 1, 0, d.kv_len,
-                               "s" + std::to_string(splits) + "_p" + std::to_string(pp) +
-                                   (head_major ? "_head_major" : ""),
-                               ms, d.KvBytes(), 0});
-          }
-        }
+      struct GatherCase {
+        int splits, pages, threads;
+        bool head_major;
+      };
+      // 128 threads: 2 or 4 blocks per SM (33 or 66 splits); 256 threads, 132 splits: up to 8
+      // blocks per SM as the contiguous read's grid8xSM (registers allowing: 2 pages per round
+      // keep the loaded data at 16 registers).
+      const GatherCase cases[] = {{33, 4, 128, false},  {33, 4, 128, true},  {33, 8, 128, false},
+                                  {33, 8, 128, true},   {66, 4, 128, false}, {66, 4, 128, true},
+                                  {66, 8, 128, false},  {66, 8, 128, true},  {132, 2, 256, false},
+                                  {132, 4, 256, false}, {66, 8, 256, false}};
+      for (const GatherCase& c : cases) {
+        auto* kernel = c.threads == 256 ? (c.pages == 2   ? GatherKernel<2, false, 256>
+                                           : c.pages == 4 ? GatherKernel<4, false, 256>
+                                                          : GatherKernel<8, false, 256>)
+                       : c.pages == 4
+                           ? (c.head_major ? GatherKernel<4, true> : GatherKernel<4, false>)
+                           : (c.head_major ? GatherKernel<8, true> : GatherKernel<8, false>);
+        const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+          const int32_t* ids = d.views[0][i % d.copies].page_indices;
+          kernel<<<dim3(kKvHeads, c.splits), c.threads, 0, st>>>(
+              reinterpret_cast<const uint4*>(d.k), reinterpret_cast<const uint4*>(d.v), ids,
+              request_pages, kKvHeads, gsink);
+          BENCH_CUDA(cudaGetLastError());
+        });
+        results.push_back({"diag_gather_b1", "diag", 1, 0, d.kv_len,
+                           "s" + std::to_string(c.splits) + "_p" + std::to_string(c.pages) +
+                               (c.threads == 256 ? "_t256" : "") +
+                               (c.head_major ? "_head_major" : ""),
+                           ms, d.KvBytes(), 0});
       }
       cudaFree(gsink);
     }
