@@ -4,13 +4,12 @@
 // holding bytes that are not UTF-8, which protobuf refuses before any service code runs.
 //
 // Explicit specializations of grpc::SerializationTraits: for grpc::protobuf::MessageLite (the
-// generated unary handlers and stubs parse through it) and for every request message of
-// inference.proto, kvstore.proto and peer.proto (the streaming handlers parse through the
-// concrete type). Serializing is unchanged. They must be seen before any use of those traits,
-// so proto/CMakeLists.txt inserts `#include "lazyrag_wire_traits.h"` at the top of every
-// generated *.grpc.pb.h (the only way code reaches the service and stub templates). A client
-// that receives a response it cannot parse gets the same INVALID_ARGUMENT (our servers only
-// send what they parsed or built).
+// generated unary handlers and stubs parse every unary request through it) and for the four
+// requests of streaming methods (their handlers parse through the concrete type). Serializing is
+// unchanged. They must be seen before any use of those traits, so proto/CMakeLists.txt inserts
+// `#include "lazyrag_wire_traits.h"` at the top of every generated *.grpc.pb.h (the only way code
+// reaches the service and stub templates). A client that receives a response it cannot parse gets
+// the same INVALID_ARGUMENT (our servers only send what they parsed or built).
 #pragma once
 
 #include <grpcpp/impl/codegen/proto_utils.h>
@@ -49,16 +48,9 @@ grpc::Status DeserializeMessage(grpc::ByteBuffer* buffer, grpc::protobuf::Messag
   };
 
 LAZYRAG_WIRE_MESSAGE(grpc::protobuf::MessageLite)
-LAZYRAG_WIRE_MESSAGE(lazyrag::v1::GenerateRequest)
-LAZYRAG_WIRE_MESSAGE(lazyrag::v1::PrepareDocumentsRequest)
-LAZYRAG_WIRE_MESSAGE(lazyrag::v1::StatsRequest)
-LAZYRAG_WIRE_MESSAGE(lazyrag::v1::PutRequest)
-LAZYRAG_WIRE_MESSAGE(lazyrag::v1::GetRequest)
-LAZYRAG_WIRE_MESSAGE(lazyrag::v1::StatRequest)
-LAZYRAG_WIRE_MESSAGE(lazyrag::v1::DeleteRequest)
-LAZYRAG_WIRE_MESSAGE(lazyrag::v1::PeerGetRequest)
-LAZYRAG_WIRE_MESSAGE(lazyrag::v1::PeerPoolRequest)
-LAZYRAG_WIRE_MESSAGE(lazyrag::v1::PeerLeaseRequest)
-LAZYRAG_WIRE_MESSAGE(lazyrag::v1::PeerReleaseRequest)
+LAZYRAG_WIRE_MESSAGE(lazyrag::v1::GenerateRequest)  // Inference.Generate, server streaming
+LAZYRAG_WIRE_MESSAGE(lazyrag::v1::PutRequest)       // KvStore.Put, client streaming
+LAZYRAG_WIRE_MESSAGE(lazyrag::v1::GetRequest)       // KvStore.Get, server streaming
+LAZYRAG_WIRE_MESSAGE(lazyrag::v1::PeerGetRequest)   // PeerDocuments.GetDocument, server streaming
 
 #undef LAZYRAG_WIRE_MESSAGE

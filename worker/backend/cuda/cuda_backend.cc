@@ -211,10 +211,6 @@ class CudaBackend final : public Backend {
   // Forward (logits) or ForwardArgmax (ids: the argmax kernel, one id per row copied back).
   absl::Status ForwardImpl(const ForwardBatch& batch, std::vector<float>* logits,
                            std::vector<int32_t>* ids);
-
- public:
-
- private:
   bool tensor_parallel() const { return options_.shard.size > 1; }
   // Sums `data` over the ranks in place on the stream (no-op without tensor parallelism).
   absl::Status AllReduce(void* data, int64_t count, bool bf16) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
