@@ -57,6 +57,9 @@ struct AttentionKernelParams {
   // LazyAttentionParams::stable_history: 1 = key rows at positions below a request's first
   // query position may be read before PdlWait.
   int stable_history;
+  // LazyAttentionParams::merge_counters when the decode kernel merges its splits in the last
+  // block of each (request, KV head); null: the merge kernel does.
+  int* merge_counters;
 };
 
 // ---------------------------------------------------------------------------------------

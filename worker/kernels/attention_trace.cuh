@@ -21,10 +21,12 @@ namespace lazyrag::kernels::detail {
 
 inline constexpr int kTracePoints = 8;
 inline constexpr int kTraceBlocks = 4096;
+inline constexpr int kTraceStride = 2 * kTracePoints + 1;  // values per block read back
 
 struct AttentionTrace {
   uint64_t clock[kTraceBlocks][kTracePoints];
   uint64_t global_ns[kTraceBlocks][kTracePoints];
+  uint32_t smid[kTraceBlocks];  // the multiprocessor the block ran on
 };
 
 #ifdef LAZYRAG_ATTN_TRACE
@@ -36,12 +38,17 @@ __device__ __forceinline__ void TracePoint(AttentionTrace* trace, int i) {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
   trace->clock[blk][i] = clock64();
   trace->global_ns[blk][i] = ns;
+  if (i == 0) {
+    uint32_t sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    trace->smid[blk] = sm;
+  }
 }
 #define LAZYRAG_TRACE_POINT(buffer, i) ::lazyrag::kernels::detail::TracePoint(&(buffer), (i))
 
 // Copies the buffer of the last traced launch of each kernel (blocks in launch order:
-// blockIdx.y * gridDim.x + blockIdx.x), kTracePoints clock values then kTracePoints
-// global_ns values per block.
+// blockIdx.y * gridDim.x + blockIdx.x), kTracePoints clock values, kTracePoints global_ns
+// values and the SM id per block (kTraceStride values).
 template <typename Symbol>
 absl::Status ReadTraceSymbol(const Symbol& symbol, int blocks, std::vector<uint64_t>* out) {
   auto host = std::make_unique<AttentionTrace>();
@@ -51,6 +58,7 @@ absl::Status ReadTraceSymbol(const Symbol& symbol, int blocks, std::vector<uint6
   for (int b = 0; b < std::min(blocks, kTraceBlocks); ++b) {
     out->insert(out->end(), host->clock[b], host->clock[b] + kTracePoints);
     out->insert(out->end(), host->global_ns[b], host->global_ns[b] + kTracePoints);
+    out->push_back(host->smid[b]);
   }
   return absl::OkStatus();
 }

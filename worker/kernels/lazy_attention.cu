@@ -164,6 +164,7 @@ absl::Status MakeKernelParams(const LazyAttentionParams& params, int base_blocks
   kp->stable_history = params.stable_history ? 1 : 0;
   kp->o_partial = nullptr;
   kp->lse_partial = nullptr;
+  kp->merge_counters = nullptr;
   if (splits > 1) {
     kp->o_partial = static_cast<float*>(params.workspace);
     kp->lse_partial =
@@ -228,6 +229,9 @@ absl::Status ValidateLazyAttentionParams(const LazyAttentionParams& p, bool deco
   }
   if (p.num_splits < 0) return absl::InvalidArgumentError("num_splits must be >= 0");
   if (p.num_pages < 0) return absl::InvalidArgumentError("num_pages must be >= 0");
+  if (p.merge_counters_size < 0) {
+    return absl::InvalidArgumentError("merge_counters_size must be >= 0");
+  }
   if (p.max_q_len < 1 || p.max_kv_len < 0) {
     return absl::InvalidArgumentError("max_q_len must be >= 1 and max_kv_len >= 0");
   }

@@ -111,6 +111,13 @@ struct LazyAttentionParams {
   // producer did the same on 2026-11-30 and was measured no faster in the chain and slower
   // alone: not kept; prefill ignores the flag.)
   bool stable_history = false;
+  // Decode only: counters (one int per (request, KV head), ZERO before the first launch) that
+  // let the last of a (request, KV head)'s split blocks merge the splits itself instead of a
+  // separate merge kernel; every launch leaves them zero again. Used when the launch splits
+  // the KV and merge_counters_size >= num_requests * num_kv_heads; otherwise (or null) the
+  // merge kernel runs. One launch at a time per counter array (the counters are per launch).
+  int* merge_counters = nullptr;
+  int merge_counters_size = 0;
 };
 
 inline constexpr int kMaxKvSplits = 128;

@@ -6,7 +6,9 @@
 // KiB in flight per block, two blocks per multiprocessor); each warp takes 16 keys of every
 // tile (mma.sync m16n8k16; the tensor cores make the math free next to the bytes) with its
 // own online softmax, and the 4 warps' partial results are merged through shared memory at
-// the end. Splits (chosen so that the grid fills the GPU) are merged by the merge kernel.
+// the end. Splits (chosen so that the grid fills the GPU) are merged by the merge kernel, or,
+// given LazyAttentionParams::merge_counters, by the last split block of each (request, KV head)
+// to finish (one kernel per launch instead of two).
 // DecodeKernel::kWarpPipes (head dim 128, LAZY layout): each warp gathers only its own 16 keys
 // of every tile into its own ring, so the loop needs a __syncwarp instead of a block barrier
 // and a warp never waits for the others; same arithmetic in the same order (bit-identical). The
@@ -36,10 +38,85 @@ struct DecodeConfig {
   static constexpr int kMergeStride = D + 8;  // floats per row of the cross-warp merge buffer
   static constexpr int kMergeBytes = kWarps * 16 * (kMergeStride + 2) * 4;
   static_assert(kMergeBytes <= 2 * kStages * kTileBytes, "merge buffer reuses the tiles");
+  static_assert((16 * kMaxKvSplits + 17) * 4 <= 2 * kStages * kTileBytes,
+                "MergeSplitsInLastBlock reuses the tiles");
   // [Q][K stages][V stages][inv_freq D/2][split plan]
   static constexpr int kSmemBytes =
       kQBytes + 2 * kStages * kTileBytes + (D / 2) * 4 + int(sizeof(SplitPlan));
 };
+
+// The split merge done by the last of a (request, KV head)'s split blocks to finish (a
+// counter per (request, KV head) in p.merge_counters, reset by that block): its `group` rows
+// are out = sum_s w_s O_s / sum_s w_s, w_s = 2^(lse_s - max lse), read through L2 from every
+// split's partial results (this block's own included). `smem` holds >= 16 x kMaxKvSplits + 17
+// floats; the caller has written its partial results and may not touch smem afterwards.
+template <int D, int kThreads>
+__device__ __forceinline__ void MergeSplitsInLastBlock(const AttentionKernelParams& p, int b,
+                                                       int kvh, int q_row, char* smem) {
+  constexpr int kWarps = kThreads / 32;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  float* w = reinterpret_cast<float*>(smem);  // [16][kMaxKvSplits]
+  float* inv_l = w + 16 * kMaxKvSplits;       // [16]
+  int* last = reinterpret_cast<int*>(inv_l + 16);
+  __threadfence();  // this thread's partial results are visible GPU-wide before the count
+  __syncthreads();
+  if (tid == 0) {
+    int* counter = p.merge_counters + int64_t(b) * p.num_kv_heads + kvh;
+    const int done = atomicAdd(counter, 1) + 1;
+    *last = done == p.num_splits;
+    if (done == p.num_splits) *counter = 0;  // every split has counted: ready for the next launch
+  }
+  __syncthreads();
+  if (*last == 0) return;
+  __threadfence();  // the other splits' partial results, counted before ours, are visible
+
+  const int group = p.group, splits = p.num_splits;
+  const int64_t rows = int64_t(p.view.num_q) * p.num_heads;
+  const int64_t row0 = int64_t(q_row) * p.num_heads + int64_t(kvh) * group;
+  for (int r = warp; r < group; r += kWarps) {
+    float lse[kMaxKvSplits / 32];
+    float m = kNegInf;
+#pragma unroll
+    for (int i = 0; i < kMaxKvSplits / 32; ++i) {
+      const int s = lane + 32 * i;
+      lse[i] = s < splits ? __ldcg(p.lse_partial + s * rows + row0 + r) : kNegInf;
+      m = fmaxf(m, lse[i]);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    float l = 0.f;
+#pragma unroll
+    for (int i = 0; i < kMaxKvSplits / 32; ++i) {
+      const int s = lane + 32 * i;
+      const float wt = m == kNegInf ? 0.f : Exp2(lse[i] - m);  // empty split: lse -inf, w 0
+      if (s < splits) w[r * kMaxKvSplits + s] = wt;
+      l += wt;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) l += __shfl_xor_sync(0xffffffffu, l, off);
+    if (lane == 0) inv_l[r] = l > 0.f ? 1.f / l : 0.f;
+  }
+  __syncthreads();
+  for (int idx = tid; idx < group * (D / 4); idx += kThreads) {
+    const int r = idx / (D / 4), d = (idx % (D / 4)) * 4;
+    const float* src = p.o_partial + (row0 + r) * D + d;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 16
+    for (int s = 0; s < splits; ++s) {
+      const float wt = w[r * kMaxKvSplits + s];
+      const float4 x = __ldcg(reinterpret_cast<const float4*>(src + s * rows * D));
+      acc.x += wt * x.x;
+      acc.y += wt * x.y;
+      acc.z += wt * x.z;
+      acc.w += wt * x.w;
+    }
+    const float inv = inv_l[r];
+    uint2 packed;
+    packed.x = PackBf16(acc.x * inv, acc.y * inv);
+    packed.y = PackBf16(acc.z * inv, acc.w * inv);
+    *reinterpret_cast<uint2*>(p.out + (row0 + r) * D + d) = packed;
+  }
+}
 
 template <int D, bool kRotateKeys, bool kWarpPipes>
 __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char* smem) {
@@ -292,6 +369,9 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
       if (d == 0) p.lse_partial[split * rows + row_head] = l > 0.f ? m + __log2f(l) : kNegInf;
     }
   }
+  if (p.num_splits > 1 && p.merge_counters != nullptr) {
+    MergeSplitsInLastBlock<D, kThreads>(p, b, kvh, q_row, k_smem);
+  }
   LAZYRAG_TRACE_POINT(g_trace, 7);
 }
 
@@ -330,6 +410,10 @@ absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t
                                            /*min_split_keys=*/128, &kp));
   kp.q_rows_per_block = 1;
   kp.q_blocks = 1;
+  if (kp.num_splits > 1 && params.merge_counters != nullptr &&
+      params.merge_counters_size >= blocks) {
+    kp.merge_counters = params.merge_counters;
+  }
   const bool rotate_keys = params.key_layout == KeyLayout::kUnrotated;
   const int b = static_cast<int>(blocks);
   switch (params.shape.head_dim) {
@@ -350,6 +434,7 @@ absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t
       return absl::InvalidArgumentError(
           absl::StrCat("head_dim must be 64 or 128, got ", params.shape.head_dim));
   }
+  if (kp.merge_counters != nullptr) return absl::OkStatus();  // merged by the last blocks
   return detail::LaunchMergeSplits(kp, v.num_q, params.shape.head_dim, stream);
 }
 
