@@ -53,7 +53,7 @@ struct BenchOptions {
   bool cuda_graphs = true;        // CudaBackendOptions::cuda_graphs
   bool step_times = true;         // CudaBackendOptions::time_steps: where LAZY's TTFT goes
   bool early_kv = true;           // CudaBackendOptions::early_kv_reads
-  bool fused_merge = true;        // CudaBackendOptions::fused_split_merge
+  bool fused_merge = false;       // CudaBackendOptions::fused_split_merge
   int idle_ms = 0;                // GPU idle before each timed request (a lone request)
   bool profile = false;           // one LAZY request (prefill + 1 decode step) between
                                   // cudaProfilerStart/Stop after warm-up, then exit (for ncu)

@@ -172,17 +172,23 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   Loader loader;
   const int64_t token_stride = int64_t(p.num_kv_heads) * D;
   const int head_off = kvh * D;
+  // Tiles in flight ahead of the one being consumed. Block tiles: kStages - 1 (a stage is
+  // refilled before the tile in front of it is consumed, right after the block barrier that
+  // frees it). Warp pipelines: every stage (a warp refills the stage it has just consumed, after
+  // a __syncwarp), so the prologue, and with stable_history the copies before PdlWait, cover
+  // the whole ring.
+  constexpr int kAhead = kWarpPipes ? kStages : kStages - 1;
   {
-    // Prologue: the page ids of the first kStages - 1 tiles are fetched together (one round
-    // trip, not one per tile), then their copies issued.
-    Loader first[kStages - 1];
+    // Prologue: the page ids of the first kAhead tiles are fetched together (one round trip,
+    // not one per tile), then their copies issued.
+    Loader first[kAhead];
     // Warp pipelines with stable_history: the leading prologue stages whose rows (this warp's
     // 16 of the tile) all sit at positions below the query's are copied before PdlWait, in
     // order (one commit group per stage either way).
     int early = 0;
     bool stable = kWarpPipes && p.stable_history != 0;
 #pragma unroll
-    for (int st = 0; st < kStages - 1; ++st) {
+    for (int st = 0; st < kAhead; ++st) {
       prefetch(first[st], prod);
       stable = stable && (!prod.valid || prod.start + min(prod.j + key0 + 16, prod.j_end) <= pos);
       if (stable) ++early;
@@ -190,7 +196,7 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     }
     if constexpr (kWarpPipes) {
 #pragma unroll
-      for (int st = 0; st < kStages - 1; ++st) {
+      for (int st = 0; st < kAhead; ++st) {
         if (st < early) {
           first[st].Issue(k_smem + st * Cfg::kTileBytes + slice,
                           v_smem + st * Cfg::kTileBytes + slice, p.k_cache, p.v_cache,
@@ -215,7 +221,7 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
       }
     }
 #pragma unroll
-    for (int st = 0; st < kStages - 1; ++st) {
+    for (int st = 0; st < kAhead; ++st) {
       if (st >= early) {
         first[st].Issue(k_smem + st * Cfg::kTileBytes + slice,
                         v_smem + st * Cfg::kTileBytes + slice, p.k_cache, p.v_cache, token_stride,
@@ -247,10 +253,18 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   int q_seg = -1;
   int stage = 0;
 
+  // Refills `st` with the producer's next tile (one commit group per call, empty or not).
+  const auto refill = [&](int st) {
+    loader.Issue(k_smem + st * Cfg::kTileBytes + slice, v_smem + st * Cfg::kTileBytes + slice,
+                 p.k_cache, p.v_cache, token_stride, head_off, load_tid);
+    CpAsyncCommit();
+    if (prod.valid) prod.Next(plan, v);
+    prefetch(loader, prod);
+  };
+
   while (cons.valid) {
-    CpAsyncWait<kStages - 2>();
-    // Warp pipelines: this warp's copies landed and its lanes are done with the stage refilled
-    // next; no other warp is involved.
+    CpAsyncWait<kAhead - 1>();
+    // Warp pipelines: this warp's copies landed; no other warp is involved.
     if constexpr (kWarpPipes) {
       __syncwarp();
     } else {
@@ -259,12 +273,8 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
 #ifdef LAZYRAG_ATTN_TRACE
     if (stage == 0 && q_seg < 0) LAZYRAG_TRACE_POINT(g_trace, 5);
 #endif
-    loader.Issue(k_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes + slice,
-                 v_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes + slice, p.k_cache,
-                 p.v_cache, token_stride, head_off, load_tid);
-    CpAsyncCommit();
-    if (prod.valid) prod.Next(plan, v);
-    prefetch(loader, prod);
+    // Block tiles: the stage consumed last iteration is free for every thread now.
+    if constexpr (!kWarpPipes) refill((stage + kStages - 1) % kStages);
 
     char* kt = k_smem + stage * Cfg::kTileBytes;
     char* vt = v_smem + stage * Cfg::kTileBytes;
@@ -302,6 +312,10 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
       LdMatrixX4Trans(r, vt_addr + TileOffset<D>(vrow, dp * 2 + (lane >> 4)));
       MmaBf16(o[2 * dp], a, r[0], r[1]);
       MmaBf16(o[2 * dp + 1], a, r[2], r[3]);
+    }
+    if constexpr (kWarpPipes) {
+      __syncwarp();  // every lane's reads of this stage are done
+      refill(stage);
     }
     cons.Next(plan, v);
     stage = (stage + 1) % kStages;
