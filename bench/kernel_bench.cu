@@ -551,17 +551,19 @@ void PrintTrace(const char* name, int blocks, const std::vector<uint64_t>& raw) 
 
 int RunTrace(const cudaDeviceProp& prop) {
   std::mt19937 rng(1234);
-  // Decode b1 with the merge kernel, decode b1 merged in its last blocks, query block 32 b1.
-  for (int config = 0; config < 3; ++config) {
-    const int q_len = config < 2 ? 1 : 32;
-    const bool fused = config == 1;
+  // Decode b1 with the merge kernel, merged in its last blocks, with the dynamic split; query
+  // block 32 b1.
+  for (int config = 0; config < 4; ++config) {
+    const int q_len = config < 3 ? 1 : 32;
+    const bool fused = config == 1, dynamic = config == 2;
     AttentionSetup s(1, q_len, prop.l2CacheSize, rng);
     auto params = [&](int copy) {
       LazyAttentionParams p = s.Params(copy, false, KeyLayout::kRotatedLocal);
       // The trace points are in the cp.async wgmma kernel (64-key tiles: the split launch's
       // choice there), not in the warp-specialized default.
       p.prefill_kernel = PrefillKernel::kWgmmaKeys64;
-      if (fused) s.UseMergeCounters(&p);
+      if (fused || dynamic) s.UseMergeCounters(&p);
+      if (dynamic) p.decode_kernel = DecodeKernel::kWarpPipesDynamic;
       return p;
     };
     for (int rep = 0; rep < 5; ++rep) {  // warm-up; the last launch is the traced one
@@ -581,6 +583,7 @@ int RunTrace(const cudaDeviceProp& prop) {
                         : detail::ReadPrefillWgmmaTrace(blocks, &raw));
     PrintTrace(config == 0   ? "decode_b1"
                : config == 1 ? "decode_b1 (split merge in the last blocks)"
+               : config == 2 ? "decode_b1 (dynamic split)"
                              : "prefill_q32_b1 (wgmma)",
                blocks, raw);
   }
@@ -689,23 +692,35 @@ int Main(int argc, char** argv) {
     results.push_back({"decode_b" + std::to_string(batch), "decode", batch, 1, s.kv_len,
                        "lazy_fused_merge", fused_ms, s.KvBytes(),
                        4.0 * batch * kHeads * kHeadDim * double(s.kv_len)});
+    // The dynamic split (DecodeKernel::kWarpPipesDynamic; no split, no difference).
+    const double dyn_ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+      LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
+      s.UseMergeCounters(&p);
+      p.decode_kernel = DecodeKernel::kWarpPipesDynamic;
+      BENCH_OK(LazyAttentionDecode(p, st));
+    });
+    results.push_back({"decode_b" + std::to_string(batch), "decode", batch, 1, s.kv_len,
+                       "lazy_dynamic", dyn_ms, s.KvBytes(),
+                       4.0 * batch * kHeads * kHeadDim * double(s.kv_len)});
     // Batch 1 without the overlap between consecutive launches: an empty kernel launched
     // without the programmatic attribute before every call, so a launch starts only after the
     // previous one has finished (its time, ~0.8 us as diag_empty, is included).
     if (batch == 1) {
-      for (int iso = 0; iso < 3; ++iso) {
-        const bool stable = iso != 1, fused = iso == 2;
+      for (int iso = 0; iso < 4; ++iso) {
+        const bool stable = iso != 1, fused = iso == 2, dynamic = iso == 3;
         const double iso_ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
           EmptyKernel<<<1, 32, 0, st>>>();
           LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
           p.stable_history = stable;
-          if (fused) s.UseMergeCounters(&p);
+          if (fused || dynamic) s.UseMergeCounters(&p);
+          if (dynamic) p.decode_kernel = DecodeKernel::kWarpPipesDynamic;
           BENCH_OK(LazyAttentionDecode(p, st));
         });
         results.push_back({"decode_b1", "decode", 1, 1, s.kv_len,
-                           fused    ? "lazy_fused_merge_isolated"
-                           : stable ? "lazy_isolated"
-                                    : "lazy_wait_all_isolated",
+                           fused     ? "lazy_fused_merge_isolated"
+                           : dynamic ? "lazy_dynamic_isolated"
+                           : stable  ? "lazy_isolated"
+                                     : "lazy_wait_all_isolated",
                            iso_ms, s.KvBytes(), 4.0 * kHeads * kHeadDim * double(s.kv_len)});
       }
     }

@@ -60,6 +60,9 @@ struct AttentionKernelParams {
   // LazyAttentionParams::merge_counters when the decode kernel merges its splits in the last
   // block of each (request, KV head); null: the merge kernel does.
   int* merge_counters;
+  // The decode kernel's dynamic split (DecodeKernel::kWarpPipesDynamic): slice counters per
+  // (request, KV head), reset by the merge kernel; null: static splits.
+  int* claim_counters;
 };
 
 // ---------------------------------------------------------------------------------------

@@ -315,6 +315,13 @@ struct GpuRun {
   int64_t late_delay_ns = 20000;
 };
 
+// The decode with the dynamic split (DecodeKernel::kWarpPipesDynamic and its counters).
+GpuRun Dynamic(GpuRun run) {
+  run.decode_kernel = DecodeKernel::kWarpPipesDynamic;
+  run.merge_counters = true;
+  return run;
+}
+
 // Element offsets (layer 0) of the rows GpuRun::late_rows names, for every KV head.
 std::vector<int64_t> LateRowOffsets(const Problem& p, const KvPool& pool, GpuRun::LateRows which) {
   std::vector<int64_t> offsets;
@@ -542,6 +549,9 @@ TEST_P(AttentionSweep, DecodeMatchesCpu) {
     run.merge_counters = true;
     ExpectClose(RunGpu(p, pool, run), ref,
                 absl::StrCat("decode merged in the last blocks, splits=", splits));
+    // Head dim 128 with the LAZY layout: dynamic; elsewhere the launcher's static split.
+    ExpectClose(RunGpu(p, pool, Dynamic({true, Layout(), splits})), ref,
+                absl::StrCat("decode dynamic split, splits=", splits));
   }
 }
 
@@ -660,6 +670,8 @@ TEST(LazyAttention, Batch1LongContextAutoSplits) {
           run.merge_counters = true;
           ExpectClose(RunGpu(dec, pool, run), dec_ref,
                       "decode merged in the last blocks " + LayoutName(layout));
+          ExpectClose(RunGpu(dec, pool, Dynamic({true, layout, 0})), dec_ref,
+                      "decode dynamic split " + LayoutName(layout));
         }
       }
     }
@@ -693,6 +705,7 @@ TEST(LazyAttention, DecodeWarpPipesMatchBlockTiles) {
           const std::vector<float> warp = RunGpu(*prob, pool, run);
           ExpectClose(warp, ref, "warp pipelines " + what);
           EXPECT_EQ(warp, block) << "warp pipelines vs block tiles " << what;
+          ExpectClose(RunGpu(*prob, pool, Dynamic(run)), ref, "dynamic split " + what);
         }
       }
     }
@@ -723,9 +736,11 @@ TEST(LazyAttention, DecodeStableHistoryWaitsForTheStepsRows) {
         run.stable_history = true;
         run.late_rows = GpuRun::LateRows::kStepRows;
         ExpectClose(RunGpu(*prob, pool, run), ref, absl::StrCat(name, " splits=", splits));
-        run.merge_counters = true;  // the engine's configuration
+        run.merge_counters = true;
         ExpectClose(RunGpu(*prob, pool, run), ref,
                     absl::StrCat(name, " merged in the last blocks, splits=", splits));
+        ExpectClose(RunGpu(*prob, pool, Dynamic(run)), ref,
+                    absl::StrCat(name, " dynamic split, splits=", splits));
       }
     }
   }
@@ -792,6 +807,8 @@ TEST(LazyAttention, DecodeSplitMergeWorkspace) {
       GpuRun fused{true, KeyLayout::kRotatedLocal, splits, 0, repeats};
       fused.merge_counters = true;
       ExpectClose(RunGpu(p, pool, fused), ref, "merged in the last blocks " + what);
+      ExpectClose(RunGpu(p, pool, Dynamic({true, KeyLayout::kRotatedLocal, splits, 0, repeats})),
+                  ref, "dynamic split " + what);
     }
   }
 }
@@ -822,6 +839,11 @@ TEST(LazyAttention, ManySegments) {
     for (int splits : {0, 1, 5, 37, 128}) {
       ExpectClose(RunGpu(p, pool, {q_len == 1, KeyLayout::kRotatedLocal, splits}), ref,
                   absl::StrCat(q_len == 1 ? "decode" : "prefill", " splits=", splits));
+      // The dynamic split's segment window moves past the first 32 segments.
+      if (q_len == 1) {
+        ExpectClose(RunGpu(p, pool, Dynamic({true, KeyLayout::kRotatedLocal, splits})), ref,
+                    absl::StrCat("decode dynamic split, splits=", splits));
+      }
     }
   }
 }

@@ -91,6 +91,11 @@ __global__ void __launch_bounds__(kMergeThreads)
     MergeSplitsKernel(const __grid_constant__ AttentionKernelParams p, int rows) {
   PdlLaunchDependents();
   PdlWait();
+  // The decode's dynamic split is over: its slice counter (per request and KV head, decode rows
+  // are requests) back to zero for the next launch.
+  if (p.claim_counters != nullptr && threadIdx.x == 0 && (blockIdx.x % p.num_heads) % p.group == 0) {
+    p.claim_counters[(blockIdx.x / p.num_heads) * p.num_kv_heads + (blockIdx.x % p.num_heads) / p.group] = 0;
+  }
   MergeSplitsBody<D>(p, rows);
 }
 
@@ -165,6 +170,7 @@ absl::Status MakeKernelParams(const LazyAttentionParams& params, int base_blocks
   kp->o_partial = nullptr;
   kp->lse_partial = nullptr;
   kp->merge_counters = nullptr;
+  kp->claim_counters = nullptr;
   if (splits > 1) {
     kp->o_partial = static_cast<float*>(params.workspace);
     kp->lse_partial =

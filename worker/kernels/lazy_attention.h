@@ -67,6 +67,12 @@ enum class DecodeKernel {
   // 16 keys of every tile in its own cp.async ring, so the loop has no block barrier and the
   // four warps drift apart instead of waiting for the slowest. Bit-identical to kBlockTiles.
   kWarpPipes,
+  // As kWarpPipes, and when the launch splits the KV and LazyAttentionParams::merge_counters
+  // are given, the split is dynamic: each warp takes its first 16-key slices at fixed places,
+  // then claims the next free slice of its (request, KV head) from a counter, so slower warps
+  // take fewer slices (the merge kernel resets the counters). Same results up to the order of
+  // the softmax sums.
+  kWarpPipesDynamic,
 };
 
 struct LazyAttentionParams {

@@ -40,9 +40,10 @@ struct DecodeConfig {
   static_assert(kMergeBytes <= 2 * kStages * kTileBytes, "merge buffer reuses the tiles");
   static_assert((16 * kMaxKvSplits + 17) * 4 <= 2 * kStages * kTileBytes,
                 "MergeSplitsInLastBlock reuses the tiles");
-  // [Q][K stages][V stages][inv_freq D/2][split plan]
-  static constexpr int kSmemBytes =
-      kQBytes + 2 * kStages * kTileBytes + (D / 2) * 4 + int(sizeof(SplitPlan));
+  // [Q][K stages][V stages][inv_freq D/2][split plan][dynamic split's ring of slices]
+  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + (D / 2) * 4 +
+                                    int(sizeof(SplitPlan)) +
+                                    kWarps * kStages * int(sizeof(TileCursor<kBlockN>));
 };
 
 // The split merge done by the last of a (request, KV head)'s split blocks to finish (a
@@ -118,9 +119,71 @@ __device__ __forceinline__ void MergeSplitsInLastBlock(const AttentionKernelPara
   }
 }
 
-template <int D, bool kRotateKeys, bool kWarpPipes>
+// Dynamic split (DecodeKernel::kWarpPipesDynamic): every warp of a (request, KV head)'s
+// split blocks takes 16-key slices of the request's keys, numbered segment by segment
+// (ceil(visible / 16) per segment), first kAhead fixed ones ((k * splits + split) * warps +
+// warp, before PdlWait with stable_history), then the next free one from a counter per
+// (request, KV head) (atomicAdd after PdlWait; the merge kernel resets it), so a warp that runs
+// slower takes fewer slices instead of finishing last. Each lane holds one segment of a
+// 32-segment window (start, visible keys, page base, first and end slice); a warp's slices
+// only increase, so the window only moves forward.
+struct SliceWalker {
+  int c, chunk_end;                             // window: segments c .. c + 31
+  int start_l, vis_l, pb_l, begin_l, end_l;     // this lane's segment
+
+  __device__ __forceinline__ void Load(const SplitPlan* plan, const SegmentView& v, int base,
+                                       int lane) {
+    const int s = c + lane;
+    start_l = vis_l = pb_l = 0;
+    int slices = 0;
+    if (s < plan->s_end) {
+      const int i = s - plan->s_first;
+      if (i < kSegCache) {
+        const SegEntry e = plan->seg[i];
+        start_l = e.start;
+        vis_l = e.vis;
+        pb_l = e.page_base;
+      } else {
+        start_l = v.seg_start[s];
+        vis_l = VisibleKeys(start_l, v.seg_len[s], plan->max_pos);
+        pb_l = v.page_indptr[s];
+      }
+      slices = (vis_l + 15) / 16;
+    }
+    end_l = base + WarpInclusiveScan(slices, lane);
+    begin_l = end_l - slices;
+    chunk_end = __shfl_sync(0xffffffffu, end_l, 31);
+  }
+  __device__ __forceinline__ void Init(const SplitPlan* plan, const SegmentView& v, int lane) {
+    c = plan->s_first;
+    Load(plan, v, 0, lane);
+  }
+  // Points `cur` (TileCursor fields as the decode loop reads them: s, start, page_base, j =
+  // the slice's first key - key0, j_end = the segment's visible keys) at slice g (warp-uniform),
+  // or marks it invalid past the request's last slice.
+  template <int N>
+  __device__ __forceinline__ void Locate(int g, const SplitPlan* plan, const SegmentView& v,
+                                         int key0, int lane, TileCursor<N>* cur) {
+    while (g >= chunk_end && c + 32 < plan->s_end) {
+      c += 32;
+      Load(plan, v, chunk_end, lane);
+    }
+    const unsigned hit = __ballot_sync(0xffffffffu, g < end_l);
+    cur->valid = hit != 0;
+    if (hit == 0) return;
+    const int l = __ffs(hit) - 1;
+    cur->s = c + l;
+    cur->start = __shfl_sync(0xffffffffu, start_l, l);
+    cur->page_base = __shfl_sync(0xffffffffu, pb_l, l);
+    cur->j_end = __shfl_sync(0xffffffffu, vis_l, l);
+    cur->j = (g - __shfl_sync(0xffffffffu, begin_l, l)) * 16 - key0;
+  }
+};
+
+template <int D, bool kRotateKeys, bool kWarpPipes, bool kDynamic = false>
 __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char* smem) {
   static_assert(!(kRotateKeys && kWarpPipes), "key rotation works on whole tiles");
+  static_assert(!kDynamic || kWarpPipes, "dynamic slices are per warp");
   using Cfg = DecodeConfig<D>;
   constexpr int kBlockN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
   constexpr int kWarps = Cfg::kWarps;
@@ -137,6 +200,9 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   char* v_smem = k_smem + kStages * Cfg::kTileBytes;
   float* freq_smem = reinterpret_cast<float*>(v_smem + kStages * Cfg::kTileBytes);
   SplitPlan* plan = reinterpret_cast<SplitPlan*>(freq_smem + D / 2);
+  // Dynamic split: the slice each stage of each warp's ring holds, written by the warp's lane 0
+  // when it issues the copies, read by the warp when it consumes them.
+  TileCursor<Cfg::kBlockN>* ring = reinterpret_cast<TileCursor<Cfg::kBlockN>*>(plan + 1);
 
   LAZYRAG_TRACE_POINT(g_trace, 0);
   PdlLaunchDependents();
@@ -155,10 +221,51 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   LAZYRAG_TRACE_POINT(g_trace, 2);
   LAZYRAG_TRACE_POINT(g_trace, 3);
 
+  // Tiles in flight ahead of the one being consumed. Block tiles: kStages - 1 (a stage is
+  // refilled before the tile in front of it is consumed, right after the block barrier that
+  // frees it). Warp pipelines: every stage (a warp refills the stage it has just consumed, after
+  // a __syncwarp), so the prologue, and with stable_history the copies before PdlWait, cover
+  // the whole ring.
+  constexpr int kAhead = kWarpPipes ? kStages : kStages - 1;
   TileCursor<kBlockN> cons;
-  cons.Init(plan, v);
-  TileCursor<kBlockN> prod = cons;
   const int key0 = warp * 16;  // this warp's keys within every tile
+  // Dynamic split: the slices this warp takes (g: fixed ones first, then claimed) and the
+  // claim in flight (lane 0's atomicAdd result, read one refill later).
+  SliceWalker walker;
+  int fixed_left = 0, next_fixed = 0, claim = 0;
+  int* counter = nullptr;
+  const int fixed_stride = p.num_splits * kWarps;
+  if constexpr (kDynamic) {
+    walker.Init(plan, v, lane);
+    next_fixed = split * kWarps + warp;
+    fixed_left = kAhead - 1;
+    counter = p.claim_counters + int64_t(b) * p.num_kv_heads + kvh;
+    walker.Locate(next_fixed, plan, v, key0, lane, &cons);
+  } else {
+    cons.Init(plan, v);
+  }
+  TileCursor<kBlockN> prod = cons;
+  // Moves the producer to its next tile (dynamic: its next slice).
+  const auto advance = [&]() {
+    if constexpr (kDynamic) {
+      if (!prod.valid) return;
+      int g;
+      if (fixed_left > 0) {
+        --fixed_left;
+        next_fixed += fixed_stride;
+        g = next_fixed;
+      } else {
+        g = __shfl_sync(0xffffffffu, claim, 0);
+      }
+      walker.Locate(g, plan, v, key0, lane, &prod);
+      // The claim after this one, in flight until the next call.
+      if (fixed_left == 0 && prod.valid && lane == 0) {
+        claim = fixed_stride * kAhead + atomicAdd(counter, 1);
+      }
+    } else {
+      if (prod.valid) prod.Next(plan, v);
+    }
+  };
   // Block tiles: all threads move each 64-key tile. Warp pipelines: each warp moves only its
   // own 16 rows of every tile (the rows it consumes), so it needs no other warp's copies.
   using Loader = KvTileLoader<D, kWarpPipes ? 16 : kBlockN, kWarpPipes ? 32 : kThreads>;
@@ -172,12 +279,6 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   Loader loader;
   const int64_t token_stride = int64_t(p.num_kv_heads) * D;
   const int head_off = kvh * D;
-  // Tiles in flight ahead of the one being consumed. Block tiles: kStages - 1 (a stage is
-  // refilled before the tile in front of it is consumed, right after the block barrier that
-  // frees it). Warp pipelines: every stage (a warp refills the stage it has just consumed, after
-  // a __syncwarp), so the prologue, and with stable_history the copies before PdlWait, cover
-  // the whole ring.
-  constexpr int kAhead = kWarpPipes ? kStages : kStages - 1;
   {
     // Prologue: the page ids of the first kAhead tiles are fetched together (one round trip,
     // not one per tile), then their copies issued.
@@ -190,9 +291,12 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
 #pragma unroll
     for (int st = 0; st < kAhead; ++st) {
       prefetch(first[st], prod);
+      if (kDynamic && lane == 0) ring[warp * kStages + st] = prod;
       stable = stable && (!prod.valid || prod.start + min(prod.j + key0 + 16, prod.j_end) <= pos);
       if (stable) ++early;
-      if (prod.valid) prod.Next(plan, v);
+      // Dynamic split: the slice after the fixed ones is claimed after PdlWait (the counter is
+      // reset by the merge kernel that precedes this launch).
+      if (!kDynamic || st + 1 < kAhead) advance();
     }
     if constexpr (kWarpPipes) {
 #pragma unroll
@@ -207,6 +311,7 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     }
     PdlWait();
     LAZYRAG_TRACE_POINT(g_trace, 1);
+    if (kDynamic && lane == 0) claim = fixed_stride * kAhead + atomicAdd(counter, 1);
     // Raw query rows (row r = head kvh * group + r; rows >= group zero). Block tiles: by
     // cp.async, completing with the first K/V tile. Warp pipelines: a warp waits only for its
     // own copies, so the rows are loaded plainly after the K/V copies are issued, before the
@@ -242,6 +347,10 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
       __syncthreads();
     }
   }
+  if constexpr (kDynamic) {
+    advance();
+    cons = ring[warp * kStages];
+  }
   prefetch(loader, prod);
   LAZYRAG_TRACE_POINT(g_trace, 4);
 
@@ -255,10 +364,11 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
 
   // Refills `st` with the producer's next tile (one commit group per call, empty or not).
   const auto refill = [&](int st) {
+    if (kDynamic && lane == 0) ring[warp * kStages + st] = prod;
     loader.Issue(k_smem + st * Cfg::kTileBytes + slice, v_smem + st * Cfg::kTileBytes + slice,
                  p.k_cache, p.v_cache, token_stride, head_off, load_tid);
     CpAsyncCommit();
-    if (prod.valid) prod.Next(plan, v);
+    advance();
     prefetch(loader, prod);
   };
 
@@ -317,8 +427,12 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
       __syncwarp();  // every lane's reads of this stage are done
       refill(stage);
     }
-    cons.Next(plan, v);
     stage = (stage + 1) % kStages;
+    if constexpr (kDynamic) {
+      cons = ring[warp * kStages + stage];
+    } else {
+      cons.Next(plan, v);
+    }
   }
   CpAsyncWait<0>();
   __syncthreads();  // the tile buffers become the merge buffer
@@ -389,17 +503,17 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   LAZYRAG_TRACE_POINT(g_trace, 7);
 }
 
-template <int D, bool kRotateKeys, bool kWarpPipes>
+template <int D, bool kRotateKeys, bool kWarpPipes, bool kDynamic>
 __global__ void __launch_bounds__(DecodeConfig<D>::kThreads, 2)
     LazyDecodeKernel(const __grid_constant__ AttentionKernelParams p) {
   extern __shared__ __align__(128) char smem[];
-  DecodeBody<D, kRotateKeys, kWarpPipes>(p, smem);
+  DecodeBody<D, kRotateKeys, kWarpPipes, kDynamic>(p, smem);
 }
 
-template <int D, bool kRotateKeys, bool kWarpPipes = false>
+template <int D, bool kRotateKeys, bool kWarpPipes = false, bool kDynamic = false>
 absl::Status LaunchDecode(const AttentionKernelParams& kp, int blocks, cudaStream_t stream) {
   using Cfg = DecodeConfig<D>;
-  auto* kernel = LazyDecodeKernel<D, kRotateKeys, kWarpPipes>;
+  auto* kernel = LazyDecodeKernel<D, kRotateKeys, kWarpPipes, kDynamic>;
   static std::atomic<uint64_t> smem_configured{0};
   return LaunchPdlKernel(kernel, dim3(blocks, kp.num_splits), Cfg::kThreads, Cfg::kSmemBytes,
                          &smem_configured, stream, kp);
@@ -426,7 +540,14 @@ absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t
   kp.q_blocks = 1;
   if (kp.num_splits > 1 && params.merge_counters != nullptr &&
       params.merge_counters_size >= blocks) {
-    kp.merge_counters = params.merge_counters;
+    // Dynamic split (head dim 128, LAZY layout), merged by the merge kernel, which resets the
+    // counters; or the static split merged in its last blocks.
+    if (params.decode_kernel == DecodeKernel::kWarpPipesDynamic &&
+        params.shape.head_dim == 128 && params.key_layout == KeyLayout::kRotatedLocal) {
+      kp.claim_counters = params.merge_counters;
+    } else {
+      kp.merge_counters = params.merge_counters;
+    }
   }
   const bool rotate_keys = params.key_layout == KeyLayout::kUnrotated;
   const int b = static_cast<int>(blocks);
@@ -438,6 +559,8 @@ absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t
     case 128:
       if (rotate_keys) {
         RETURN_IF_ERROR((detail::LaunchDecode<128, true>(kp, b, stream)));
+      } else if (kp.claim_counters != nullptr) {
+        RETURN_IF_ERROR((detail::LaunchDecode<128, false, true, true>(kp, b, stream)));
       } else if (params.decode_kernel != DecodeKernel::kBlockTiles) {
         RETURN_IF_ERROR((detail::LaunchDecode<128, false, true>(kp, b, stream)));
       } else {
