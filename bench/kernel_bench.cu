@@ -212,8 +212,8 @@ struct AttentionSetup {
     inv_freq = DeviceUpload(f);
     workspace_bytes = LazyAttentionWorkspaceBytes(batch * q_len, kHeads, kHeadDim, max_splits);
     workspace = DeviceAlloc<uint8_t>(workspace_bytes);
-    merge_counters = DeviceAlloc<int>(size_t(batch) * kKvHeads);
-    BENCH_CUDA(cudaMemset(merge_counters, 0, size_t(batch) * kKvHeads * sizeof(int)));
+    merge_counters = DeviceAlloc<int>(size_t(batch) * kKvHeads * 4);
+    BENCH_CUDA(cudaMemset(merge_counters, 0, size_t(batch) * kKvHeads * 4 * sizeof(int)));
 
     std::vector<int32_t> perm(num_pages);
     std::iota(perm.begin(), perm.end(), 0);
@@ -282,7 +282,7 @@ struct AttentionSetup {
   // The decode's split merge in its last blocks (LazyAttentionParams::merge_counters).
   void UseMergeCounters(LazyAttentionParams* p) const {
     p->merge_counters = merge_counters;
-    p->merge_counters_size = batch * kKvHeads;
+    p->merge_counters_size = batch * kKvHeads * 4;  // the dynamic split's 4 per block
   }
   // KV bytes one launch reads (K and V of every key of every request, all KV heads).
   double KvBytes() const { return double(batch) * kv_len * kKvHeads * kHeadDim * 2 * 2; }

@@ -389,7 +389,8 @@ std::vector<float> RunGpu(const Problem& p, const KvPool& pool, const GpuRun& ru
   prm.decode_kernel = run.decode_kernel;
   prm.num_pages = pool.pages;
   prm.stable_history = run.stable_history;
-  const int num_counters = (int(p.view.seg_indptr.size()) - 1) * p.shape.num_kv_heads;
+  // Room for the dynamic split (4 per request and KV head).
+  const int num_counters = (int(p.view.seg_indptr.size()) - 1) * p.shape.num_kv_heads * 4;
   DeviceArray<int> counters(run.merge_counters ? size_t(num_counters) : 0, 0);
   if (run.merge_counters) {
     prm.merge_counters = counters.get();

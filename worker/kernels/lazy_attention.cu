@@ -93,8 +93,11 @@ __global__ void __launch_bounds__(kMergeThreads)
   PdlWait();
   // The decode's dynamic split is over: its slice counter (per request and KV head, decode rows
   // are requests) back to zero for the next launch.
-  if (p.claim_counters != nullptr && threadIdx.x == 0 && (blockIdx.x % p.num_heads) % p.group == 0) {
-    p.claim_counters[(blockIdx.x / p.num_heads) * p.num_kv_heads + (blockIdx.x % p.num_heads) / p.group] = 0;
+  // (4 per request and KV head: one per decode warp).
+  const int head = blockIdx.x % p.num_heads;
+  if (p.claim_counters != nullptr && threadIdx.x < 4 && head % p.group == 0) {
+    const int64_t kvh = int64_t(blockIdx.x / p.num_heads) * p.num_kv_heads + head / p.group;
+    p.claim_counters[kvh * 4 + threadIdx.x] = 0;
   }
   MergeSplitsBody<D>(p, rows);
 }

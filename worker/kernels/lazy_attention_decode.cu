@@ -231,15 +231,19 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   const int key0 = warp * 16;  // this warp's keys within every tile
   // Dynamic split: the slices this warp takes (g: fixed ones first, then claimed) and the
   // claim in flight (lane 0's atomicAdd result, read one refill later).
+  // Claims are runs of kClaim slices from one of kWarps counters per (request, KV head) (the
+  // one of this warp's index: a quarter of the contention), run c of counter w being the
+  // (c * kWarps + w)-th run after the fixed slices.
+  constexpr int kClaim = 2;
   SliceWalker walker;
-  int fixed_left = 0, next_fixed = 0, claim = 0;
+  int fixed_left = 0, next_fixed = 0, claim = 0, run_g = 0, run_left = 0;
   int* counter = nullptr;
   const int fixed_stride = p.num_splits * kWarps;
   if constexpr (kDynamic) {
     walker.Init(plan, v, lane);
     next_fixed = split * kWarps + warp;
     fixed_left = kAhead - 1;
-    counter = p.claim_counters + int64_t(b) * p.num_kv_heads + kvh;
+    counter = p.claim_counters + (int64_t(b) * p.num_kv_heads + kvh) * kWarps + warp;
     walker.Locate(next_fixed, plan, v, key0, lane, &cons);
   } else {
     cons.Init(plan, v);
@@ -250,18 +254,24 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     if constexpr (kDynamic) {
       if (!prod.valid) return;
       int g;
+      bool claimed = false;
       if (fixed_left > 0) {
         --fixed_left;
         next_fixed += fixed_stride;
         g = next_fixed;
+      } else if (run_left > 0) {
+        --run_left;
+        g = ++run_g;
       } else {
-        g = __shfl_sync(0xffffffffu, claim, 0);
+        // The claim issued a run ago (or after PdlWait for the first).
+        const int c = __shfl_sync(0xffffffffu, claim, 0);
+        g = run_g = fixed_stride * kAhead + (c * kWarps + warp) * kClaim;
+        run_left = kClaim - 1;
+        claimed = true;
       }
       walker.Locate(g, plan, v, key0, lane, &prod);
-      // The claim after this one, in flight until the next call.
-      if (fixed_left == 0 && prod.valid && lane == 0) {
-        claim = fixed_stride * kAhead + atomicAdd(counter, 1);
-      }
+      // The next run's claim, in flight until this run is used up.
+      if (claimed && prod.valid && lane == 0) claim = atomicAdd(counter, 1);
     } else {
       if (prod.valid) prod.Next(plan, v);
     }
@@ -311,7 +321,7 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     }
     PdlWait();
     LAZYRAG_TRACE_POINT(g_trace, 1);
-    if (kDynamic && lane == 0) claim = fixed_stride * kAhead + atomicAdd(counter, 1);
+    if (kDynamic && lane == 0) claim = atomicAdd(counter, 1);
     // Raw query rows (row r = head kvh * group + r; rows >= group zero). Block tiles: by
     // cp.async, completing with the first K/V tile. Warp pipelines: a warp waits only for its
     // own copies, so the rows are loaded plainly after the K/V copies are issued, before the
@@ -538,14 +548,14 @@ absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t
                                            /*min_split_keys=*/128, &kp));
   kp.q_rows_per_block = 1;
   kp.q_blocks = 1;
-  if (kp.num_splits > 1 && params.merge_counters != nullptr &&
-      params.merge_counters_size >= blocks) {
-    // Dynamic split (head dim 128, LAZY layout), merged by the merge kernel, which resets the
-    // counters; or the static split merged in its last blocks.
+  // Dynamic split (head dim 128, LAZY layout; 4 counters per block's (request, KV head)),
+  // merged by the merge kernel, which resets the counters; or the static split merged in its
+  // last blocks.
+  if (kp.num_splits > 1 && params.merge_counters != nullptr) {
     if (params.decode_kernel == DecodeKernel::kWarpPipesDynamic &&
         params.shape.head_dim == 128 && params.key_layout == KeyLayout::kRotatedLocal) {
-      kp.claim_counters = params.merge_counters;
-    } else {
+      if (params.merge_counters_size >= 4 * blocks) kp.claim_counters = params.merge_counters;
+    } else if (params.merge_counters_size >= blocks) {
       kp.merge_counters = params.merge_counters;
     }
   }
