@@ -212,8 +212,8 @@ struct AttentionSetup {
     inv_freq = DeviceUpload(f);
     workspace_bytes = LazyAttentionWorkspaceBytes(batch * q_len, kHeads, kHeadDim, max_splits);
     workspace = DeviceAlloc<uint8_t>(workspace_bytes);
-    merge_counters = DeviceAlloc<int>(size_t(batch) * kKvHeads * 4);
-    BENCH_CUDA(cudaMemset(merge_counters, 0, size_t(batch) * kKvHeads * 4 * sizeof(int)));
+    merge_counters = DeviceAlloc<int>(size_t(batch) * kKvHeads * 2);
+    BENCH_CUDA(cudaMemset(merge_counters, 0, size_t(batch) * kKvHeads * 2 * sizeof(int)));
 
     std::vector<int32_t> perm(num_pages);
     std::iota(perm.begin(), perm.end(), 0);
@@ -279,10 +279,10 @@ struct AttentionSetup {
     p.stable_history = true;
     return p;
   }
-  // The decode's split merge in its last blocks (LazyAttentionParams::merge_counters).
+  // The decode's split merge on counters (LazyAttentionParams::merge_counters).
   void UseMergeCounters(LazyAttentionParams* p) const {
     p->merge_counters = merge_counters;
-    p->merge_counters_size = batch * kKvHeads * 4;  // the dynamic split's 4 per block
+    p->merge_counters_size = batch * kKvHeads * 2;
   }
   // KV bytes one launch reads (K and V of every key of every request, all KV heads).
   double KvBytes() const { return double(batch) * kv_len * kKvHeads * kHeadDim * 2 * 2; }
@@ -551,19 +551,17 @@ void PrintTrace(const char* name, int blocks, const std::vector<uint64_t>& raw) 
 
 int RunTrace(const cudaDeviceProp& prop) {
   std::mt19937 rng(1234);
-  // Decode b1 with the merge kernel, merged in its last blocks, with the dynamic split; query
-  // block 32 b1.
-  for (int config = 0; config < 4; ++config) {
-    const int q_len = config < 3 ? 1 : 32;
-    const bool fused = config == 1, dynamic = config == 2;
+  // Decode b1 with the merge waiting for the grid, and on counters; query block 32 b1.
+  for (int config = 0; config < 3; ++config) {
+    const int q_len = config < 2 ? 1 : 32;
+    const bool counted = config == 1;
     AttentionSetup s(1, q_len, prop.l2CacheSize, rng);
     auto params = [&](int copy) {
       LazyAttentionParams p = s.Params(copy, false, KeyLayout::kRotatedLocal);
       // The trace points are in the cp.async wgmma kernel (64-key tiles: the split launch's
       // choice there), not in the warp-specialized default.
       p.prefill_kernel = PrefillKernel::kWgmmaKeys64;
-      if (fused || dynamic) s.UseMergeCounters(&p);
-      if (dynamic) p.decode_kernel = DecodeKernel::kWarpPipesDynamic;
+      if (counted) s.UseMergeCounters(&p);
       return p;
     };
     for (int rep = 0; rep < 5; ++rep) {  // warm-up; the last launch is the traced one
@@ -582,8 +580,7 @@ int RunTrace(const cudaDeviceProp& prop) {
     BENCH_OK(q_len == 1 ? detail::ReadDecodeTrace(blocks, &raw)
                         : detail::ReadPrefillWgmmaTrace(blocks, &raw));
     PrintTrace(config == 0   ? "decode_b1"
-               : config == 1 ? "decode_b1 (split merge in the last blocks)"
-               : config == 2 ? "decode_b1 (dynamic split)"
+               : config == 1 ? "decode_b1 (merge on counters)"
                              : "prefill_q32_b1 (wgmma)",
                blocks, raw);
   }
@@ -682,45 +679,33 @@ int Main(int argc, char** argv) {
     results.push_back({"decode_b" + std::to_string(batch), "decode", batch, 1, s.kv_len,
                        "lazy_wait_all", wait_ms, s.KvBytes(),
                        4.0 * batch * kHeads * kHeadDim * double(s.kv_len)});
-    // The split merge in the decode kernel's last blocks instead of the merge kernel
+    // The merge kernel waiting on counters instead of the decode grid
     // (LazyAttentionParams::merge_counters; no split, no difference: batch >= 64).
-    const double fused_ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+    const double counted_ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
       LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
       s.UseMergeCounters(&p);
       BENCH_OK(LazyAttentionDecode(p, st));
     });
     results.push_back({"decode_b" + std::to_string(batch), "decode", batch, 1, s.kv_len,
-                       "lazy_fused_merge", fused_ms, s.KvBytes(),
-                       4.0 * batch * kHeads * kHeadDim * double(s.kv_len)});
-    // The dynamic split (DecodeKernel::kWarpPipesDynamic; no split, no difference).
-    const double dyn_ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
-      LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
-      s.UseMergeCounters(&p);
-      p.decode_kernel = DecodeKernel::kWarpPipesDynamic;
-      BENCH_OK(LazyAttentionDecode(p, st));
-    });
-    results.push_back({"decode_b" + std::to_string(batch), "decode", batch, 1, s.kv_len,
-                       "lazy_dynamic", dyn_ms, s.KvBytes(),
+                       "lazy_merge_counters", counted_ms, s.KvBytes(),
                        4.0 * batch * kHeads * kHeadDim * double(s.kv_len)});
     // Batch 1 without the overlap between consecutive launches: an empty kernel launched
     // without the programmatic attribute before every call, so a launch starts only after the
     // previous one has finished (its time, ~0.8 us as diag_empty, is included).
     if (batch == 1) {
-      for (int iso = 0; iso < 4; ++iso) {
-        const bool stable = iso != 1, fused = iso == 2, dynamic = iso == 3;
+      for (int iso = 0; iso < 3; ++iso) {
+        const bool stable = iso != 1, counted = iso == 2;
         const double iso_ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
           EmptyKernel<<<1, 32, 0, st>>>();
           LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
           p.stable_history = stable;
-          if (fused || dynamic) s.UseMergeCounters(&p);
-          if (dynamic) p.decode_kernel = DecodeKernel::kWarpPipesDynamic;
+          if (counted) s.UseMergeCounters(&p);
           BENCH_OK(LazyAttentionDecode(p, st));
         });
         results.push_back({"decode_b1", "decode", 1, 1, s.kv_len,
-                           fused     ? "lazy_fused_merge_isolated"
-                           : dynamic ? "lazy_dynamic_isolated"
-                           : stable  ? "lazy_isolated"
-                                     : "lazy_wait_all_isolated",
+                           counted  ? "lazy_merge_counters_isolated"
+                           : stable ? "lazy_isolated"
+                                    : "lazy_wait_all_isolated",
                            iso_ms, s.KvBytes(), 4.0 * kHeads * kHeadDim * double(s.kv_len)});
       }
     }

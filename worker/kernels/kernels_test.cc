@@ -303,8 +303,8 @@ struct GpuRun {
   PrefillKernel prefill_kernel = PrefillKernel::kAuto;
   DecodeKernel decode_kernel = DecodeKernel::kAuto;
   bool stable_history = false;
-  // Decode: LazyAttentionParams::merge_counters (zeroed once; the split merge in the kernel's
-  // last blocks); RunGpu checks that the launches left them zero.
+  // Decode: LazyAttentionParams::merge_counters (zeroed once; the merge kernel waits on them
+  // instead of the decode grid); RunGpu checks that the launches left them zero.
   bool merge_counters = false;
   // Rows left NaN in the uploaded pool and written by a kernel launched just before the
   // attention kernel, which lets the attention kernel start at once and writes only after
@@ -314,13 +314,6 @@ struct GpuRun {
   enum class LateRows { kNone, kStepRows, kFirstKeys } late_rows = LateRows::kNone;
   int64_t late_delay_ns = 20000;
 };
-
-// The decode with the dynamic split (DecodeKernel::kWarpPipesDynamic and its counters).
-GpuRun Dynamic(GpuRun run) {
-  run.decode_kernel = DecodeKernel::kWarpPipesDynamic;
-  run.merge_counters = true;
-  return run;
-}
 
 // Element offsets (layer 0) of the rows GpuRun::late_rows names, for every KV head.
 std::vector<int64_t> LateRowOffsets(const Problem& p, const KvPool& pool, GpuRun::LateRows which) {
@@ -389,8 +382,7 @@ std::vector<float> RunGpu(const Problem& p, const KvPool& pool, const GpuRun& ru
   prm.decode_kernel = run.decode_kernel;
   prm.num_pages = pool.pages;
   prm.stable_history = run.stable_history;
-  // Room for the dynamic split (4 per request and KV head).
-  const int num_counters = (int(p.view.seg_indptr.size()) - 1) * p.shape.num_kv_heads * 4;
+  const int num_counters = (int(p.view.seg_indptr.size()) - 1) * p.shape.num_kv_heads * 2;
   DeviceArray<int> counters(run.merge_counters ? size_t(num_counters) : 0, 0);
   if (run.merge_counters) {
     prm.merge_counters = counters.get();
@@ -549,10 +541,7 @@ TEST_P(AttentionSweep, DecodeMatchesCpu) {
     ExpectClose(RunGpu(p, pool, run), ref, absl::StrCat("decode splits=", splits));
     run.merge_counters = true;
     ExpectClose(RunGpu(p, pool, run), ref,
-                absl::StrCat("decode merged in the last blocks, splits=", splits));
-    // Head dim 128 with the LAZY layout: dynamic; elsewhere the launcher's static split.
-    ExpectClose(RunGpu(p, pool, Dynamic({true, Layout(), splits})), ref,
-                absl::StrCat("decode dynamic split, splits=", splits));
+                absl::StrCat("decode, merge on counters, splits=", splits));
   }
 }
 
@@ -670,9 +659,7 @@ TEST(LazyAttention, Batch1LongContextAutoSplits) {
           ExpectClose(RunGpu(dec, pool, run), dec_ref, "decode " + LayoutName(layout));
           run.merge_counters = true;
           ExpectClose(RunGpu(dec, pool, run), dec_ref,
-                      "decode merged in the last blocks " + LayoutName(layout));
-          ExpectClose(RunGpu(dec, pool, Dynamic({true, layout, 0})), dec_ref,
-                      "decode dynamic split " + LayoutName(layout));
+                      "decode, merge on counters " + LayoutName(layout));
         }
       }
     }
@@ -706,7 +693,6 @@ TEST(LazyAttention, DecodeWarpPipesMatchBlockTiles) {
           const std::vector<float> warp = RunGpu(*prob, pool, run);
           ExpectClose(warp, ref, "warp pipelines " + what);
           EXPECT_EQ(warp, block) << "warp pipelines vs block tiles " << what;
-          ExpectClose(RunGpu(*prob, pool, Dynamic(run)), ref, "dynamic split " + what);
         }
       }
     }
@@ -737,11 +723,9 @@ TEST(LazyAttention, DecodeStableHistoryWaitsForTheStepsRows) {
         run.stable_history = true;
         run.late_rows = GpuRun::LateRows::kStepRows;
         ExpectClose(RunGpu(*prob, pool, run), ref, absl::StrCat(name, " splits=", splits));
-        run.merge_counters = true;
+        run.merge_counters = true;  // the engine's configuration
         ExpectClose(RunGpu(*prob, pool, run), ref,
-                    absl::StrCat(name, " merged in the last blocks, splits=", splits));
-        ExpectClose(RunGpu(*prob, pool, Dynamic(run)), ref,
-                    absl::StrCat(name, " dynamic split, splits=", splits));
+                    absl::StrCat(name, " merge on counters, splits=", splits));
       }
     }
   }
@@ -805,11 +789,9 @@ TEST(LazyAttention, DecodeSplitMergeWorkspace) {
                          {true, KeyLayout::kRotatedLocal, splits, 3 * per_split,
                           repeats}),
                   ref, "3 splits " + what);
-      GpuRun fused{true, KeyLayout::kRotatedLocal, splits, 0, repeats};
-      fused.merge_counters = true;
-      ExpectClose(RunGpu(p, pool, fused), ref, "merged in the last blocks " + what);
-      ExpectClose(RunGpu(p, pool, Dynamic({true, KeyLayout::kRotatedLocal, splits, 0, repeats})),
-                  ref, "dynamic split " + what);
+      GpuRun counted{true, KeyLayout::kRotatedLocal, splits, 0, repeats};
+      counted.merge_counters = true;
+      ExpectClose(RunGpu(p, pool, counted), ref, "merge on counters " + what);
     }
   }
 }
@@ -840,11 +822,6 @@ TEST(LazyAttention, ManySegments) {
     for (int splits : {0, 1, 5, 37, 128}) {
       ExpectClose(RunGpu(p, pool, {q_len == 1, KeyLayout::kRotatedLocal, splits}), ref,
                   absl::StrCat(q_len == 1 ? "decode" : "prefill", " splits=", splits));
-      // The dynamic split's segment window moves past the first 32 segments.
-      if (q_len == 1) {
-        ExpectClose(RunGpu(p, pool, Dynamic({true, KeyLayout::kRotatedLocal, splits})), ref,
-                    absl::StrCat("decode dynamic split, splits=", splits));
-      }
     }
   }
 }

@@ -67,12 +67,6 @@ enum class DecodeKernel {
   // 16 keys of every tile in its own cp.async ring, so the loop has no block barrier and the
   // four warps drift apart instead of waiting for the slowest. Bit-identical to kBlockTiles.
   kWarpPipes,
-  // As kWarpPipes, and when the launch splits the KV and LazyAttentionParams::merge_counters
-  // are given, the split is dynamic: each warp takes its first 16-key slices at fixed places,
-  // then claims the next free slice of its (request, KV head) from a counter, so slower warps
-  // take fewer slices (the merge kernel resets the counters). Same results up to the order of
-  // the softmax sums.
-  kWarpPipesDynamic,
 };
 
 struct LazyAttentionParams {
@@ -117,11 +111,12 @@ struct LazyAttentionParams {
   // producer did the same on 2026-11-30 and was measured no faster in the chain and slower
   // alone: not kept; prefill ignores the flag.)
   bool stable_history = false;
-  // Decode only: counters (one int per (request, KV head), ZERO before the first launch) that
-  // let the last of a (request, KV head)'s split blocks merge the splits itself instead of a
-  // separate merge kernel; every launch leaves them zero again. Used when the launch splits
-  // the KV and merge_counters_size >= num_requests * num_kv_heads; otherwise (or null) the
-  // merge kernel runs. One launch at a time per counter array (the counters are per launch).
+  // Decode only: counters, two ints per (request, KV head) (2 * num_requests * num_kv_heads),
+  // ZERO before the first launch; every launch leaves them zero again. With them a split decode
+  // signals each finished split there and the merge kernel's blocks (resident from the
+  // decode's start) merge as soon as their (request, KV head)'s splits are all counted, instead
+  // of after the whole decode grid has finished. One launch at a time per counter array. Null
+  // or too small: the merge waits for the grid.
   int* merge_counters = nullptr;
   int merge_counters_size = 0;
 };

@@ -6,9 +6,9 @@
 // KiB in flight per block, two blocks per multiprocessor); each warp takes 16 keys of every
 // tile (mma.sync m16n8k16; the tensor cores make the math free next to the bytes) with its
 // own online softmax, and the 4 warps' partial results are merged through shared memory at
-// the end. Splits (chosen so that the grid fills the GPU) are merged by the merge kernel, or,
-// given LazyAttentionParams::merge_counters, by the last split block of each (request, KV head)
-// to finish (one kernel per launch instead of two).
+// the end. Splits (chosen so that the grid fills the GPU) are merged by the merge kernel (with
+// LazyAttentionParams::merge_counters, as soon as a (request, KV head)'s splits have counted
+// themselves, not after the whole grid).
 // DecodeKernel::kWarpPipes (head dim 128, LAZY layout): each warp gathers only its own 16 keys
 // of every tile into its own ring, so the loop needs a __syncwarp instead of a block barrier
 // and a warp never waits for the others; same arithmetic in the same order (bit-identical). The
@@ -38,152 +38,14 @@ struct DecodeConfig {
   static constexpr int kMergeStride = D + 8;  // floats per row of the cross-warp merge buffer
   static constexpr int kMergeBytes = kWarps * 16 * (kMergeStride + 2) * 4;
   static_assert(kMergeBytes <= 2 * kStages * kTileBytes, "merge buffer reuses the tiles");
-  static_assert((16 * kMaxKvSplits + 17) * 4 <= 2 * kStages * kTileBytes,
-                "MergeSplitsInLastBlock reuses the tiles");
-  // [Q][K stages][V stages][inv_freq D/2][split plan][dynamic split's ring of slices]
-  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + (D / 2) * 4 +
-                                    int(sizeof(SplitPlan)) +
-                                    kWarps * kStages * int(sizeof(TileCursor<kBlockN>));
+  // [Q][K stages][V stages][inv_freq D/2][split plan]
+  static constexpr int kSmemBytes =
+      kQBytes + 2 * kStages * kTileBytes + (D / 2) * 4 + int(sizeof(SplitPlan));
 };
 
-// The split merge done by the last of a (request, KV head)'s split blocks to finish (a
-// counter per (request, KV head) in p.merge_counters, reset by that block): its `group` rows
-// are out = sum_s w_s O_s / sum_s w_s, w_s = 2^(lse_s - max lse), read through L2 from every
-// split's partial results (this block's own included). `smem` holds >= 16 x kMaxKvSplits + 17
-// floats; the caller has written its partial results and may not touch smem afterwards.
-template <int D, int kThreads>
-__device__ __forceinline__ void MergeSplitsInLastBlock(const AttentionKernelParams& p, int b,
-                                                       int kvh, int q_row, char* smem) {
-  constexpr int kWarps = kThreads / 32;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  float* w = reinterpret_cast<float*>(smem);  // [16][kMaxKvSplits]
-  float* inv_l = w + 16 * kMaxKvSplits;       // [16]
-  int* last = reinterpret_cast<int*>(inv_l + 16);
-  __threadfence();  // this thread's partial results are visible GPU-wide before the count
-  __syncthreads();
-  if (tid == 0) {
-    int* counter = p.merge_counters + int64_t(b) * p.num_kv_heads + kvh;
-    const int done = atomicAdd(counter, 1) + 1;
-    *last = done == p.num_splits;
-    if (done == p.num_splits) *counter = 0;  // every split has counted: ready for the next launch
-  }
-  __syncthreads();
-  if (*last == 0) return;
-  __threadfence();  // the other splits' partial results, counted before ours, are visible
-
-  const int group = p.group, splits = p.num_splits;
-  const int64_t rows = int64_t(p.view.num_q) * p.num_heads;
-  const int64_t row0 = int64_t(q_row) * p.num_heads + int64_t(kvh) * group;
-  for (int r = warp; r < group; r += kWarps) {
-    float lse[kMaxKvSplits / 32];
-    float m = kNegInf;
-#pragma unroll
-    for (int i = 0; i < kMaxKvSplits / 32; ++i) {
-      const int s = lane + 32 * i;
-      lse[i] = s < splits ? __ldcg(p.lse_partial + s * rows + row0 + r) : kNegInf;
-      m = fmaxf(m, lse[i]);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-    float l = 0.f;
-#pragma unroll
-    for (int i = 0; i < kMaxKvSplits / 32; ++i) {
-      const int s = lane + 32 * i;
-      const float wt = m == kNegInf ? 0.f : Exp2(lse[i] - m);  // empty split: lse -inf, w 0
-      if (s < splits) w[r * kMaxKvSplits + s] = wt;
-      l += wt;
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) l += __shfl_xor_sync(0xffffffffu, l, off);
-    if (lane == 0) inv_l[r] = l > 0.f ? 1.f / l : 0.f;
-  }
-  __syncthreads();
-  for (int idx = tid; idx < group * (D / 4); idx += kThreads) {
-    const int r = idx / (D / 4), d = (idx % (D / 4)) * 4;
-    const float* src = p.o_partial + (row0 + r) * D + d;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 16
-    for (int s = 0; s < splits; ++s) {
-      const float wt = w[r * kMaxKvSplits + s];
-      const float4 x = __ldcg(reinterpret_cast<const float4*>(src + s * rows * D));
-      acc.x += wt * x.x;
-      acc.y += wt * x.y;
-      acc.z += wt * x.z;
-      acc.w += wt * x.w;
-    }
-    const float inv = inv_l[r];
-    uint2 packed;
-    packed.x = PackBf16(acc.x * inv, acc.y * inv);
-    packed.y = PackBf16(acc.z * inv, acc.w * inv);
-    *reinterpret_cast<uint2*>(p.out + (row0 + r) * D + d) = packed;
-  }
-}
-
-// Dynamic split (DecodeKernel::kWarpPipesDynamic): every warp of a (request, KV head)'s
-// split blocks takes 16-key slices of the request's keys, numbered segment by segment
-// (ceil(visible / 16) per segment), first kAhead fixed ones ((k * splits + split) * warps +
-// warp, before PdlWait with stable_history), then the next free one from a counter per
-// (request, KV head) (atomicAdd after PdlWait; the merge kernel resets it), so a warp that runs
-// slower takes fewer slices instead of finishing last. Each lane holds one segment of a
-// 32-segment window (start, visible keys, page base, first and end slice); a warp's slices
-// only increase, so the window only moves forward.
-struct SliceWalker {
-  int c, chunk_end;                             // window: segments c .. c + 31
-  int start_l, vis_l, pb_l, begin_l, end_l;     // this lane's segment
-
-  __device__ __forceinline__ void Load(const SplitPlan* plan, const SegmentView& v, int base,
-                                       int lane) {
-    const int s = c + lane;
-    start_l = vis_l = pb_l = 0;
-    int slices = 0;
-    if (s < plan->s_end) {
-      const int i = s - plan->s_first;
-      if (i < kSegCache) {
-        const SegEntry e = plan->seg[i];
-        start_l = e.start;
-        vis_l = e.vis;
-        pb_l = e.page_base;
-      } else {
-        start_l = v.seg_start[s];
-        vis_l = VisibleKeys(start_l, v.seg_len[s], plan->max_pos);
-        pb_l = v.page_indptr[s];
-      }
-      slices = (vis_l + 15) / 16;
-    }
-    end_l = base + WarpInclusiveScan(slices, lane);
-    begin_l = end_l - slices;
-    chunk_end = __shfl_sync(0xffffffffu, end_l, 31);
-  }
-  __device__ __forceinline__ void Init(const SplitPlan* plan, const SegmentView& v, int lane) {
-    c = plan->s_first;
-    Load(plan, v, 0, lane);
-  }
-  // Points `cur` (TileCursor fields as the decode loop reads them: s, start, page_base, j =
-  // the slice's first key - key0, j_end = the segment's visible keys) at slice g (warp-uniform),
-  // or marks it invalid past the request's last slice.
-  template <int N>
-  __device__ __forceinline__ void Locate(int g, const SplitPlan* plan, const SegmentView& v,
-                                         int key0, int lane, TileCursor<N>* cur) {
-    while (g >= chunk_end && c + 32 < plan->s_end) {
-      c += 32;
-      Load(plan, v, chunk_end, lane);
-    }
-    const unsigned hit = __ballot_sync(0xffffffffu, g < end_l);
-    cur->valid = hit != 0;
-    if (hit == 0) return;
-    const int l = __ffs(hit) - 1;
-    cur->s = c + l;
-    cur->start = __shfl_sync(0xffffffffu, start_l, l);
-    cur->page_base = __shfl_sync(0xffffffffu, pb_l, l);
-    cur->j_end = __shfl_sync(0xffffffffu, vis_l, l);
-    cur->j = (g - __shfl_sync(0xffffffffu, begin_l, l)) * 16 - key0;
-  }
-};
-
-template <int D, bool kRotateKeys, bool kWarpPipes, bool kDynamic = false>
+template <int D, bool kRotateKeys, bool kWarpPipes>
 __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char* smem) {
   static_assert(!(kRotateKeys && kWarpPipes), "key rotation works on whole tiles");
-  static_assert(!kDynamic || kWarpPipes, "dynamic slices are per warp");
   using Cfg = DecodeConfig<D>;
   constexpr int kBlockN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
   constexpr int kWarps = Cfg::kWarps;
@@ -200,9 +62,6 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   char* v_smem = k_smem + kStages * Cfg::kTileBytes;
   float* freq_smem = reinterpret_cast<float*>(v_smem + kStages * Cfg::kTileBytes);
   SplitPlan* plan = reinterpret_cast<SplitPlan*>(freq_smem + D / 2);
-  // Dynamic split: the slice each stage of each warp's ring holds, written by the warp's lane 0
-  // when it issues the copies, read by the warp when it consumes them.
-  TileCursor<Cfg::kBlockN>* ring = reinterpret_cast<TileCursor<Cfg::kBlockN>*>(plan + 1);
 
   LAZYRAG_TRACE_POINT(g_trace, 0);
   PdlLaunchDependents();
@@ -221,61 +80,10 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   LAZYRAG_TRACE_POINT(g_trace, 2);
   LAZYRAG_TRACE_POINT(g_trace, 3);
 
-  // Tiles in flight ahead of the one being consumed. Block tiles: kStages - 1 (a stage is
-  // refilled before the tile in front of it is consumed, right after the block barrier that
-  // frees it). Warp pipelines: every stage (a warp refills the stage it has just consumed, after
-  // a __syncwarp), so the prologue, and with stable_history the copies before PdlWait, cover
-  // the whole ring.
-  constexpr int kAhead = kWarpPipes ? kStages : kStages - 1;
   TileCursor<kBlockN> cons;
-  const int key0 = warp * 16;  // this warp's keys within every tile
-  // Dynamic split: the slices this warp takes (g: fixed ones first, then claimed) and the
-  // claim in flight (lane 0's atomicAdd result, read one refill later).
-  // Claims are runs of kClaim slices from one of kWarps counters per (request, KV head) (the
-  // one of this warp's index: a quarter of the contention), run c of counter w being the
-  // (c * kWarps + w)-th run after the fixed slices.
-  constexpr int kClaim = 2;
-  SliceWalker walker;
-  int fixed_left = 0, next_fixed = 0, claim = 0, run_g = 0, run_left = 0;
-  int* counter = nullptr;
-  const int fixed_stride = p.num_splits * kWarps;
-  if constexpr (kDynamic) {
-    walker.Init(plan, v, lane);
-    next_fixed = split * kWarps + warp;
-    fixed_left = kAhead - 1;
-    counter = p.claim_counters + (int64_t(b) * p.num_kv_heads + kvh) * kWarps + warp;
-    walker.Locate(next_fixed, plan, v, key0, lane, &cons);
-  } else {
-    cons.Init(plan, v);
-  }
+  cons.Init(plan, v);
   TileCursor<kBlockN> prod = cons;
-  // Moves the producer to its next tile (dynamic: its next slice).
-  const auto advance = [&]() {
-    if constexpr (kDynamic) {
-      if (!prod.valid) return;
-      int g;
-      bool claimed = false;
-      if (fixed_left > 0) {
-        --fixed_left;
-        next_fixed += fixed_stride;
-        g = next_fixed;
-      } else if (run_left > 0) {
-        --run_left;
-        g = ++run_g;
-      } else {
-        // The claim issued a run ago (or after PdlWait for the first).
-        const int c = __shfl_sync(0xffffffffu, claim, 0);
-        g = run_g = fixed_stride * kAhead + (c * kWarps + warp) * kClaim;
-        run_left = kClaim - 1;
-        claimed = true;
-      }
-      walker.Locate(g, plan, v, key0, lane, &prod);
-      // The next run's claim, in flight until this run is used up.
-      if (claimed && prod.valid && lane == 0) claim = atomicAdd(counter, 1);
-    } else {
-      if (prod.valid) prod.Next(plan, v);
-    }
-  };
+  const int key0 = warp * 16;  // this warp's keys within every tile
   // Block tiles: all threads move each 64-key tile. Warp pipelines: each warp moves only its
   // own 16 rows of every tile (the rows it consumes), so it needs no other warp's copies.
   using Loader = KvTileLoader<D, kWarpPipes ? 16 : kBlockN, kWarpPipes ? 32 : kThreads>;
@@ -290,27 +98,24 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   const int64_t token_stride = int64_t(p.num_kv_heads) * D;
   const int head_off = kvh * D;
   {
-    // Prologue: the page ids of the first kAhead tiles are fetched together (one round trip,
-    // not one per tile), then their copies issued.
-    Loader first[kAhead];
+    // Prologue: the page ids of the first kStages - 1 tiles are fetched together (one round
+    // trip, not one per tile), then their copies issued.
+    Loader first[kStages - 1];
     // Warp pipelines with stable_history: the leading prologue stages whose rows (this warp's
     // 16 of the tile) all sit at positions below the query's are copied before PdlWait, in
     // order (one commit group per stage either way).
     int early = 0;
     bool stable = kWarpPipes && p.stable_history != 0;
 #pragma unroll
-    for (int st = 0; st < kAhead; ++st) {
+    for (int st = 0; st < kStages - 1; ++st) {
       prefetch(first[st], prod);
-      if (kDynamic && lane == 0) ring[warp * kStages + st] = prod;
       stable = stable && (!prod.valid || prod.start + min(prod.j + key0 + 16, prod.j_end) <= pos);
       if (stable) ++early;
-      // Dynamic split: the slice after the fixed ones is claimed after PdlWait (the counter is
-      // reset by the merge kernel that precedes this launch).
-      if (!kDynamic || st + 1 < kAhead) advance();
+      if (prod.valid) prod.Next(plan, v);
     }
     if constexpr (kWarpPipes) {
 #pragma unroll
-      for (int st = 0; st < kAhead; ++st) {
+      for (int st = 0; st < kStages - 1; ++st) {
         if (st < early) {
           first[st].Issue(k_smem + st * Cfg::kTileBytes + slice,
                           v_smem + st * Cfg::kTileBytes + slice, p.k_cache, p.v_cache,
@@ -321,7 +126,6 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     }
     PdlWait();
     LAZYRAG_TRACE_POINT(g_trace, 1);
-    if (kDynamic && lane == 0) claim = atomicAdd(counter, 1);
     // Raw query rows (row r = head kvh * group + r; rows >= group zero). Block tiles: by
     // cp.async, completing with the first K/V tile. Warp pipelines: a warp waits only for its
     // own copies, so the rows are loaded plainly after the K/V copies are issued, before the
@@ -336,7 +140,7 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
       }
     }
 #pragma unroll
-    for (int st = 0; st < kAhead; ++st) {
+    for (int st = 0; st < kStages - 1; ++st) {
       if (st >= early) {
         first[st].Issue(k_smem + st * Cfg::kTileBytes + slice,
                         v_smem + st * Cfg::kTileBytes + slice, p.k_cache, p.v_cache, token_stride,
@@ -357,10 +161,6 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
       __syncthreads();
     }
   }
-  if constexpr (kDynamic) {
-    advance();
-    cons = ring[warp * kStages];
-  }
   prefetch(loader, prod);
   LAZYRAG_TRACE_POINT(g_trace, 4);
 
@@ -372,19 +172,10 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   int q_seg = -1;
   int stage = 0;
 
-  // Refills `st` with the producer's next tile (one commit group per call, empty or not).
-  const auto refill = [&](int st) {
-    if (kDynamic && lane == 0) ring[warp * kStages + st] = prod;
-    loader.Issue(k_smem + st * Cfg::kTileBytes + slice, v_smem + st * Cfg::kTileBytes + slice,
-                 p.k_cache, p.v_cache, token_stride, head_off, load_tid);
-    CpAsyncCommit();
-    advance();
-    prefetch(loader, prod);
-  };
-
   while (cons.valid) {
-    CpAsyncWait<kAhead - 1>();
-    // Warp pipelines: this warp's copies landed; no other warp is involved.
+    CpAsyncWait<kStages - 2>();
+    // Warp pipelines: this warp's copies landed and its lanes are done with the stage refilled
+    // next; no other warp is involved.
     if constexpr (kWarpPipes) {
       __syncwarp();
     } else {
@@ -393,8 +184,12 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
 #ifdef LAZYRAG_ATTN_TRACE
     if (stage == 0 && q_seg < 0) LAZYRAG_TRACE_POINT(g_trace, 5);
 #endif
-    // Block tiles: the stage consumed last iteration is free for every thread now.
-    if constexpr (!kWarpPipes) refill((stage + kStages - 1) % kStages);
+    loader.Issue(k_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes + slice,
+                 v_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes + slice, p.k_cache,
+                 p.v_cache, token_stride, head_off, load_tid);
+    CpAsyncCommit();
+    if (prod.valid) prod.Next(plan, v);
+    prefetch(loader, prod);
 
     char* kt = k_smem + stage * Cfg::kTileBytes;
     char* vt = v_smem + stage * Cfg::kTileBytes;
@@ -433,16 +228,8 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
       MmaBf16(o[2 * dp], a, r[0], r[1]);
       MmaBf16(o[2 * dp + 1], a, r[2], r[3]);
     }
-    if constexpr (kWarpPipes) {
-      __syncwarp();  // every lane's reads of this stage are done
-      refill(stage);
-    }
+    cons.Next(plan, v);
     stage = (stage + 1) % kStages;
-    if constexpr (kDynamic) {
-      cons = ring[warp * kStages + stage];
-    } else {
-      cons.Next(plan, v);
-    }
   }
   CpAsyncWait<0>();
   __syncthreads();  // the tile buffers become the merge buffer
@@ -508,22 +295,25 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     }
   }
   if (p.num_splits > 1 && p.merge_counters != nullptr) {
-    MergeSplitsInLastBlock<D, kThreads>(p, b, kvh, q_row, k_smem);
+    // This split's partial results are written: count it for the merge kernel (release after
+    // the barrier covers every thread's writes).
+    __syncthreads();
+    if (tid == 0) RedAddReleaseGpu(p.merge_counters + (int64_t(b) * p.num_kv_heads + kvh) * 2, 1);
   }
   LAZYRAG_TRACE_POINT(g_trace, 7);
 }
 
-template <int D, bool kRotateKeys, bool kWarpPipes, bool kDynamic>
+template <int D, bool kRotateKeys, bool kWarpPipes>
 __global__ void __launch_bounds__(DecodeConfig<D>::kThreads, 2)
     LazyDecodeKernel(const __grid_constant__ AttentionKernelParams p) {
   extern __shared__ __align__(128) char smem[];
-  DecodeBody<D, kRotateKeys, kWarpPipes, kDynamic>(p, smem);
+  DecodeBody<D, kRotateKeys, kWarpPipes>(p, smem);
 }
 
-template <int D, bool kRotateKeys, bool kWarpPipes = false, bool kDynamic = false>
+template <int D, bool kRotateKeys, bool kWarpPipes = false>
 absl::Status LaunchDecode(const AttentionKernelParams& kp, int blocks, cudaStream_t stream) {
   using Cfg = DecodeConfig<D>;
-  auto* kernel = LazyDecodeKernel<D, kRotateKeys, kWarpPipes, kDynamic>;
+  auto* kernel = LazyDecodeKernel<D, kRotateKeys, kWarpPipes>;
   static std::atomic<uint64_t> smem_configured{0};
   return LaunchPdlKernel(kernel, dim3(blocks, kp.num_splits), Cfg::kThreads, Cfg::kSmemBytes,
                          &smem_configured, stream, kp);
@@ -548,16 +338,9 @@ absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t
                                            /*min_split_keys=*/128, &kp));
   kp.q_rows_per_block = 1;
   kp.q_blocks = 1;
-  // Dynamic split (head dim 128, LAZY layout; 4 counters per block's (request, KV head)),
-  // merged by the merge kernel, which resets the counters; or the static split merged in its
-  // last blocks.
-  if (kp.num_splits > 1 && params.merge_counters != nullptr) {
-    if (params.decode_kernel == DecodeKernel::kWarpPipesDynamic &&
-        params.shape.head_dim == 128 && params.key_layout == KeyLayout::kRotatedLocal) {
-      if (params.merge_counters_size >= 4 * blocks) kp.claim_counters = params.merge_counters;
-    } else if (params.merge_counters_size >= blocks) {
-      kp.merge_counters = params.merge_counters;
-    }
+  if (kp.num_splits > 1 && params.merge_counters != nullptr &&
+      params.merge_counters_size >= 2 * blocks) {
+    kp.merge_counters = params.merge_counters;
   }
   const bool rotate_keys = params.key_layout == KeyLayout::kUnrotated;
   const int b = static_cast<int>(blocks);
@@ -569,8 +352,6 @@ absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t
     case 128:
       if (rotate_keys) {
         RETURN_IF_ERROR((detail::LaunchDecode<128, true>(kp, b, stream)));
-      } else if (kp.claim_counters != nullptr) {
-        RETURN_IF_ERROR((detail::LaunchDecode<128, false, true, true>(kp, b, stream)));
       } else if (params.decode_kernel != DecodeKernel::kBlockTiles) {
         RETURN_IF_ERROR((detail::LaunchDecode<128, false, true>(kp, b, stream)));
       } else {
@@ -581,7 +362,6 @@ absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t
       return absl::InvalidArgumentError(
           absl::StrCat("head_dim must be 64 or 128, got ", params.shape.head_dim));
   }
-  if (kp.merge_counters != nullptr) return absl::OkStatus();  // merged by the last blocks
   return detail::LaunchMergeSplits(kp, v.num_q, params.shape.head_dim, stream);
 }
 

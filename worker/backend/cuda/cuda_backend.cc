@@ -36,7 +36,7 @@ namespace {
 
 constexpr size_t kAlign = 256;
 constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;  // NVIDIA's advice for Hopper
-constexpr size_t kMergeCounters = 4096;  // split decode: requests x KV heads it merges in-kernel
+constexpr size_t kMergeCounters = 4096;  // split decode: 2 x requests x KV heads
 constexpr int64_t kUploadChunkFloats = int64_t(16) << 20;   // fp32 staging for host weights
 
 size_t AlignUp(size_t n, size_t a = kAlign) { return (n + a - 1) / a * a; }
@@ -456,9 +456,9 @@ absl::Status CudaBackend::Init(const LoadedModel& model) {
   int64_t ws = options_.attention_workspace_bytes;
   if (ws <= 0) ws = kernels::LazyAttentionWorkspaceBytes(64, c.num_heads, c.head_dim);
   if (tensor_core_attention_) RETURN_IF_ERROR(attention_workspace_.Allocate(size_t(ws)));
-  if (tensor_core_attention_ && options_.fused_split_merge) {
-    // A decode splits its KV only while requests x KV heads < 2 blocks per SM (a few hundred);
-    // a bigger split batch falls back to the merge kernel.
+  if (tensor_core_attention_ && options_.merge_on_counters) {
+    // 2 per (request, KV head); a decode splits its KV only while requests x KV heads < 2 blocks
+    // per SM (a few hundred); a bigger split batch's merge waits for the grid.
     RETURN_IF_ERROR(merge_counters_.Allocate(kMergeCounters * sizeof(int)));
     LAZYRAG_RETURN_IF_CUDA_ERROR(cudaMemset(merge_counters_.data(), 0, merge_counters_.size()));
   }
