@@ -164,7 +164,6 @@ struct AttentionSetup {
   float* inv_freq = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  int* merge_counters = nullptr;  // zero between launches
   std::vector<SegmentView> views[2];    // [zero_deltas][copy]
   std::vector<int32_t*> device_arrays;  // freed at exit (process end)
 
@@ -212,8 +211,6 @@ struct AttentionSetup {
     inv_freq = DeviceUpload(f);
     workspace_bytes = LazyAttentionWorkspaceBytes(batch * q_len, kHeads, kHeadDim, max_splits);
     workspace = DeviceAlloc<uint8_t>(workspace_bytes);
-    merge_counters = DeviceAlloc<int>(size_t(batch) * kKvHeads * 2);
-    BENCH_CUDA(cudaMemset(merge_counters, 0, size_t(batch) * kKvHeads * 2 * sizeof(int)));
 
     std::vector<int32_t> perm(num_pages);
     std::iota(perm.begin(), perm.end(), 0);
@@ -251,7 +248,6 @@ struct AttentionSetup {
     cudaFree(out);
     cudaFree(inv_freq);
     cudaFree(workspace);
-    cudaFree(merge_counters);
     for (int32_t* p : device_arrays) cudaFree(p);
   }
 
@@ -278,11 +274,6 @@ struct AttentionSetup {
     // writes only `out` and the split scratch).
     p.stable_history = true;
     return p;
-  }
-  // The decode's split merge on counters (LazyAttentionParams::merge_counters).
-  void UseMergeCounters(LazyAttentionParams* p) const {
-    p->merge_counters = merge_counters;
-    p->merge_counters_size = batch * kKvHeads * 2;
   }
   // KV bytes one launch reads (K and V of every key of every request, all KV heads).
   double KvBytes() const { return double(batch) * kv_len * kKvHeads * kHeadDim * 2 * 2; }
@@ -490,11 +481,13 @@ void PrintTrace(const char* name, int blocks, const std::vector<uint64_t>& raw) 
     first_entry = std::min(first_entry, c[P]);
   }
   const double ghz = ns > 0 ? cyc / ns : 1.0;
-  std::printf("\ntrace %s: %d blocks, %.2f cycles/ns\n  point  median_us  max_us (since the block's entry)\n",
-              name, blocks, ghz);
-  static const char* kNames[P] = {"entry",          "after PdlWait",   "setup (Q, pos)",
-                                  "plan",           "prologue issued", "first tile landed",
-                                  "loop done",      "stores done"};
+  std::printf(
+      "\ntrace %s: %d blocks, %.2f cycles/ns\n  point  median_us  max_us (since the block's "
+      "entry)\n",
+      name, blocks, ghz);
+  static const char* kNames[P] = {"entry",     "after PdlWait",   "setup (Q, pos)",
+                                  "plan",      "prologue issued", "first tile landed",
+                                  "loop done", "stores done"};
   for (int i = 0; i < P; ++i) {
     std::vector<double> d;
     for (int b = 0; b < blocks; ++b) {
@@ -506,15 +499,14 @@ void PrintTrace(const char* name, int blocks, const std::vector<uint64_t>& raw) 
   }
   // On the global timer, relative to the first entry: where blocks enter, pass the wait and
   // leave (deciles), and the slowest blocks' phases with their SM (and what else ran there).
-  auto at = [&](int b, int i) {
-    return double(raw[size_t(b) * S + P + i] - first_entry) / 1000.0;
-  };
+  auto at = [&](int b, int i) { return double(raw[size_t(b) * S + P + i] - first_entry) / 1000.0; };
   auto deciles = [&](const char* what, int point) {
     std::vector<double> d;
     for (int b = 0; b < blocks; ++b) d.push_back(at(b, point));
     std::sort(d.begin(), d.end());
     std::printf("  global %-12s", what);
-    for (int q = 0; q <= 10; ++q) std::printf(" %6.2f", d[std::min<size_t>(d.size() - 1, d.size() * q / 10)]);
+    for (int q = 0; q <= 10; ++q)
+      std::printf(" %6.2f", d[std::min<size_t>(d.size() - 1, d.size() * q / 10)]);
     std::printf("\n");
   };
   std::printf("  global deciles (us after the first entry):  p0 .. p100\n");
@@ -526,12 +518,14 @@ void PrintTrace(const char* name, int blocks, const std::vector<uint64_t>& raw) 
   std::vector<int> order(blocks);
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(), [&](int a, int b) { return at(a, P - 1) > at(b, P - 1); });
-  std::printf("  slowest blocks (global us): block sm | entry wait tile loop exit | co-resident blocks' exits\n");
+  std::printf(
+      "  slowest blocks (global us): block sm | entry wait tile loop exit | co-resident blocks' "
+      "exits\n");
   for (int k = 0; k < std::min(blocks, 8); ++k) {
     const int b = order[k];
     const uint64_t sm = raw[size_t(b) * S + 2 * P];
-    std::printf("    %4d %3llu | %6.2f %6.2f %6.2f %6.2f %6.2f |", b, (unsigned long long)sm, at(b, 0),
-                at(b, 1), at(b, 5), at(b, 6), at(b, P - 1));
+    std::printf("    %4d %3llu | %6.2f %6.2f %6.2f %6.2f %6.2f |", b, (unsigned long long)sm,
+                at(b, 0), at(b, 1), at(b, 5), at(b, 6), at(b, P - 1));
     for (int o = 0; o < blocks; ++o) {
       if (o != b && raw[size_t(o) * S + 2 * P] == sm) std::printf(" %d:%.2f", o, at(o, P - 1));
     }
@@ -551,25 +545,17 @@ void PrintTrace(const char* name, int blocks, const std::vector<uint64_t>& raw) 
 
 int RunTrace(const cudaDeviceProp& prop) {
   std::mt19937 rng(1234);
-  // Decode b1 with the merge waiting for the grid, and on counters; query block 32 b1.
-  for (int config = 0; config < 3; ++config) {
-    const int q_len = config < 2 ? 1 : 32;
-    const bool counted = config == 1;
+  for (int q_len : {1, 32}) {
     AttentionSetup s(1, q_len, prop.l2CacheSize, rng);
-    auto params = [&](int copy) {
-      LazyAttentionParams p = s.Params(copy, false, KeyLayout::kRotatedLocal);
+    for (int rep = 0; rep < 5; ++rep) {  // warm-up; the last launch is the traced one
+      LazyAttentionParams p = s.Params(rep % s.copies, false, KeyLayout::kRotatedLocal);
       // The trace points are in the cp.async wgmma kernel (64-key tiles: the split launch's
       // choice there), not in the warp-specialized default.
       p.prefill_kernel = PrefillKernel::kWgmmaKeys64;
-      if (counted) s.UseMergeCounters(&p);
-      return p;
-    };
-    for (int rep = 0; rep < 5; ++rep) {  // warm-up; the last launch is the traced one
-      const LazyAttentionParams p = params(rep % s.copies);
       BENCH_OK(q_len == 1 ? LazyAttentionDecode(p, nullptr) : LazyAttentionPrefill(p, nullptr));
     }
     BENCH_CUDA(cudaDeviceSynchronize());
-    const LazyAttentionParams p = params(0);
+    const LazyAttentionParams p = s.Params(0, false, KeyLayout::kRotatedLocal);
     detail::AttentionKernelParams kp;
     // The launchers' own split choice (decode: 2 blocks per SM, >= 128 keys per split;
     // prefill: 1 block per SM, >= 256 keys per split; one query block of 32 rows x group 4).
@@ -579,10 +565,7 @@ int RunTrace(const cudaDeviceProp& prop) {
     std::vector<uint64_t> raw;
     BENCH_OK(q_len == 1 ? detail::ReadDecodeTrace(blocks, &raw)
                         : detail::ReadPrefillWgmmaTrace(blocks, &raw));
-    PrintTrace(config == 0   ? "decode_b1"
-               : config == 1 ? "decode_b1 (merge on counters)"
-                             : "prefill_q32_b1 (wgmma)",
-               blocks, raw);
+    PrintTrace(q_len == 1 ? "decode_b1" : "prefill_q32_b1 (wgmma)", blocks, raw);
   }
   return 0;
 }
@@ -679,34 +662,20 @@ int Main(int argc, char** argv) {
     results.push_back({"decode_b" + std::to_string(batch), "decode", batch, 1, s.kv_len,
                        "lazy_wait_all", wait_ms, s.KvBytes(),
                        4.0 * batch * kHeads * kHeadDim * double(s.kv_len)});
-    // The merge kernel waiting on counters instead of the decode grid
-    // (LazyAttentionParams::merge_counters; no split, no difference: batch >= 64).
-    const double counted_ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
-      LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
-      s.UseMergeCounters(&p);
-      BENCH_OK(LazyAttentionDecode(p, st));
-    });
-    results.push_back({"decode_b" + std::to_string(batch), "decode", batch, 1, s.kv_len,
-                       "lazy_merge_counters", counted_ms, s.KvBytes(),
-                       4.0 * batch * kHeads * kHeadDim * double(s.kv_len)});
     // Batch 1 without the overlap between consecutive launches: an empty kernel launched
     // without the programmatic attribute before every call, so a launch starts only after the
     // previous one has finished (its time, ~0.8 us as diag_empty, is included).
     if (batch == 1) {
-      for (int iso = 0; iso < 3; ++iso) {
-        const bool stable = iso != 1, counted = iso == 2;
+      for (bool stable : {true, false}) {
         const double iso_ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
           EmptyKernel<<<1, 32, 0, st>>>();
           LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
           p.stable_history = stable;
-          if (counted) s.UseMergeCounters(&p);
           BENCH_OK(LazyAttentionDecode(p, st));
         });
         results.push_back({"decode_b1", "decode", 1, 1, s.kv_len,
-                           counted  ? "lazy_merge_counters_isolated"
-                           : stable ? "lazy_isolated"
-                                    : "lazy_wait_all_isolated",
-                           iso_ms, s.KvBytes(), 4.0 * kHeads * kHeadDim * double(s.kv_len)});
+                           stable ? "lazy_isolated" : "lazy_wait_all_isolated", iso_ms, s.KvBytes(),
+                           4.0 * kHeads * kHeadDim * double(s.kv_len)});
       }
     }
   }

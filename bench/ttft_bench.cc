@@ -14,7 +14,6 @@
 //                   [--warmup N] [--cold_runs N] [--chunk N] [--page_size N]
 //                   [--decode_steps N] [--residual_in_gemm 0|1] [--cuda_graphs 0|1]
 //                   [--step_times 0|1] [--idle_ms N] [--early_kv 0|1]
-//                   [--merge_counters 0|1]
 //                   [--profile] [--out PATH]
 #include <cuda_profiler_api.h>
 
@@ -53,7 +52,6 @@ struct BenchOptions {
   bool cuda_graphs = true;        // CudaBackendOptions::cuda_graphs
   bool step_times = true;         // CudaBackendOptions::time_steps: where LAZY's TTFT goes
   bool early_kv = true;           // CudaBackendOptions::early_kv_reads
-  bool merge_counters = true;     // CudaBackendOptions::merge_on_counters
   int idle_ms = 0;                // GPU idle before each timed request (a lone request)
   bool profile = false;           // one LAZY request (prefill + 1 decode step) between
                                   // cudaProfilerStart/Stop after warm-up, then exit (for ncu)
@@ -97,8 +95,6 @@ int Main(int argc, char** argv) {
       o.step_times = std::atoi(argv[++i]) != 0;
     else if (arg("--early_kv"))
       o.early_kv = std::atoi(argv[++i]) != 0;
-    else if (arg("--merge_counters"))
-      o.merge_counters = std::atoi(argv[++i]) != 0;
     else if (arg("--idle_ms"))
       o.idle_ms = std::max(0, std::atoi(argv[++i]));
     else if (arg("--cuda_graphs"))
@@ -112,7 +108,7 @@ int Main(int argc, char** argv) {
                    "usage: %s [--model NAME] [--docs N] [--doc_len N] [--query N] [--runs N] "
                    "[--warmup N] [--cold_runs N] [--chunk N] [--page_size N] "
                    "[--decode_steps N] [--residual_in_gemm 0|1] [--cuda_graphs 0|1] "
-                   "[--step_times 0|1] [--idle_ms N] [--early_kv 0|1] [--merge_counters 0|1] [--profile] "
+                   "[--step_times 0|1] [--idle_ms N] [--early_kv 0|1] [--profile] "
                    "[--out PATH]\n",
                    argv[0]);
       return 2;
@@ -131,7 +127,6 @@ int Main(int argc, char** argv) {
   bo.cuda_graphs = o.cuda_graphs;
   bo.time_steps = o.step_times;
   bo.early_kv_reads = o.early_kv;
-  bo.merge_on_counters = o.merge_counters;
   auto backend = CreateCudaBackend(*model, bo);
   if (!backend.ok()) return Fail(backend.status(), "cuda backend");
   const double init_s = std::chrono::duration<double>(Clock::now() - t_load).count();
@@ -316,7 +311,6 @@ int Main(int argc, char** argv) {
       << "  \"residual_in_gemm\": " << (o.residual_in_gemm ? "true" : "false") << ",\n"
       << "  \"cuda_graphs\": " << (o.cuda_graphs ? "true" : "false") << ",\n"
       << "  \"early_kv\": " << (o.early_kv ? "true" : "false") << ",\n"
-      << "  \"merge_counters\": " << (o.merge_counters ? "true" : "false") << ",\n"
       << "  \"idle_ms\": " << o.idle_ms << ",\n"
       << "  \"chunk\": " << o.chunk << ", \"page_size\": " << o.page_size
       << ", \"runs\": " << o.runs << ", \"warmup\": " << o.warmup << ",\n"

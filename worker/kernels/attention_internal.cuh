@@ -57,9 +57,6 @@ struct AttentionKernelParams {
   // LazyAttentionParams::stable_history: 1 = key rows at positions below a request's first
   // query position may be read before PdlWait.
   int stable_history;
-  // Split decode with LazyAttentionParams::merge_counters: [request][KV head][2] (splits done,
-  // merge blocks done); null: the merge kernel waits for the decode grid.
-  int* merge_counters;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -254,14 +251,6 @@ __device__ __forceinline__ void RotateKeyTile(char* k_smem, int pos0, const floa
 // the K/V bytes and every write come after it (except, with stable_history, the decode kernel's
 // first K/V tiles below the query position). PdlLaunchDependents() lets the next kernel
 // (the split merge) be scheduled early; it still waits for this grid to complete.
-__device__ __forceinline__ int LoadAcquireGpu(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void RedAddReleaseGpu(int* p, int v) {
-  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
 __device__ __forceinline__ void PdlWait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void PdlLaunchDependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");

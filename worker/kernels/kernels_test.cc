@@ -303,9 +303,6 @@ struct GpuRun {
   PrefillKernel prefill_kernel = PrefillKernel::kAuto;
   DecodeKernel decode_kernel = DecodeKernel::kAuto;
   bool stable_history = false;
-  // Decode: LazyAttentionParams::merge_counters (zeroed once; the merge kernel waits on them
-  // instead of the decode grid); RunGpu checks that the launches left them zero.
-  bool merge_counters = false;
   // Rows left NaN in the uploaded pool and written by a kernel launched just before the
   // attention kernel, which lets the attention kernel start at once and writes only after
   // late_delay_ns (kernels_test_util.h): kStepRows, the keys at the queries' own positions
@@ -382,12 +379,6 @@ std::vector<float> RunGpu(const Problem& p, const KvPool& pool, const GpuRun& ru
   prm.decode_kernel = run.decode_kernel;
   prm.num_pages = pool.pages;
   prm.stable_history = run.stable_history;
-  const int num_counters = (int(p.view.seg_indptr.size()) - 1) * p.shape.num_kv_heads * 2;
-  DeviceArray<int> counters(run.merge_counters ? size_t(num_counters) : 0, 0);
-  if (run.merge_counters) {
-    prm.merge_counters = counters.get();
-    prm.merge_counters_size = num_counters;
-  }
   if (!late.empty()) {
     EXPECT_TRUE(testing::LaunchDelayedRowWrite(k.get(), v.get(), late_offsets.get(), k_late_d.get(),
                                                v_late_d.get(), int(late.size()), pool.d,
@@ -399,10 +390,6 @@ std::vector<float> RunGpu(const Problem& p, const KvPool& pool, const GpuRun& ru
     EXPECT_TRUE(st.ok()) << st;
   }
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
-  if (run.merge_counters) {
-    EXPECT_EQ(counters.Download(), std::vector<int>(num_counters, 0))
-        << "the merge counters must be left zero";
-  }
   return ToFloat(out.Download());
 }
 
@@ -537,11 +524,8 @@ TEST_P(AttentionSweep, DecodeMatchesCpu) {
   const Problem p = MakeRagBatch(s, pool, docs, 5, 4, 40, 1, rng);
   const std::vector<float> ref = RunCpu(p, pool, Layout());
   for (int splits : {0, 1, 3, 16}) {
-    GpuRun run{true, Layout(), splits};
-    ExpectClose(RunGpu(p, pool, run), ref, absl::StrCat("decode splits=", splits));
-    run.merge_counters = true;
-    ExpectClose(RunGpu(p, pool, run), ref,
-                absl::StrCat("decode, merge on counters, splits=", splits));
+    ExpectClose(RunGpu(p, pool, {true, Layout(), splits}), ref,
+                absl::StrCat("decode splits=", splits));
   }
 }
 
@@ -654,12 +638,9 @@ TEST(LazyAttention, Batch1LongContextAutoSplits) {
           ExpectClose(RunGpu(pre, pool, {false, layout, 0}),
                       RunCpu(pre, pool, layout),
                       "prefill " + LayoutName(layout));
-          const std::vector<float> dec_ref = RunCpu(dec, pool, layout);
-          GpuRun run{true, layout, 0};
-          ExpectClose(RunGpu(dec, pool, run), dec_ref, "decode " + LayoutName(layout));
-          run.merge_counters = true;
-          ExpectClose(RunGpu(dec, pool, run), dec_ref,
-                      "decode, merge on counters " + LayoutName(layout));
+          ExpectClose(RunGpu(dec, pool, {true, layout, 0}),
+                      RunCpu(dec, pool, layout),
+                      "decode " + LayoutName(layout));
         }
       }
     }
@@ -723,9 +704,6 @@ TEST(LazyAttention, DecodeStableHistoryWaitsForTheStepsRows) {
         run.stable_history = true;
         run.late_rows = GpuRun::LateRows::kStepRows;
         ExpectClose(RunGpu(*prob, pool, run), ref, absl::StrCat(name, " splits=", splits));
-        run.merge_counters = true;  // the engine's configuration
-        ExpectClose(RunGpu(*prob, pool, run), ref,
-                    absl::StrCat(name, " merge on counters, splits=", splits));
       }
     }
   }
@@ -789,9 +767,6 @@ TEST(LazyAttention, DecodeSplitMergeWorkspace) {
                          {true, KeyLayout::kRotatedLocal, splits, 3 * per_split,
                           repeats}),
                   ref, "3 splits " + what);
-      GpuRun counted{true, KeyLayout::kRotatedLocal, splits, 0, repeats};
-      counted.merge_counters = true;
-      ExpectClose(RunGpu(p, pool, counted), ref, "merge on counters " + what);
     }
   }
 }

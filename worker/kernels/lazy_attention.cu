@@ -34,7 +34,7 @@ __device__ __forceinline__ void MergeSplitsBody(const AttentionKernelParams& p, 
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int s = lane + 32 * i;
-    lse[i] = s < splits ? __ldcg(p.lse_partial + int64_t(s) * rows + row) : kNegInf;
+    lse[i] = s < splits ? p.lse_partial[int64_t(s) * rows + row] : kNegInf;
     m = fmaxf(m, lse[i]);
   }
 #pragma unroll
@@ -58,7 +58,7 @@ __device__ __forceinline__ void MergeSplitsBody(const AttentionKernelParams& p, 
 #pragma unroll 8
   for (int s = sl; s < splits; s += kSplitLanes) {
     const float w = w_smem[warp][s];
-    const float4 o = __ldcg(reinterpret_cast<const float4*>(src + s * split_stride));
+    const float4 o = *reinterpret_cast<const float4*>(src + s * split_stride);
     acc.x += w * o.x;
     acc.y += w * o.y;
     acc.z += w * o.z;
@@ -86,32 +86,12 @@ __device__ __forceinline__ void MergeSplitsBody(const AttentionKernelParams& p, 
 // Launched as a programmatic dependent of the attention kernel, which lets it be scheduled
 // from its start: the merge blocks become resident as attention blocks retire, and
 // griddepcontrol.wait holds them until that grid has finished and its writes are visible.
-// With p.merge_counters (split decode) a block instead waits until its (request, KV head)'s
-// splits have all counted themselves there (each after writing its partial results, with
-// release semantics), merges, and the last of the group's blocks zeroes the two counters for
-// the next launch; griddepcontrol.wait comes last, so the grid still ends after the decode's.
 template <int D>
 __global__ void __launch_bounds__(kMergeThreads)
     MergeSplitsKernel(const __grid_constant__ AttentionKernelParams p, int rows) {
   PdlLaunchDependents();
-  if (p.merge_counters == nullptr) {
-    PdlWait();
-    MergeSplitsBody<D>(p, rows);
-    return;
-  }
-  const int head = blockIdx.x % p.num_heads;  // decode: one row per request
-  int* counters =
-      p.merge_counters + (int64_t(blockIdx.x / p.num_heads) * p.num_kv_heads + head / p.group) * 2;
-  if (threadIdx.x == 0) {
-    while (LoadAcquireGpu(counters) < p.num_splits) __nanosleep(64);
-  }
-  __syncthreads();
-  MergeSplitsBody<D>(p, rows);
-  if (threadIdx.x == 0 && atomicAdd(counters + 1, 1) == p.group - 1) {
-    counters[0] = 0;
-    counters[1] = 0;
-  }
   PdlWait();
+  MergeSplitsBody<D>(p, rows);
 }
 
 }  // namespace
@@ -184,7 +164,6 @@ absl::Status MakeKernelParams(const LazyAttentionParams& params, int base_blocks
   kp->stable_history = params.stable_history ? 1 : 0;
   kp->o_partial = nullptr;
   kp->lse_partial = nullptr;
-  kp->merge_counters = nullptr;
   if (splits > 1) {
     kp->o_partial = static_cast<float*>(params.workspace);
     kp->lse_partial =
@@ -249,9 +228,6 @@ absl::Status ValidateLazyAttentionParams(const LazyAttentionParams& p, bool deco
   }
   if (p.num_splits < 0) return absl::InvalidArgumentError("num_splits must be >= 0");
   if (p.num_pages < 0) return absl::InvalidArgumentError("num_pages must be >= 0");
-  if (p.merge_counters_size < 0) {
-    return absl::InvalidArgumentError("merge_counters_size must be >= 0");
-  }
   if (p.max_q_len < 1 || p.max_kv_len < 0) {
     return absl::InvalidArgumentError("max_q_len must be >= 1 and max_kv_len >= 0");
   }

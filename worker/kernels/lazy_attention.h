@@ -111,14 +111,6 @@ struct LazyAttentionParams {
   // producer did the same on 2026-11-30 and was measured no faster in the chain and slower
   // alone: not kept; prefill ignores the flag.)
   bool stable_history = false;
-  // Decode only: counters, two ints per (request, KV head) (2 * num_requests * num_kv_heads),
-  // ZERO before the first launch; every launch leaves them zero again. With them a split decode
-  // signals each finished split there and the merge kernel's blocks (resident from the
-  // decode's start) merge as soon as their (request, KV head)'s splits are all counted, instead
-  // of after the whole decode grid has finished. One launch at a time per counter array. Null
-  // or too small: the merge waits for the grid.
-  int* merge_counters = nullptr;
-  int merge_counters_size = 0;
 };
 
 inline constexpr int kMaxKvSplits = 128;

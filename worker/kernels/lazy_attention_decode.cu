@@ -6,9 +6,7 @@
 // KiB in flight per block, two blocks per multiprocessor); each warp takes 16 keys of every
 // tile (mma.sync m16n8k16; the tensor cores make the math free next to the bytes) with its
 // own online softmax, and the 4 warps' partial results are merged through shared memory at
-// the end. Splits (chosen so that the grid fills the GPU) are merged by the merge kernel (with
-// LazyAttentionParams::merge_counters, as soon as a (request, KV head)'s splits have counted
-// themselves, not after the whole grid).
+// the end. Splits (chosen so that the grid fills the GPU) are merged by the merge kernel.
 // DecodeKernel::kWarpPipes (head dim 128, LAZY layout): each warp gathers only its own 16 keys
 // of every tile into its own ring, so the loop needs a __syncwarp instead of a block barrier
 // and a warp never waits for the others; same arithmetic in the same order (bit-identical). The
@@ -294,12 +292,6 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
       if (d == 0) p.lse_partial[split * rows + row_head] = l > 0.f ? m + __log2f(l) : kNegInf;
     }
   }
-  if (p.num_splits > 1 && p.merge_counters != nullptr) {
-    // This split's partial results are written: count it for the merge kernel (release after
-    // the barrier covers every thread's writes).
-    __syncthreads();
-    if (tid == 0) RedAddReleaseGpu(p.merge_counters + (int64_t(b) * p.num_kv_heads + kvh) * 2, 1);
-  }
   LAZYRAG_TRACE_POINT(g_trace, 7);
 }
 
@@ -338,10 +330,6 @@ absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t
                                            /*min_split_keys=*/128, &kp));
   kp.q_rows_per_block = 1;
   kp.q_blocks = 1;
-  if (kp.num_splits > 1 && params.merge_counters != nullptr &&
-      params.merge_counters_size >= 2 * blocks) {
-    kp.merge_counters = params.merge_counters;
-  }
   const bool rotate_keys = params.key_layout == KeyLayout::kUnrotated;
   const int b = static_cast<int>(blocks);
   switch (params.shape.head_dim) {

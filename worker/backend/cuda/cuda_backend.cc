@@ -36,7 +36,6 @@ namespace {
 
 constexpr size_t kAlign = 256;
 constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;  // NVIDIA's advice for Hopper
-constexpr size_t kMergeCounters = 4096;  // split decode: 2 x requests x KV heads
 constexpr int64_t kUploadChunkFloats = int64_t(16) << 20;   // fp32 staging for host weights
 
 size_t AlignUp(size_t n, size_t a = kAlign) { return (n + a - 1) / a * a; }
@@ -288,7 +287,6 @@ class CudaBackend final : public Backend {
   DeviceBuffer inv_freq_;          // [head_dim / 2] fp32
   DeviceBuffer cublas_workspace_;
   DeviceBuffer attention_workspace_;
-  DeviceBuffer merge_counters_;  // int per (request, KV head) of a split decode; zero at rest
 
   // KV pool: [num_layers][K | V][num_pages * page_size, kv_dim] bf16.
   DeviceBuffer pool_;
@@ -456,12 +454,6 @@ absl::Status CudaBackend::Init(const LoadedModel& model) {
   int64_t ws = options_.attention_workspace_bytes;
   if (ws <= 0) ws = kernels::LazyAttentionWorkspaceBytes(64, c.num_heads, c.head_dim);
   if (tensor_core_attention_) RETURN_IF_ERROR(attention_workspace_.Allocate(size_t(ws)));
-  if (tensor_core_attention_ && options_.merge_on_counters) {
-    // 2 per (request, KV head); a decode splits its KV only while requests x KV heads < 2 blocks
-    // per SM (a few hundred); a bigger split batch's merge waits for the grid.
-    RETURN_IF_ERROR(merge_counters_.Allocate(kMergeCounters * sizeof(int)));
-    LAZYRAG_RETURN_IF_CUDA_ERROR(cudaMemset(merge_counters_.data(), 0, merge_counters_.size()));
-  }
 
   return LoadWeights(model);
 }
@@ -954,8 +946,6 @@ absl::Status CudaBackend::EnqueueStep(const Step& s) {
       // page uploads, all finished before this step's first kernel; only the QKV scatter just
       // before writes (the step's own rows).
       ap.stable_history = options_.early_kv_reads;
-      ap.merge_counters = reinterpret_cast<int*>(merge_counters_.data());
-      ap.merge_counters_size = static_cast<int>(merge_counters_.size() / sizeof(int));
       RETURN_IF_ERROR(decode ? kernels::LazyAttentionDecode(ap, stream_)
                              : kernels::LazyAttentionPrefill(ap, stream_));
     } else {

@@ -68,10 +68,6 @@ struct CudaBackendOptions {
   // before the step's QKV scatter has finished (kernels::LazyAttentionParams::stable_history: the
   // scatter writes only the step's own rows). ttft_bench --early_kv 0|1 measures both.
   bool early_kv_reads = true;
-  // Split decode attention: the merge kernel waits on per-(request, KV head) counters that the
-  // split blocks bump (kernels::LazyAttentionParams::merge_counters) instead of for the whole
-  // decode grid. ttft_bench --merge_counters 0|1 measures both.
-  bool merge_on_counters = true;
   // Tensor parallelism: this backend is rank shard.rank of shard.size (CreateCudaBackend takes
   // the global model and keeps the rank's slice). `nccl_comm` is that rank's ncclComm_t
   // (opaque here so that this header needs no NCCL), REQUIRED when shard.size > 1; the backend
