@@ -205,6 +205,44 @@ __device__ __forceinline__ PrefillBlock LocatePrefillBlock(const AttentionKernel
   return k;
 }
 
+// The positions of a prefill block's kBlockM packed rows (row r: query qi0 + r / group) into
+// pos_smem[r] (-1 = padding row: attends nothing; threads tid < kBlockM) and each warp's
+// largest into max_smem[warp]. Every lane of the calling warps takes part.
+template <int kBlockM>
+__device__ __forceinline__ void StoreRowPositions(const SegmentView& v, const PrefillBlock& blk,
+                                                  int group, int tid, int* pos_smem,
+                                                  int* max_smem) {
+  int pos = -1;
+  if (tid < kBlockM) {
+    const int qi = blk.qi0 + tid / group;
+    if (tid < blk.packed_rows && qi < blk.nq) pos = v.q_pos[blk.q_begin + qi];
+    pos_smem[tid] = pos;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) pos = max(pos, __shfl_xor_sync(0xffffffffu, pos, off));
+  if (tid % 32 == 0) max_smem[tid / 32] = pos;
+}
+
+// cp.async of a prefill block's raw query tile, kBlockM packed rows in the TileOffset layout
+// (row r: query qi0 + r / group, head kvh * group + r % group; padding rows zero-filled), by
+// threads t = 0 .. threads - 1 of the caller's choosing. The caller commits the group.
+template <int D, int kBlockM>
+__device__ __forceinline__ void CopyQueryTile(const AttentionKernelParams& p,
+                                              const PrefillBlock& blk, char* q_smem, int t,
+                                              int threads) {
+  const int group = p.group;
+  for (int it = t; it < kBlockM * (D / 8); it += threads) {
+    const int row = it / (D / 8), chunk = it % (D / 8);
+    const int qi = blk.qi0 + row / group;
+    const bool ok = row < blk.packed_rows && qi < blk.nq;
+    const __nv_bfloat16* src =
+        ok ? p.q + (int64_t(blk.q_begin + qi) * p.num_heads + blk.kvh * group + row % group) * D +
+                 chunk * 8
+           : p.q;
+    CpAsync16(SmemAddr(q_smem) + TileOffset<D>(row, chunk), src, ok);
+  }
+}
+
 // Rotates by RoPE to `pos` the eight rotate-half pairs held in one 16-byte chunk pair of a
 // bf16 row: lo holds columns 8cp..8cp+7, hi their partners D/2 further (the same products and
 // roundings as BuildRotatedQ).

@@ -52,9 +52,10 @@ __device__ __forceinline__ void PrefillBody(const AttentionKernelParams& p, char
   PdlLaunchDependents();
   PdlWait();
 
-  const auto [kvh, b, split, q_begin, nq, qi0, packed_rows] = LocatePrefillBlock(p);
+  const PrefillBlock blk = LocatePrefillBlock(p);
+  const auto [kvh, b, split, q_begin, nq, qi0, packed_rows] = blk;
   if (qi0 >= nq) return;  // whole block idle (uniform)
-  const int group = p.group, H = p.num_heads;
+  const int group = p.group;
 
   char* q_smem = smem;
   char* k_smem = smem + Cfg::kQBytes;
@@ -65,29 +66,11 @@ __device__ __forceinline__ void PrefillBody(const AttentionKernelParams& p, char
   SplitPlan* plan = reinterpret_cast<SplitPlan*>(max_smem + Cfg::kWarps);
   const int s_first = v.seg_indptr[b], s_end = v.seg_indptr[b + 1];
 
-  // Row positions (-1 = padding row: attends nothing) and the block's largest position.
-  int my_max = -1;
-  if (tid < Cfg::kBlockM) {
-    const int qi = qi0 + tid / group;
-    const bool ok = tid < packed_rows && qi < nq;
-    const int pos = ok ? v.q_pos[q_begin + qi] : -1;
-    pos_smem[tid] = pos;
-    my_max = pos;
-  }
+  // Row positions and the block's largest position; the raw query tile, whose cp.async group
+  // completes with the first K/V tile.
+  StoreRowPositions<Cfg::kBlockM>(v, blk, group, tid, pos_smem, max_smem);
   for (int i = tid; i < D / 2; i += kThreads) freq_smem[i] = p.inv_freq[i];
-  // Raw query tile; its cp.async group completes with the first K/V tile.
-  for (int it = tid; it < Cfg::kBlockM * (D / 8); it += kThreads) {
-    const int row = it / (D / 8), chunk = it % (D / 8);
-    const int qi = qi0 + row / group;
-    const bool ok = row < packed_rows && qi < nq;
-    const __nv_bfloat16* src =
-        ok ? p.q + (int64_t(q_begin + qi) * H + kvh * group + row % group) * D + chunk * 8 : p.q;
-    CpAsync16(SmemAddr(q_smem) + TileOffset<D>(row, chunk), src, ok);
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2)
-    my_max = max(my_max, __shfl_xor_sync(0xffffffffu, my_max, off));
-  if (lane == 0) max_smem[warp] = my_max;
+  CopyQueryTile<D, Cfg::kBlockM>(p, blk, q_smem, tid, kThreads);
   __syncthreads();
   if (warp == 0) {
     int max_pos = max_smem[0];

@@ -84,7 +84,8 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
   // overlapping the previous kernel's tail; the query and the K/V bytes (the previous kernels
   // write the step's own rows) are read after it.
 
-  const auto [kvh, b, split, q_begin, nq, qi0, packed_rows] = LocatePrefillBlock(p);
+  const PrefillBlock blk = LocatePrefillBlock(p);
+  const auto [kvh, b, split, q_begin, nq, qi0, packed_rows] = blk;
   if (qi0 >= nq) return;  // whole block idle (uniform)
   const int group = p.group, H = p.num_heads;
 
@@ -99,20 +100,9 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
   SplitPlan* plan = reinterpret_cast<SplitPlan*>(max_smem + Cfg::kWarps);
   const int s_first = v.seg_indptr[b], s_end = v.seg_indptr[b + 1];
 
-  // Row positions (-1 = padding row: attends nothing) and the block's largest position.
-  int my_max = -1;
-  if (tid < Cfg::kBlockM) {
-    const int qi = qi0 + tid / group;
-    const bool ok = tid < packed_rows && qi < nq;
-    const int pos = ok ? v.q_pos[q_begin + qi] : -1;
-    pos_smem[tid] = pos;
-    my_max = pos;
-  }
+  // Row positions and the block's largest position.
+  StoreRowPositions<Cfg::kBlockM>(v, blk, group, tid, pos_smem, max_smem);
   for (int i = tid; i < D / 2; i += kThreads) freq_smem[i] = p.inv_freq[i];
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2)
-    my_max = max(my_max, __shfl_xor_sync(0xffffffffu, my_max, off));
-  if (lane == 0) max_smem[warp] = my_max;
   __syncthreads();
   LAZYRAG_TRACE_POINT(g_trace, 2);
   if (warp == 0) {

@@ -60,9 +60,10 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
   const SegmentView& v = p.view;
   PdlLaunchDependents();
 
-  const auto [kvh, b, split, q_begin, nq, qi0, packed_rows] = LocatePrefillBlock(p);
+  const PrefillBlock blk = LocatePrefillBlock(p);
+  const auto [kvh, b, split, q_begin, nq, qi0, packed_rows] = blk;
   if (qi0 >= nq) return;  // whole block idle (uniform)
-  const int group = p.group, H = p.num_heads;
+  const int group = p.group;
 
   char* smem = smem_raw + ((1024u - (SmemAddr(smem_raw) & 1023u)) & 1023u);
   char* k_smem = smem;
@@ -90,13 +91,7 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
     MbarInitFence();
   }
   if (tid < Cfg::kBlockM) {
-    const int qi = qi0 + tid / group;
-    const bool ok = tid < packed_rows && qi < nq;
-    int pos = ok ? v.q_pos[q_begin + qi] : -1;
-    pos_smem[tid] = pos;
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) pos = max(pos, __shfl_xor_sync(0xffffffffu, pos, off));
-    if (lane == 0) max_smem[warp] = pos;
+    StoreRowPositions<Cfg::kBlockM>(v, blk, group, tid, pos_smem, max_smem);
   } else if (tid < Cfg::kBlockM + D / 2) {
     freq_smem[tid - Cfg::kBlockM] = p.inv_freq[tid - Cfg::kBlockM];
   }
@@ -143,14 +138,7 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Cfg::kConsumerRegs));
   const int ct = tid - 128, cw = ct / 32, wg = cw / 4, t = lane & 3;
   // Raw query tile (TileOffset layout, read by RotateQRowsSw128).
-  for (int it = ct; it < Cfg::kBlockM * (D / 8); it += 256) {
-    const int row = it / (D / 8), chunk = it % (D / 8);
-    const int qi = qi0 + row / group;
-    const bool ok = row < packed_rows && qi < nq;
-    const __nv_bfloat16* src =
-        ok ? p.q + (int64_t(q_begin + qi) * H + kvh * group + row % group) * D + chunk * 8 : p.q;
-    CpAsync16(SmemAddr(q_smem) + TileOffset<D>(row, chunk), src, ok);
-  }
+  CopyQueryTile<D, Cfg::kBlockM>(p, blk, q_smem, ct, 256);
   CpAsyncCommit();
   CpAsyncWait<0>();
   NamedBarrierSync(1, 256);  // the consumers' raw Q is complete
