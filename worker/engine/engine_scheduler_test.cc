@@ -2,7 +2,7 @@
 // requests equal sequential ones, singleflight (one compute or one fetch per
 // missing document), preemption under page pressure, a bounded queue,
 // cancellation and deadlines freeing pages, a failing store falling back to
-// compute.
+// compute, a slow or stalled store given up for compute.
 #include <atomic>
 #include <cmath>
 #include <map>
@@ -137,11 +137,50 @@ TEST(EngineSchedulerTest, DocumentsAreRecomputedWhenTheStoreIsSlowerThanComputin
     EXPECT_EQ(r->token_ids, ref[i]) << "request " << i;
     store_tokens.push_back(r->usage.store_document_tokens);
   }
-  // The first request's blocks were fetched before any hit had been timed; after that every
-  // document is computed (no probe within four decisions).
-  EXPECT_GT(store_tokens[0], 0);
+  // The first request's blocks were fetched before any hit had been timed (its document may
+  // come from the store or, its fetch queued behind the prefix block's past the 0.2 s hedge
+  // time, be computed); after that every document is computed (no probe within four
+  // decisions).
   for (size_t i = 1; i < ps.size(); ++i) EXPECT_EQ(store_tokens[i], 0) << "request " << i;
-  EXPECT_EQ(store.Gets() - gets_before, 2);  // the prefix block and the first document
+  EXPECT_GE(store.Gets() - gets_before, 1);  // the prefix block, and the first document
+  EXPECT_LE(store.Gets() - gets_before, 2);  // unless given up before it started
+}
+
+// A kvstore whose hits take 1.5 s (as one busy with write-backs of large documents was on the
+// H200): once the engine knows what a step costs, a fetch that runs past its hedge time (twice
+// the predicted compute, at least 0.2 s: fetch_cost.h) is given up and the document computed,
+// so the request does not wait for the store; the late hit is dropped.
+class StalledStore : public MemoryDocumentStore {
+ public:
+  absl::StatusOr<StoredDocument> Get(const std::string &ns, const std::string &id) override {
+    auto r = MemoryDocumentStore::Get(ns, id);
+    if (r.ok()) absl::SleepFor(absl::Milliseconds(1500));
+    return r;
+  }
+};
+
+TEST(EngineSchedulerTest, AFetchPastItsHedgeTimeIsGivenUpForACompute) {
+  const TokenPrompt p = Prompt({2, 4}, 1);
+  StalledStore store;
+  auto writer = MakeEngine(1024, &store);
+  auto ref = writer->RunTokens(p, Options(4));
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  for (int i = 0; i < 200 && store.Puts() < 3; ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(store.Puts(), 3);  // two documents and the prefix block
+
+  auto reader = MakeEngine(1024, &store);
+  TokenPrompt warm;  // no documents: teaches the engine what a forward step costs
+  warm.suffix = Tokens(77, 64);
+  ASSERT_TRUE(reader->RunTokens(warm, Options(1)).ok());
+  const int gets_before = store.Gets();
+  auto r = reader->RunTokens(p, Options(4));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->token_ids, ref->token_ids);
+  // Nothing has been fetched before, so the blocks were fetched (the fetch thread took the
+  // first and then found the others given up) and computed when the first fetch stalled.
+  EXPECT_GE(store.Gets() - gets_before, 1);
+  EXPECT_EQ(r->usage.store_document_tokens, 0);
+  EXPECT_EQ(r->usage.computed_tokens, ref->usage.computed_tokens);
 }
 
 TEST(EngineSchedulerTest, PagePressurePreemptsWithoutChangingOutputs) {

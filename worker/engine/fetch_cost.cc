@@ -50,6 +50,13 @@ double FetchCostModel::PredictFetchSeconds(int64_t tokens) const {
   return fetch_ * double(std::max<int64_t>(0, tokens));
 }
 
+double FetchCostModel::HedgeAfterSeconds(int64_t tokens) const {
+  absl::ReaderMutexLock l(&mu_);
+  const double compute = ComputeLocked(tokens);
+  if (compute == 0) return 0;
+  return std::max(options_.hedge_floor_seconds, options_.hedge_factor * compute);
+}
+
 bool FetchCostModel::PreferCompute(int64_t tokens, int64_t fetch_backlog_tokens) {
   absl::MutexLock l(&mu_);
   const double compute = ComputeLocked(tokens);

@@ -17,7 +17,10 @@
 // first, so they count too.
 // Compute is preferred when the fetch is predicted to take more than `margin` times as long;
 // every `probe_every`-th such decision fetches anyway, so a store that got faster is noticed.
-// Until a fetch and a step have been seen it always fetches. Thread-safe.
+// Until a fetch and a step have been seen it always fetches. A fetch that has run longer than
+// HedgeAfterSeconds (hedge_factor x the predicted compute, at least hedge_floor_seconds) is
+// given up for a compute by the scheduler (a hedge: the first fetches, probes and a store that
+// slowed down, e.g. under write-backs, then cost a request at most that long). Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -27,11 +30,13 @@
 namespace lazyrag {
 
 struct FetchCostOptions {
-  double margin = 1.25;         // prefer compute only when fetch > margin x compute
-  int probe_every = 8;          // every n-th "compute" decision fetches anyway
-  double smoothing = 0.2;       // weight of a new fetch observation in its moving average
-  double step_decay = 0.99;     // weight an older step keeps in the line per newer step
-  int64_t chunk_tokens = 2048;  // prefill chunk (EngineOptions::prefill_chunk)
+  double margin = 1.25;              // prefer compute only when fetch > margin x compute
+  int probe_every = 8;               // every n-th "compute" decision fetches anyway
+  double smoothing = 0.2;            // weight of a new fetch observation in its moving average
+  double step_decay = 0.99;          // weight an older step keeps in the line per newer step
+  int64_t chunk_tokens = 2048;       // prefill chunk (EngineOptions::prefill_chunk)
+  double hedge_factor = 2.0;         // compute a document whose fetch has run this many times
+  double hedge_floor_seconds = 0.2;  // its predicted compute, and at least this long
 };
 
 class FetchCostModel {
@@ -49,6 +54,9 @@ class FetchCostModel {
   // Predicted seconds; 0 when nothing has been observed yet.
   double PredictComputeSeconds(int64_t tokens) const;
   double PredictFetchSeconds(int64_t tokens) const;
+  // Seconds after which a running fetch of a `tokens`-token document should be given up for a
+  // compute; 0 (never) while no step has been seen.
+  double HedgeAfterSeconds(int64_t tokens) const;
 
  private:
   double ComputeLocked(int64_t tokens) const ABSL_SHARED_LOCKS_REQUIRED(mu_);

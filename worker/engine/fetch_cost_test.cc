@@ -17,6 +17,22 @@ TEST(FetchCostModelTest, FetchesUntilBothCostsAreKnown) {
   EXPECT_NEAR(m.PredictFetchSeconds(100), 1.0, 1e-9);
 }
 
+TEST(FetchCostModelTest, HedgesAfterTwiceTheComputeAndNotBeforeAStepIsSeen) {
+  FetchCostModel m;
+  EXPECT_EQ(m.HedgeAfterSeconds(2048), 0) << "nothing known: never give a fetch up";
+  m.ObserveFetch(2048, 0.5);
+  EXPECT_EQ(m.HedgeAfterSeconds(2048), 0);
+  m.ObserveCompute(2048, 0.3);  // a step of 2048 tokens in 0.3 s
+  EXPECT_NEAR(m.HedgeAfterSeconds(2048), 0.6, 1e-9);
+  EXPECT_NEAR(m.HedgeAfterSeconds(16), 0.2, 1e-9) << "the floor";
+  FetchCostOptions o;
+  o.hedge_factor = 3;
+  o.hedge_floor_seconds = 0;
+  FetchCostModel m3(o);
+  m3.ObserveCompute(100, 0.01);
+  EXPECT_NEAR(m3.HedgeAfterSeconds(100), 0.03, 1e-9);
+}
+
 TEST(FetchCostModelTest, PrefersComputeOnlyBeyondTheMarginAndProbes) {
   FetchCostOptions o;
   o.margin = 2;

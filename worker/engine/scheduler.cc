@@ -91,6 +91,13 @@ struct Scheduler::DocJob {
   // Backend::CopyPagesFromPeer once pages are allocated, then finished).
   std::shared_ptr<DeviceLease> lease;
   bool lease_failed = false;  // a device copy failed once: never again for this job
+  // A kvstore fetch in flight: when to give it up for a compute (max: never), and the flag
+  // that tells the fetch thread so.
+  Clock::time_point hedge_at = Clock::time_point::max();
+  std::shared_ptr<std::atomic<bool>> fetch_cancelled;
+  // Given up for a compute while its fetch ran: the store most likely holds it, and a store
+  // that slow is not sent a write-back of it.
+  bool hedged = false;
   struct Waiter {
     std::shared_ptr<Request> request;
     int block = 0;
@@ -254,6 +261,7 @@ void Scheduler::Step(std::vector<Fetched> fetched) {
   preempted_this_step_ = false;
   in_batch_.clear();
   for (Fetched &f : fetched) HandleFetched(std::move(f));
+  HedgeSlowFetches();
 
   // 1. Reap cancelled and expired requests, wherever they are.
   const absl::Time now = absl::Now();
@@ -560,7 +568,12 @@ void Scheduler::Admit(const std::shared_ptr<Request> &r) {
       for (const FetchItem &q : fetch_queue_) backlog += q.peers_only ? 0 : q.tokens;
       const int64_t tokens = int64_t(job->tokens.size());
       const bool peers_only = cost_.PreferCompute(tokens, backlog);
-      fetch_queue_.push_back({job->ns, job->id, tokens, peers_only});
+      job->fetch_cancelled = std::make_shared<std::atomic<bool>>(false);
+      if (const double after = cost_.HedgeAfterSeconds(tokens); !peers_only && after > 0) {
+        job->hedge_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(after));
+      }
+      fetch_queue_.push_back({job->ns, job->id, tokens, peers_only, job->fetch_cancelled});
     } else {
       job->state = DocJob::kNeedPages;
     }
@@ -809,11 +822,37 @@ void Scheduler::Finish(Request &r, absl::Status status, FinishReason reason) {
   r.ch->timings.total_ms = MsBetween(r.arrival, now);
 }
 
+void Scheduler::HedgeSlowFetches() {
+  const Clock::time_point now = Clock::now();
+  for (auto &[id, job] : jobs_) {
+    if (job->state != DocJob::kFetching || now < job->hedge_at) continue;
+    job->state = DocJob::kNeedPages;
+    job->hedge_at = Clock::time_point::max();
+    job->hedged = true;
+    if (job->fetch_cancelled != nullptr) job->fetch_cancelled->store(true);
+    if (metrics_) metrics_->KvRequests("get", "hedged").Increment();
+  }
+}
+
 void Scheduler::HandleFetched(Fetched f) {
   auto it = jobs_.find(f.id);
-  if (it == jobs_.end()) return;
+  if (it == jobs_.end()) {
+    if (f.lease != nullptr) f.lease->Finish(absl::CancelledError("not used"));
+    return;
+  }
   DocJob &job = *it->second;
+  if (job.state != DocJob::kFetching) {
+    // Hedged: the document went to compute while this fetch ran. Its bytes still serve while
+    // the job waits for pages (imported instead of computed); later they are dropped.
+    const bool usable = job.state == DocJob::kNeedPages && job.pages.empty() && !job.have_payload &&
+                        job.lease == nullptr && f.doc.ok();
+    if (!usable) {
+      if (f.lease != nullptr) f.lease->Finish(absl::CancelledError("not used"));
+      return;
+    }
+  }
   job.state = DocJob::kNeedPages;
+  job.hedge_at = Clock::time_point::max();
   if (f.lease != nullptr) {
     if (f.doc.ok() && f.doc->tokens == job.tokens && !job.lease_failed) {
       job.lease = std::move(f.lease);
@@ -884,8 +923,10 @@ void Scheduler::StartJobPages() {
       job->lease_failed = true;
       job->origin.clear();
       job->state = DocJob::kFetching;
+      job->fetch_cancelled = std::make_shared<std::atomic<bool>>(false);
       absl::MutexLock l(&fetch_mu_);
-      fetch_queue_.push_back({job->ns, job->id, int64_t(job->tokens.size()), false});
+      fetch_queue_.push_back(
+          {job->ns, job->id, int64_t(job->tokens.size()), false, job->fetch_cancelled});
       continue;
     }
     if (job->have_payload) {
@@ -910,7 +951,7 @@ void Scheduler::CompleteJob(const std::shared_ptr<DocJob> &job, bool from_store)
     metrics_->computed->Increment();
     metrics_->computed_tokens->Increment(double(n));
   }
-  if (!from_store && store_ != nullptr && store_->accepts_writes()) {
+  if (!from_store && !job->hedged && store_ != nullptr && store_->accepts_writes()) {
     std::string payload;
     absl::Status st = backend_->ExportKv(job->pages, int(n), &payload);
     if (st.ok()) {
@@ -1001,7 +1042,11 @@ void Scheduler::FetchLoop() {
               down ? absl::UnavailableError("kvstore marked down")
                    : absl::UnavailableError("kvstore slower than recomputing"),
               "", nullptr};
-    if (down || item.peers_only) {
+    if (item.cancelled != nullptr && item.cancelled->load()) {
+      // Given up (hedged) before it started: the document is being computed.
+      f.doc = absl::CancelledError("fetch given up for a compute");
+      if (metrics_) metrics_->KvRequests("get", "cancelled").Increment();
+    } else if (down || item.peers_only) {
       // The store failed recently, or fetching from it is predicted to take longer than
       // recomputing: only its cheap tiers (peer workers) are asked.
       auto got = store_->GetWhileDown(item.ns, item.id);

@@ -102,6 +102,8 @@ class Scheduler {
   absl::StatusOr<std::vector<int32_t>> AllocatePages(int n, uint64_t requester_order);
   bool EnsureOwnPages(const std::shared_ptr<Request> &r, int64_t tokens);
   void HandleFetched(Fetched f);
+  // Documents whose kvstore fetch has run past its hedge time are computed instead.
+  void HedgeSlowFetches();
   void StartJobPages();
   void CompleteJob(const std::shared_ptr<DocJob> &job, bool from_store);
   void FailJob(const std::shared_ptr<DocJob> &job, const absl::Status &status);
@@ -152,6 +154,8 @@ class Scheduler {
     std::string ns, id;
     int64_t tokens = 0;
     bool peers_only = false;
+    // Set by the scheduler when it gives the fetch up (a hedge); not started then.
+    std::shared_ptr<std::atomic<bool>> cancelled;
   };
   std::deque<FetchItem> fetch_queue_ ABSL_GUARDED_BY(fetch_mu_);
   FetchCostModel cost_;
