@@ -103,32 +103,44 @@ TEST(EngineSchedulerTest, ConcurrentRequestsEqualSequentialOnesAndComputeDocumen
   EXPECT_EQ(r->usage.computed_tokens, int64_t(ps[3].suffix.size()));
 }
 
-// A kvstore whose hits take `delay`: far slower than recomputing the tiny model's documents.
+// A kvstore whose hits take `hit_delay`: far slower than recomputing the tiny model's
+// documents.
 class SlowStore : public MemoryDocumentStore {
  public:
+  explicit SlowStore(absl::Duration hit_delay) : hit_delay_(hit_delay) {}
   absl::StatusOr<StoredDocument> Get(const std::string &ns, const std::string &id) override {
     auto r = MemoryDocumentStore::Get(ns, id);
-    if (r.ok()) absl::SleepFor(absl::Milliseconds(150));
+    if (r.ok()) absl::SleepFor(hit_delay_);
     return r;
   }
+
+ private:
+  const absl::Duration hit_delay_;
 };
+
+// An engine on `store` that has run one request without documents (so it knows what a
+// forward step costs) and no fetch.
+std::unique_ptr<Engine> WarmReader(DocumentStore *store) {
+  auto reader = MakeEngine(1024, store);
+  TokenPrompt warm;
+  warm.suffix = Tokens(77, 64);
+  EXPECT_TRUE(reader->RunTokens(warm, Options(1)).ok());
+  return reader;
+}
 
 // Fetch or compute (worker/engine/fetch_cost.h): once the engine has seen what a kvstore hit
 // and a forward step cost, documents that are cheaper to recompute are recomputed.
 TEST(EngineSchedulerTest, DocumentsAreRecomputedWhenTheStoreIsSlowerThanComputing) {
   std::vector<TokenPrompt> ps;
   for (int i = 0; i < 5; ++i) ps.push_back(Prompt({i}, i));  // five documents, one each
-  SlowStore store;
+  SlowStore store(absl::Milliseconds(150));
   auto writer = MakeEngine(1024, &store);
   std::vector<std::vector<int32_t>> ref;
   for (const auto &p : ps) ref.push_back(writer->RunTokens(p, Options(4))->token_ids);
   for (int i = 0; i < 200 && store.Puts() < 6; ++i) absl::SleepFor(absl::Milliseconds(10));
   ASSERT_EQ(store.Puts(), 6);  // five documents and the prefix block
 
-  auto reader = MakeEngine(1024, &store);
-  TokenPrompt warm;  // no documents: teaches the engine what a forward step costs
-  warm.suffix = Tokens(77, 64);
-  ASSERT_TRUE(reader->RunTokens(warm, Options(1)).ok());
+  auto reader = WarmReader(&store);
   const int gets_before = store.Gets();
   std::vector<int64_t> store_tokens;
   for (size_t i = 0; i < ps.size(); ++i) {
@@ -150,28 +162,16 @@ TEST(EngineSchedulerTest, DocumentsAreRecomputedWhenTheStoreIsSlowerThanComputin
 // H200): once the engine knows what a step costs, a fetch that runs past its hedge time (twice
 // the predicted compute, at least 0.2 s: fetch_cost.h) is given up and the document computed,
 // so the request does not wait for the store; the late hit is dropped.
-class StalledStore : public MemoryDocumentStore {
- public:
-  absl::StatusOr<StoredDocument> Get(const std::string &ns, const std::string &id) override {
-    auto r = MemoryDocumentStore::Get(ns, id);
-    if (r.ok()) absl::SleepFor(absl::Milliseconds(1500));
-    return r;
-  }
-};
-
 TEST(EngineSchedulerTest, AFetchPastItsHedgeTimeIsGivenUpForACompute) {
   const TokenPrompt p = Prompt({2, 4}, 1);
-  StalledStore store;
+  SlowStore store(absl::Milliseconds(1500));
   auto writer = MakeEngine(1024, &store);
   auto ref = writer->RunTokens(p, Options(4));
   ASSERT_TRUE(ref.ok()) << ref.status();
   for (int i = 0; i < 200 && store.Puts() < 3; ++i) absl::SleepFor(absl::Milliseconds(10));
   ASSERT_EQ(store.Puts(), 3);  // two documents and the prefix block
 
-  auto reader = MakeEngine(1024, &store);
-  TokenPrompt warm;  // no documents: teaches the engine what a forward step costs
-  warm.suffix = Tokens(77, 64);
-  ASSERT_TRUE(reader->RunTokens(warm, Options(1)).ok());
+  auto reader = WarmReader(&store);
   const int gets_before = store.Gets();
   auto r = reader->RunTokens(p, Options(4));
   ASSERT_TRUE(r.ok()) << r.status();
