@@ -183,6 +183,46 @@ TEST(EngineSchedulerTest, AFetchPastItsHedgeTimeIsGivenUpForACompute) {
   EXPECT_EQ(r->usage.computed_tokens, ref->usage.computed_tokens);
 }
 
+// A kvstore that answers Gets but times out every Put while `slow_puts` is set (as one writing
+// 268 MB documents past the 10 s deadline did on the H200).
+class SlowPutStore : public MemoryDocumentStore {
+ public:
+  absl::Status Put(const std::string &ns, const std::string &id,
+                   const StoredDocument &doc) override {
+    if (slow_puts.load()) {
+      failed_puts.fetch_add(1);
+      return absl::DeadlineExceededError("put past its deadline");
+    }
+    return MemoryDocumentStore::Put(ns, id, doc);
+  }
+  std::atomic<bool> slow_puts{false};
+  std::atomic<int> failed_puts{0};
+};
+
+// A failed write-back pauses write-backs only: the documents already in the store are still
+// fetched by the next request (before, the worker skipped the store for Gets as well).
+TEST(EngineSchedulerTest, AFailedWriteBackDoesNotStopFetches) {
+  const TokenPrompt stored = Prompt({2, 4}, 1);
+  SlowPutStore store;
+  auto writer = MakeEngine(1024, &store);
+  ASSERT_TRUE(writer->RunTokens(stored, Options(4)).ok());
+  for (int i = 0; i < 200 && store.Puts() < 3; ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(store.Puts(), 3);  // two documents and the prefix block
+
+  store.slow_puts = true;
+  auto reader = MakeEngine(1024, &store);
+  // A request with a document the store lacks: computed, its write-back fails.
+  ASSERT_TRUE(reader->RunTokens(Prompt({3}, 2), Options(2)).ok());
+  for (int i = 0; i < 200 && store.failed_puts.load() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_GT(store.failed_puts.load(), 0);
+  auto r = reader->RunTokens(Prompt({2, 4}, 3), Options(2));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_GT(r->usage.document_tokens, 0);
+  EXPECT_EQ(r->usage.store_document_tokens, r->usage.document_tokens);
+}
+
 TEST(EngineSchedulerTest, PagePressurePreemptsWithoutChangingOutputs) {
   const auto ps = Workload();
   auto big = MakeEngine(1024);

@@ -1115,7 +1115,7 @@ void Scheduler::WriteBackLoop() {
     bool skip = false;
     {
       absl::MutexLock l(&fetch_mu_);
-      skip = NowMs() < store_down_until_ms_;
+      skip = NowMs() < std::max(store_down_until_ms_, writes_down_until_ms_);
     }
     if (skip) {
       if (metrics_) metrics_->KvRequests("put", "skipped").Increment();
@@ -1127,7 +1127,7 @@ void Scheduler::WriteBackLoop() {
       LOG_WARNING << "kvstore write-back of " << wb.id << " failed: " << st;
       if (absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st)) {
         absl::MutexLock l(&fetch_mu_);
-        store_down_until_ms_ = NowMs() + kStoreDownMs;
+        writes_down_until_ms_ = NowMs() + kStoreDownMs;
       }
     }
   }

@@ -160,6 +160,9 @@ class Scheduler {
   std::deque<FetchItem> fetch_queue_ ABSL_GUARDED_BY(fetch_mu_);
   FetchCostModel cost_;
   int64_t store_down_until_ms_ ABSL_GUARDED_BY(fetch_mu_) = 0;
+  // After a failed write-back only write-backs pause: a store too slow for a large Put (past
+  // its deadline) still answers Gets, which are hedged anyway.
+  int64_t writes_down_until_ms_ ABSL_GUARDED_BY(fetch_mu_) = 0;
 
   absl::Mutex wb_mu_;
   bool wb_stop_ ABSL_GUARDED_BY(wb_mu_) = false;
