@@ -22,6 +22,7 @@ uint64_t DocumentPayloadBytes(const ModelConfig &c, KvDtype dtype, int64_t num_t
 StoredDocument EncodeDocument(const ModelConfig &c, KvDtype dtype,
                               const std::vector<int32_t> &tokens, const std::string &payload) {
   StoredDocument doc;
+  doc.bytes.reserve(tokens.size() * sizeof(int32_t) + payload.size());  // one allocation
   doc.bytes.resize(tokens.size() * sizeof(int32_t));
   std::memcpy(doc.bytes.data(), tokens.data(), doc.bytes.size());
   doc.bytes += payload;
