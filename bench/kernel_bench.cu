@@ -398,6 +398,46 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __global__ void EmptyKernel() {}
+__global__ void ClusterProbeKernel() {}
+
+// How many thread-block clusters of `size` blocks (256 threads, `smem` bytes of dynamic shared
+// memory each, so one block per SM) the device holds at once: a decode that gives each
+// (request, KV head) one cluster and reduces its splits in distributed shared memory (no merge
+// kernel) needs one cluster per KV head (8 for the benchmark shape) resident together.
+void PrintClusterCapacity() {
+  const int smem = 200 << 10;
+  if (cudaFuncSetAttribute(ClusterProbeKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
+          cudaSuccess ||
+      cudaFuncSetAttribute(ClusterProbeKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+          cudaSuccess) {
+    std::printf("cluster capacity: attributes not accepted (%s)\n",
+                cudaGetErrorString(cudaGetLastError()));
+    return;
+  }
+  for (int size : {4, 8, 16}) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(size * 16);
+    config.blockDim = dim3(256);
+    config.dynamicSmemBytes = smem;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = size;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    int clusters = 0;
+    const cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, ClusterProbeKernel, &config);
+    if (err != cudaSuccess) {
+      std::printf("cluster capacity: %2d blocks: query failed (%s)\n", size,
+                  cudaGetErrorString(err));
+      continue;
+    }
+    std::printf("cluster capacity: %2d blocks x 256 threads x %d KiB smem: %d clusters at once\n",
+                size, smem >> 10, clusters);
+  }
+  (void)cudaGetLastError();
+}
 
 // Device bandwidth ceilings, measured in the same run. Warm-up first (the GPU idles at low
 // clocks), 1 GiB buffers (18x the L2), median of `iters` single calls.
@@ -623,6 +663,7 @@ int Main(int argc, char** argv) {
   }
   std::mt19937 rng(1234);
   std::vector<Result> results;
+  PrintClusterCapacity();
 
   const Ceilings ceil = MeasureCeilings(iters, prop.multiProcessorCount);
   const double copy_tbs = ceil.CopyTbs();
