@@ -19,6 +19,7 @@ namespace {
 
 using lazyrag::v1::GenerateRequest;
 using lazyrag::v1::GenerateResponse;
+using lazyrag::v1::Inference;
 
 int64_t EstimateTextTokens(const RoutingPolicyOptions& options, size_t bytes) {
   double per_token = options.bytes_per_token > 0 ? options.bytes_per_token : 4;
@@ -79,103 +80,12 @@ RouterService::RouterService(RouterServiceOptions options, RoutingPolicy* policy
                              RouterMetrics* metrics)
     : options_(std::move(options)), policy_(policy), pool_(pool), metrics_(metrics) {}
 
-grpc::Status RouterService::Generate(grpc::ServerContext* context, const GenerateRequest* request,
-                                     grpc::ServerWriter<GenerateResponse>* writer) {
-  const absl::Time arrival = absl::Now();
-  absl::StatusOr<std::vector<DocumentRef>> documents = DocumentsOf(policy_->options(), *request);
-  if (!documents.ok()) return ToGrpcStatus(documents.status());
-
+grpc::Status RouterService::WithRetries(const std::string& what,
+                                        const std::vector<DocumentRef>& documents,
+                                        const AttemptFn& attempt) {
   absl::flat_hash_set<std::string> tried;
   absl::Status last_failure;
-  for (int attempt = 0; attempt < std::max(1, options_.max_attempts); ++attempt) {
-    absl::StatusOr<RouteDecision> decision = policy_->Route(*documents, tried);
-    if (!decision.ok()) {
-      if (tried.empty()) {
-        metrics_->CountRequest("none", "failed");
-        return ToGrpcStatus(decision.status());
-      }
-      break;
-    }
-    const std::string worker = decision->worker;
-    tried.insert(worker);
-    std::shared_ptr<lazyrag::v1::Inference::Stub> stub = pool_->Stub(worker);
-    if (stub == nullptr) {  // removed from the set since the policy saw it
-      policy_->Finish(worker, *documents, false);
-      continue;
-    }
-    if (decision->affinity_hit()) metrics_->affinity_hits().Increment();
-    LOG_DEBUG << "router: Generate " << request->request_id() << " -> " << worker << " ("
-              << RouteReasonName(decision->reason) << ", " << decision->missing_tokens << "/"
-              << decision->document_tokens << " document tokens missing)";
-
-    // The worker call inherits the client's deadline, and is cancelled with the client's call.
-    std::unique_ptr<grpc::ClientContext> call = grpc::ClientContext::FromServerContext(*context);
-    std::unique_ptr<grpc::ClientReader<GenerateResponse>> reader =
-        stub->Generate(call.get(), *request);
-    GenerateResponse message;
-    bool streamed = false;
-    bool client_gone = false;
-    std::vector<std::string> document_ids;
-    while (reader->Read(&message)) {
-      if (!streamed) {
-        streamed = true;
-        metrics_->time_to_first_token().Observe(absl::ToDoubleSeconds(absl::Now() - arrival));
-      }
-      if (message.document_ids_size() > 0) {
-        document_ids.assign(message.document_ids().begin(), message.document_ids().end());
-      }
-      if (!writer->Write(message)) {
-        client_gone = true;
-        call->TryCancel();
-        break;
-      }
-    }
-    const absl::Status status = FromGrpcStatus(reader->Finish());
-    const bool client_cancelled = client_gone || ClientCancelled(context);
-    if (status.ok() && !client_cancelled) {
-      policy_->Finish(worker, *documents, true, document_ids);
-      metrics_->CountRequest(worker, "ok");
-      return grpc::Status::OK;
-    }
-    policy_->Finish(worker, *documents, false);
-    if (client_cancelled) {
-      metrics_->CountRequest(worker, "cancelled");
-      return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled");
-    }
-    const bool worker_failed = IsRetryableBeforeFirstToken(status.code(), false) &&
-                               status.code() != absl::StatusCode::kResourceExhausted;
-    if (status.code() == absl::StatusCode::kUnavailable && policy_->SetHealthy(worker, false)) {
-      LOG_WARNING << "router: worker " << worker << " ejected (" << status.message() << ")";
-    }
-    if (!streamed && IsRetryableBeforeFirstToken(status.code(), false)) {
-      metrics_->CountRequest(worker, "retried");
-      last_failure = absl::Status(status.code(), absl::StrCat(worker, ": ", status.message()));
-      continue;
-    }
-    if (streamed && worker_failed) {
-      metrics_->CountRequest(worker, "failed");
-      return ToGrpcStatus(absl::UnavailableError(
-          absl::StrCat("worker ", worker, " failed after the stream started: ", status.message())));
-    }
-    metrics_->CountRequest(worker, OutcomeOf(status.code()));
-    return ToGrpcStatus(status);
-  }
-  metrics_->CountRequest("none", "failed");
-  return AllAttemptsFailed(last_failure, static_cast<int>(tried.size()));
-}
-
-grpc::Status RouterService::PrepareDocuments(grpc::ServerContext* context,
-                                             const lazyrag::v1::PrepareDocumentsRequest* request,
-                                             lazyrag::v1::PrepareDocumentsResponse* response) {
-  std::vector<DocumentRef> documents;
-  documents.reserve(request->texts_size());
-  for (const std::string& text : request->texts()) {
-    documents.push_back({TextDocumentKey(request->cache_namespace(), text),
-                         EstimateTextTokens(policy_->options(), text.size())});
-  }
-  absl::flat_hash_set<std::string> tried;
-  absl::Status last_failure;
-  for (int attempt = 0; attempt < std::max(1, options_.max_attempts); ++attempt) {
+  for (int n = 0; n < std::max(1, options_.max_attempts); ++n) {
     absl::StatusOr<RouteDecision> decision = policy_->Route(documents, tried);
     if (!decision.ok()) {
       if (tried.empty()) {
@@ -187,46 +97,109 @@ grpc::Status RouterService::PrepareDocuments(grpc::ServerContext* context,
     const std::string worker = decision->worker;
     tried.insert(worker);
     std::shared_ptr<lazyrag::v1::Inference::Stub> stub = pool_->Stub(worker);
-    if (stub == nullptr) {
+    if (stub == nullptr) {  // removed from the set since the policy saw it
       policy_->Finish(worker, documents, false);
       continue;
     }
     if (decision->affinity_hit()) metrics_->affinity_hits().Increment();
-    std::unique_ptr<grpc::ClientContext> call = grpc::ClientContext::FromServerContext(*context);
-    response->Clear();
-    const absl::Status status =
-        FromGrpcStatus(stub->PrepareDocuments(call.get(), *request, response));
-    if (status.ok()) {
-      std::vector<std::string> ids;
-      for (int i = 0; i < response->documents_size(); ++i) {
-        const lazyrag::v1::PreparedDocument& d = response->documents(i);
-        ids.push_back(d.id());
-        if (i < static_cast<int>(documents.size())) {
-          policy_->LearnDocumentTokens(documents[i].key, d.id(), d.num_tokens());
-        }
-      }
-      policy_->Finish(worker, documents, true, ids);
+    LOG_DEBUG << "router: " << what << " -> " << worker << " (" << RouteReasonName(decision->reason)
+              << ", " << decision->missing_tokens << "/" << decision->document_tokens
+              << " document tokens missing)";
+
+    const Attempt a = attempt(*stub);
+    if (a.status.ok() && !a.client_cancelled) {
+      policy_->Finish(worker, documents, true, a.document_ids);
       metrics_->CountRequest(worker, "ok");
       return grpc::Status::OK;
     }
     policy_->Finish(worker, documents, false);
-    if (ClientCancelled(context)) {
+    if (a.client_cancelled) {
       metrics_->CountRequest(worker, "cancelled");
       return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled");
     }
+    const absl::Status& status = a.status;
     if (status.code() == absl::StatusCode::kUnavailable && policy_->SetHealthy(worker, false)) {
       LOG_WARNING << "router: worker " << worker << " ejected (" << status.message() << ")";
     }
-    if (IsRetryableBeforeFirstToken(status.code(), false)) {
+    if (!a.streamed && IsRetryableBeforeFirstToken(status.code(), false)) {
       metrics_->CountRequest(worker, "retried");
       last_failure = absl::Status(status.code(), absl::StrCat(worker, ": ", status.message()));
       continue;
+    }
+    const bool worker_failed = IsRetryableBeforeFirstToken(status.code(), false) &&
+                               status.code() != absl::StatusCode::kResourceExhausted;
+    if (a.streamed && worker_failed) {
+      metrics_->CountRequest(worker, "failed");
+      return ToGrpcStatus(absl::UnavailableError(
+          absl::StrCat("worker ", worker, " failed after the stream started: ", status.message())));
     }
     metrics_->CountRequest(worker, OutcomeOf(status.code()));
     return ToGrpcStatus(status);
   }
   metrics_->CountRequest("none", "failed");
   return AllAttemptsFailed(last_failure, static_cast<int>(tried.size()));
+}
+
+grpc::Status RouterService::Generate(grpc::ServerContext* context, const GenerateRequest* request,
+                                     grpc::ServerWriter<GenerateResponse>* writer) {
+  const absl::Time arrival = absl::Now();
+  absl::StatusOr<std::vector<DocumentRef>> documents = DocumentsOf(policy_->options(), *request);
+  if (!documents.ok()) return ToGrpcStatus(documents.status());
+  const std::string what = absl::StrCat("Generate ", request->request_id());
+  return WithRetries(what, *documents, [&](Inference::Stub& stub) {
+    // The worker call inherits the client's deadline, and is cancelled with the client's call.
+    std::unique_ptr<grpc::ClientContext> call = grpc::ClientContext::FromServerContext(*context);
+    std::unique_ptr<grpc::ClientReader<GenerateResponse>> reader =
+        stub.Generate(call.get(), *request);
+    Attempt a;
+    GenerateResponse message;
+    bool client_gone = false;
+    while (reader->Read(&message)) {
+      if (!a.streamed) {
+        a.streamed = true;
+        metrics_->time_to_first_token().Observe(absl::ToDoubleSeconds(absl::Now() - arrival));
+      }
+      if (message.document_ids_size() > 0) {
+        a.document_ids.assign(message.document_ids().begin(), message.document_ids().end());
+      }
+      if (!writer->Write(message)) {
+        client_gone = true;
+        call->TryCancel();
+        break;
+      }
+    }
+    a.status = FromGrpcStatus(reader->Finish());
+    a.client_cancelled = client_gone || ClientCancelled(context);
+    return a;
+  });
+}
+
+grpc::Status RouterService::PrepareDocuments(grpc::ServerContext* context,
+                                             const lazyrag::v1::PrepareDocumentsRequest* request,
+                                             lazyrag::v1::PrepareDocumentsResponse* response) {
+  std::vector<DocumentRef> documents;
+  documents.reserve(request->texts_size());
+  for (const std::string& text : request->texts()) {
+    documents.push_back({TextDocumentKey(request->cache_namespace(), text),
+                         EstimateTextTokens(policy_->options(), text.size())});
+  }
+  return WithRetries("PrepareDocuments", documents, [&](Inference::Stub& stub) {
+    std::unique_ptr<grpc::ClientContext> call = grpc::ClientContext::FromServerContext(*context);
+    response->Clear();
+    Attempt a;
+    a.status = FromGrpcStatus(stub.PrepareDocuments(call.get(), *request, response));
+    a.client_cancelled = !a.status.ok() && ClientCancelled(context);
+    if (a.status.ok()) {
+      for (int i = 0; i < response->documents_size(); ++i) {
+        const lazyrag::v1::PreparedDocument& d = response->documents(i);
+        a.document_ids.push_back(d.id());
+        if (i < static_cast<int>(documents.size())) {
+          policy_->LearnDocumentTokens(documents[i].key, d.id(), d.num_tokens());
+        }
+      }
+    }
+    return a;
+  });
 }
 
 grpc::Status RouterService::Stats(grpc::ServerContext* context,

@@ -6,6 +6,11 @@
 
 #include <grpcpp/server_context.h>
 
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
 #include "lazyrag/v1/inference.grpc.pb.h"
 #include "router/router_metrics.h"
 #include "router/routing_policy.h"
@@ -42,6 +47,21 @@ class RouterService final : public lazyrag::v1::Inference::Service {
                      lazyrag::v1::StatsResponse* response) override;
 
  private:
+  // What one worker call came to (AttemptFn's answer).
+  struct Attempt {
+    absl::Status status;
+    bool streamed = false;  // messages already reached the client: no retry
+    bool client_cancelled = false;
+    std::vector<std::string> document_ids;  // on success: what the worker now holds
+  };
+  using AttemptFn = std::function<Attempt(lazyrag::v1::Inference::Stub& stub)>;
+  // Routes `documents` and calls `attempt` on the chosen worker, then on the next one while a
+  // worker fails before its first message (up to options_.max_attempts workers), keeping the
+  // policy's view of the workers (Finish, ejection) and the request counters up to date.
+  // `what` names the call in the debug log.
+  grpc::Status WithRetries(const std::string& what, const std::vector<DocumentRef>& documents,
+                           const AttemptFn& attempt);
+
   const RouterServiceOptions options_;
   RoutingPolicy* const policy_;
   WorkerPool* const pool_;
