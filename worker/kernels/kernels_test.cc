@@ -281,6 +281,21 @@ Problem MakeRagBatch(const Sizes& s, KvPool& pool, const std::vector<Doc>& docs,
 
 int PagesFor(int tokens, int page_size) { return (tokens + page_size - 1) / page_size; }
 
+// Head dim 128, 2 KV heads, pages 16 and 64 x GQA groups 4 and 8: `body(s, pool, docs)` with a
+// pool holding eight documents of 1 .. max_doc tokens and `extra_pages` pages more.
+template <typename Body>
+void ForPageSizesAndGroups(std::mt19937& rng, int max_doc, int extra_pages, Body&& body) {
+  for (int ps : {16, 64}) {
+    for (int group : {4, 8}) {
+      SCOPED_TRACE(absl::StrCat("ps=", ps, " group=", group));
+      const Sizes s{/*head_dim=*/128, group, /*num_kv_heads=*/2, ps};
+      KvPool pool(ps, s.num_kv_heads, s.head_dim, PagesFor(8 * max_doc, ps) + extra_pages, rng);
+      const std::vector<Doc> docs = MakeDocs(pool, 8, 1, max_doc, rng);
+      body(s, pool, docs);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Runs and comparisons.
 
@@ -653,31 +668,26 @@ TEST(LazyAttention, Batch1LongContextAutoSplits) {
 // batch of 5 requests, pages 16 and 64, groups 4 and 8, automatic and forced splits.
 TEST(LazyAttention, DecodeWarpPipesMatchBlockTiles) {
   GPU_TEST_SETUP(rng);
-  for (int ps : {16, 64}) {
-    for (int group : {4, 8}) {
-      SCOPED_TRACE(absl::StrCat("ps=", ps, " group=", group));
-      const Sizes s{/*head_dim=*/128, group, /*num_kv_heads=*/2, ps};
-      KvPool pool(ps, s.num_kv_heads, s.head_dim, PagesFor(8 * 1500, ps) + 40 * 8, rng);
-      const std::vector<Doc> docs = MakeDocs(pool, 8, 1, 1500, rng);
-      Problem b1 = EmptyProblem(s);
-      AddRequest(b1, pool, docs, {5, 2, 7, 0, 3}, 41, 1, rng);
-      const Problem b5 = MakeRagBatch(s, pool, docs, 5, 4, 40, 1, rng);
-      const std::pair<const char*, const Problem*> problems[] = {{"b1", &b1}, {"b5", &b5}};
-      for (const auto& [name, prob] : problems) {
-        const std::vector<float> ref = RunCpu(*prob, pool, KeyLayout::kRotatedLocal);
-        for (int splits : {0, 1, 3, 16}) {
-          const std::string what = absl::StrCat(name, " splits=", splits);
-          GpuRun run{true, KeyLayout::kRotatedLocal, splits};
-          run.decode_kernel = DecodeKernel::kBlockTiles;
-          const std::vector<float> block = RunGpu(*prob, pool, run);
-          run.decode_kernel = DecodeKernel::kWarpPipes;
-          const std::vector<float> warp = RunGpu(*prob, pool, run);
-          ExpectClose(warp, ref, "warp pipelines " + what);
-          EXPECT_EQ(warp, block) << "warp pipelines vs block tiles " << what;
+  ForPageSizesAndGroups(
+      rng, 1500, 40 * 8, [&](const Sizes& s, KvPool& pool, const std::vector<Doc>& docs) {
+        Problem b1 = EmptyProblem(s);
+        AddRequest(b1, pool, docs, {5, 2, 7, 0, 3}, 41, 1, rng);
+        const Problem b5 = MakeRagBatch(s, pool, docs, 5, 4, 40, 1, rng);
+        const std::pair<const char*, const Problem*> problems[] = {{"b1", &b1}, {"b5", &b5}};
+        for (const auto& [name, prob] : problems) {
+          const std::vector<float> ref = RunCpu(*prob, pool, KeyLayout::kRotatedLocal);
+          for (int splits : {0, 1, 3, 16}) {
+            const std::string what = absl::StrCat(name, " splits=", splits);
+            GpuRun run{true, KeyLayout::kRotatedLocal, splits};
+            run.decode_kernel = DecodeKernel::kBlockTiles;
+            const std::vector<float> block = RunGpu(*prob, pool, run);
+            run.decode_kernel = DecodeKernel::kWarpPipes;
+            const std::vector<float> warp = RunGpu(*prob, pool, run);
+            ExpectClose(warp, ref, "warp pipelines " + what);
+            EXPECT_EQ(warp, block) << "warp pipelines vs block tiles " << what;
+          }
         }
-      }
-    }
-  }
+      });
 }
 
 // stable_history: the decode kernel copies its first K/V tiles before waiting for the kernel
@@ -840,10 +850,10 @@ TEST(LazyAttention, FullCausalDocumentEncoding) {
 // ---------------------------------------------------------------------------------------
 // The wgmma prefill kernel (head dim 128, LAZY; the default where it applies, 128-key tiles;
 // and with 64-key tiles), the warp-specialized kernel (TMA producer; bit for bit the 128-key
-// kernel) and the mma.sync kernel forced on the same inputs, each against the CPU reference and against each
-// other: a batch-1 query block over odd-length documents, a batch of 16 query blocks, and
-// chunked causal prefill of the requests' own tokens (several query blocks per request,
-// uneven rows), page sizes 16 and 64, groups 4 and 8, automatic and forced splits.
+// kernel) and the mma.sync kernel forced on the same inputs, each against the CPU reference and
+// against each other: a batch-1 query block over odd-length documents, a batch of 16 query blocks,
+// and chunked causal prefill of the requests' own tokens (several query blocks per request, uneven
+// rows), page sizes 16 and 64, groups 4 and 8, automatic and forced splits.
 TEST(LazyAttention, PrefillWgmmaMatchesCpuAndMmaSync) {
   GPU_TEST_SETUP(rng);
   // KERNELS_TEST_WS_ONLY=1: only the warp-specialized kernel against the CPU (a short run for
@@ -853,69 +863,64 @@ TEST(LazyAttention, PrefillWgmmaMatchesCpuAndMmaSync) {
   int major = 0, minor = 0;
   ASSERT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
   ASSERT_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
-  for (int ps : {16, 64}) {
-    for (int group : {4, 8}) {
-      SCOPED_TRACE(absl::StrCat("ps=", ps, " group=", group));
-      const Sizes s{/*head_dim=*/128, group, /*num_kv_heads=*/2, ps};
-      KvPool pool(ps, s.num_kv_heads, s.head_dim, PagesFor(8 * 1200, ps) + 40 * 16, rng);
-      const std::vector<Doc> docs = MakeDocs(pool, 8, 1, 1200, rng);
-      Problem b1 = EmptyProblem(s);
-      Problem causal = b1;
-      AddRequest(b1, pool, docs, {5, 2, 7, 0, 3}, 9, 32, rng);
-      AddRequest(causal, pool, docs, {}, 200, 100, rng);
-      AddRequest(causal, pool, docs, {1, 6}, 7, 37, rng);
-      const Problem b16 = MakeRagBatch(s, pool, docs, 16, 3, 40, 32, rng);
-      LazyAttentionParams probe;
-      probe.shape = b1.shape;
-      const bool wgmma = LazyAttentionPrefillUsesWgmma(probe);
-      probe.prefill_kernel = PrefillKernel::kWgmmaWs;
-      probe.num_pages = pool.pages;
-      probe.view.page_size = ps;
-      probe.k_cache = probe.v_cache = reinterpret_cast<const uint16_t*>(uintptr_t(256));
-      EXPECT_EQ(LazyAttentionPrefillUsesWs(probe), wgmma) << "ps " << ps;
-      if (major == 9 && minor == 0) {
-        EXPECT_TRUE(wgmma) << "compute capability 9.0 device but no wgmma kernel";
-      }
-      if (!wgmma) std::printf("note: wgmma prefill kernel unavailable; mma.sync twice\n");
-      const std::pair<const char*, const Problem*> problems[] = {
-          {"b1", &b1}, {"b16", &b16}, {"causal", &causal}};
-      for (const auto& [name, prob] : problems) {
-        const std::vector<float> ref = RunCpu(*prob, pool, KeyLayout::kRotatedLocal);
-        for (int splits : {0, 1, 3}) {
-          const std::string what = absl::StrCat(name, " splits=", splits);
-          GpuRun run{false, KeyLayout::kRotatedLocal, splits};
-          if (ws_only) {  // the warp-specialized kernel alone (for racecheck, ~4x faster)
-            for (PrefillKernel k : {PrefillKernel::kWgmmaWs, PrefillKernel::kWgmmaWsPingPong}) {
-              run.prefill_kernel = k;
-              ExpectClose(RunGpu(*prob, pool, run), ref, "warp-specialized " + what);
-            }
-            continue;
-          }
-          run.prefill_kernel = PrefillKernel::kWgmmaKeys128;
-          const std::vector<float> got = RunGpu(*prob, pool, run);
-          run.prefill_kernel = PrefillKernel::kWgmmaKeys64;
-          const std::vector<float> k64 = RunGpu(*prob, pool, run);
-          // The warp-specialized kernel does the same arithmetic on the same 128-key tiles
-          // (only the loads and the stage hand-off differ): bit for bit.
-          run.prefill_kernel = PrefillKernel::kWgmmaWs;
-          const std::vector<float> ws = RunGpu(*prob, pool, run);
-          run.prefill_kernel = PrefillKernel::kWgmmaWsPingPong;
-          const std::vector<float> ping = RunGpu(*prob, pool, run);
-          if (wgmma) {
-            EXPECT_EQ(ws, got) << "warp-specialized vs 128-key tiles " << what;
-            EXPECT_EQ(ping, got) << "warp-specialized ping-pong vs 128-key tiles " << what;
-          }
-          run.prefill_kernel = PrefillKernel::kMmaSync;
-          const std::vector<float> old = RunGpu(*prob, pool, run);
-          ExpectClose(got, ref, "wgmma 128-key tiles " + what);
-          ExpectClose(k64, ref, "wgmma 64-key tiles " + what);
-          ExpectClose(old, ref, "mma.sync " + what);
-          ExpectClose(got, old, "wgmma 128-key tiles vs mma.sync " + what, 2e-3f, 1e-2f);
-          ExpectClose(k64, old, "wgmma 64-key tiles vs mma.sync " + what, 2e-3f, 1e-2f);
+  ForPageSizesAndGroups(
+      rng, 1200, 40 * 16, [&](const Sizes& s, KvPool& pool, const std::vector<Doc>& docs) {
+        Problem b1 = EmptyProblem(s);
+        Problem causal = b1;
+        AddRequest(b1, pool, docs, {5, 2, 7, 0, 3}, 9, 32, rng);
+        AddRequest(causal, pool, docs, {}, 200, 100, rng);
+        AddRequest(causal, pool, docs, {1, 6}, 7, 37, rng);
+        const Problem b16 = MakeRagBatch(s, pool, docs, 16, 3, 40, 32, rng);
+        LazyAttentionParams probe;
+        probe.shape = b1.shape;
+        const bool wgmma = LazyAttentionPrefillUsesWgmma(probe);
+        probe.prefill_kernel = PrefillKernel::kWgmmaWs;
+        probe.num_pages = pool.pages;
+        probe.view.page_size = s.page_size;
+        probe.k_cache = probe.v_cache = reinterpret_cast<const uint16_t*>(uintptr_t(256));
+        EXPECT_EQ(LazyAttentionPrefillUsesWs(probe), wgmma) << "ps " << s.page_size;
+        if (major == 9 && minor == 0) {
+          EXPECT_TRUE(wgmma) << "compute capability 9.0 device but no wgmma kernel";
         }
-      }
-    }
-  }
+        if (!wgmma) std::printf("note: wgmma prefill kernel unavailable; mma.sync twice\n");
+        const std::pair<const char*, const Problem*> problems[] = {
+            {"b1", &b1}, {"b16", &b16}, {"causal", &causal}};
+        for (const auto& [name, prob] : problems) {
+          const std::vector<float> ref = RunCpu(*prob, pool, KeyLayout::kRotatedLocal);
+          for (int splits : {0, 1, 3}) {
+            const std::string what = absl::StrCat(name, " splits=", splits);
+            GpuRun run{false, KeyLayout::kRotatedLocal, splits};
+            if (ws_only) {  // the warp-specialized kernel alone (for racecheck, ~4x faster)
+              for (PrefillKernel k : {PrefillKernel::kWgmmaWs, PrefillKernel::kWgmmaWsPingPong}) {
+                run.prefill_kernel = k;
+                ExpectClose(RunGpu(*prob, pool, run), ref, "warp-specialized " + what);
+              }
+              continue;
+            }
+            run.prefill_kernel = PrefillKernel::kWgmmaKeys128;
+            const std::vector<float> got = RunGpu(*prob, pool, run);
+            run.prefill_kernel = PrefillKernel::kWgmmaKeys64;
+            const std::vector<float> k64 = RunGpu(*prob, pool, run);
+            // The warp-specialized kernel does the same arithmetic on the same 128-key tiles
+            // (only the loads and the stage hand-off differ): bit for bit.
+            run.prefill_kernel = PrefillKernel::kWgmmaWs;
+            const std::vector<float> ws = RunGpu(*prob, pool, run);
+            run.prefill_kernel = PrefillKernel::kWgmmaWsPingPong;
+            const std::vector<float> ping = RunGpu(*prob, pool, run);
+            if (wgmma) {
+              EXPECT_EQ(ws, got) << "warp-specialized vs 128-key tiles " << what;
+              EXPECT_EQ(ping, got) << "warp-specialized ping-pong vs 128-key tiles " << what;
+            }
+            run.prefill_kernel = PrefillKernel::kMmaSync;
+            const std::vector<float> old = RunGpu(*prob, pool, run);
+            ExpectClose(got, ref, "wgmma 128-key tiles " + what);
+            ExpectClose(k64, ref, "wgmma 64-key tiles " + what);
+            ExpectClose(old, ref, "mma.sync " + what);
+            ExpectClose(got, old, "wgmma 128-key tiles vs mma.sync " + what, 2e-3f, 1e-2f);
+            ExpectClose(k64, old, "wgmma 64-key tiles vs mma.sync " + what, 2e-3f, 1e-2f);
+          }
+        }
+      });
 }
 
 // ---------------------------------------------------------------------------------------
