@@ -595,8 +595,43 @@ void PrintTrace(const char* name, int blocks, const std::vector<uint64_t>& raw) 
   std::printf("  SMs used %d, at most %d blocks on one SM\n", sms_used, max_per_sm);
 }
 
+// Two consecutive decode b1 launches and the merge between them on one clock (global us
+// after the first launch's first block entry): deciles of the first decode's exits, the
+// merge's entry / PdlWait / weights / done, the second decode's entry and PdlWait.
+void PrintDecodeChain(int decode_blocks, int rows) {
+  constexpr int P = detail::kTracePoints, S = detail::kTraceStride;
+  const int last = (detail::DecodeTraceLaunches() - 1) & 1, prev = last ^ 1;
+  std::vector<uint64_t> first, merge, second;
+  BENCH_OK(detail::ReadDecodeTrace(decode_blocks, &first, prev));
+  BENCH_OK(detail::ReadMergeTrace(rows, &merge, prev));
+  BENCH_OK(detail::ReadDecodeTrace(decode_blocks, &second, last));
+  uint64_t t0 = ~0ull;
+  for (int b = 0; b < decode_blocks; ++b) t0 = std::min(t0, first[size_t(b) * S + P]);
+  const auto row = [&](const char* what, const std::vector<uint64_t>& raw, int blocks, int pt) {
+    std::vector<double> d;
+    for (int b = 0; b < blocks; ++b) {
+      d.push_back(double(int64_t(raw[size_t(b) * S + P + pt] - t0)) / 1000.0);
+    }
+    std::sort(d.begin(), d.end());
+    std::printf("  %-22s", what);
+    for (int q = 0; q <= 10; ++q) std::printf(" %6.2f", d[std::min(blocks - 1, q * blocks / 10)]);
+    std::printf("\n");
+  };
+  std::printf("decode_b1 chain: decode, its merge kernel, the next decode (global us, deciles)\n");
+  row("decode 1 after wait", first, decode_blocks, 1);
+  row("decode 1 exit", first, decode_blocks, P - 1);
+  row("merge entry", merge, rows, 0);
+  row("merge after wait", merge, rows, 1);
+  row("merge weights", merge, rows, 2);
+  row("merge done", merge, rows, 3);
+  row("decode 2 entry", second, decode_blocks, 0);
+  row("decode 2 after wait", second, decode_blocks, 1);
+  row("decode 2 first tile", second, decode_blocks, 5);
+}
+
 int RunTrace(const cudaDeviceProp& prop) {
   std::mt19937 rng(1234);
+  // Decode b1 (and its chain with the merge kernel), query block 32 b1.
   for (int q_len : {1, 32}) {
     AttentionSetup s(1, q_len, prop.l2CacheSize, rng);
     for (int rep = 0; rep < 5; ++rep) {  // warm-up; the last launch is the traced one
@@ -611,27 +646,61 @@ int RunTrace(const cudaDeviceProp& prop) {
     detail::AttentionKernelParams kp;
     // The launchers' own split choice (decode: 2 blocks per SM, >= 128 keys per split;
     // prefill: 1 block per SM, >= 256 keys per split; one query block of 32 rows x group 4).
-    BENCH_OK(detail::MakeKernelParams(p, kKvHeads, q_len == 1 ? 2 : 1, q_len == 1 ? 128 : 256,
-                                      &kp));
+    BENCH_OK(
+        detail::MakeKernelParams(p, kKvHeads, q_len == 1 ? 2 : 1, q_len == 1 ? 128 : 256, &kp));
     const int blocks = kKvHeads * kp.num_splits;
     std::vector<uint64_t> raw;
-    BENCH_OK(q_len == 1 ? detail::ReadDecodeTrace(blocks, &raw)
+    BENCH_OK(q_len == 1 ? detail::ReadDecodeTrace(blocks, &raw,
+                                                  (detail::DecodeTraceLaunches() - 1) & 1)
                         : detail::ReadPrefillWgmmaTrace(blocks, &raw));
     PrintTrace(q_len == 1 ? "decode_b1" : "prefill_q32_b1 (wgmma)", blocks, raw);
+    if (q_len == 1) PrintDecodeChain(blocks, kHeads);
   }
   return 0;
 }
 #endif
 
+// Prints the results table and writes the JSON (when out_path is set); the exit status.
+int Report(const std::vector<Result>& results, const cudaDeviceProp& prop, double copy_tbs,
+           double read_tbs, const std::string& out_path) {
+  std::printf(
+      "\nceilings: copy %.3f TB/s (best of eager cudaMemcpy and the copy kernel), "
+      "read %.3f TB/s; %%copy below is against the copy ceiling\n",
+      copy_tbs, read_tbs);
+  std::printf("\n%-22s %-12s %10s %10s %9s %9s %8s\n", "case", "variant", "ms", "MB", "TB/s",
+              "TFLOP/s", "%copy");
+  for (const Result& r : results) {
+    const double tbs = r.bytes / (r.ms * 1e-3) / 1e12;
+    const double tflops = r.flops / (r.ms * 1e-3) / 1e12;
+    std::printf("%-22s %-12s %10.4f %10.1f %9.3f %9.2f %7.1f%%\n", r.name.c_str(),
+                r.variant.c_str(), r.ms, r.bytes / 1e6, tbs, tflops, 100.0 * tbs / copy_tbs);
+  }
+  if (!out_path.empty()) {
+    FILE* f = std::fopen(out_path.c_str(), "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "cannot write %s\n", out_path.c_str());
+      return 1;
+    }
+    const std::string js = Json(results, prop, copy_tbs, read_tbs);
+    std::fwrite(js.data(), 1, js.size(), f);
+    std::fclose(f);
+    std::printf("wrote %s\n", out_path.c_str());
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   std::string out_path;
   int iters = 50;
   bool trace = false;
+  bool decode_b1 = false;  // only the batch-1 decode rows (quick A/B runs)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
       out_path = argv[++i];
     } else if (!std::strcmp(argv[i], "--trace")) {
       trace = true;
+    } else if (!std::strcmp(argv[i], "--decode-b1")) {
+      decode_b1 = true;
     } else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) {
       iters = std::max(1, std::atoi(argv[++i]));
     } else if (!std::strcmp(argv[i], "--prefill-kernel") && i + 1 < argc &&
@@ -639,7 +708,9 @@ int Main(int argc, char** argv) {
       g_default_prefill_kernel =
           !std::strcmp(argv[++i], "mma") ? PrefillKernel::kMmaSync : PrefillKernel::kAuto;
     } else {
-      std::fprintf(stderr, "usage: %s [--out PATH] [--iters N] [--prefill-kernel auto|mma] [--trace]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--out PATH] [--iters N] [--prefill-kernel auto|mma] [--trace] "
+                   "[--decode-b1]\n",
                    argv[0]);
       return 2;
     }
@@ -687,6 +758,7 @@ int Main(int argc, char** argv) {
 
   // Decode.
   for (int batch : {1, 16, 64, 128}) {
+    if (decode_b1 && batch > 1) break;
     AttentionSetup s(batch, 1, prop.l2CacheSize, rng);
     for (const auto& var : variants) {
       const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
@@ -732,6 +804,7 @@ int Main(int argc, char** argv) {
       }
     }
   }
+  if (decode_b1) return Report(results, prop, copy_tbs, read_tbs, out_path);
   // 32-token query blocks: the launcher's choice for every variant (lazy and zero_deltas run
   // the wgmma kernel on sm_90a), then the mma.sync kernel forced (lazy_mma).
   {
@@ -822,8 +895,8 @@ int Main(int argc, char** argv) {
       }
     }
     AttentionSetup q(1, 32, prop.l2CacheSize, rng);
-    for (PrefillKernel kernel : {g_default_prefill_kernel, PrefillKernel::kMmaSync,
-                                 PrefillKernel::kWgmmaKeys128}) {
+    for (PrefillKernel kernel :
+         {g_default_prefill_kernel, PrefillKernel::kMmaSync, PrefillKernel::kWgmmaKeys128}) {
       for (int splits : {4, 8, 12, 16, 24, 32}) {
         const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
           LazyAttentionParams p = q.Params(i % q.copies, false, KeyLayout::kRotatedLocal);
@@ -831,14 +904,12 @@ int Main(int argc, char** argv) {
           p.prefill_kernel = kernel;
           BENCH_OK(LazyAttentionPrefill(p, st));
         });
-        results.push_back(
-            {"prefill_q32_b1_splits", "prefill", 1, 32, q.kv_len,
-             std::string(kernel == PrefillKernel::kMmaSync       ? "mma_s"
-                         : kernel == PrefillKernel::kWgmmaKeys128 ? "k128_s"
-                                                                 : "lazy_s") +
-                 std::to_string(splits),
-             ms,
-             q.KvBytes(), 4.0 * 32 * kHeads * kHeadDim * double(q.kv_len)});
+        results.push_back({"prefill_q32_b1_splits", "prefill", 1, 32, q.kv_len,
+                           std::string(kernel == PrefillKernel::kMmaSync        ? "mma_s"
+                                       : kernel == PrefillKernel::kWgmmaKeys128 ? "k128_s"
+                                                                                : "lazy_s") +
+                               std::to_string(splits),
+                           ms, q.KvBytes(), 4.0 * 32 * kHeads * kHeadDim * double(q.kv_len)});
       }
     }
   }
@@ -1006,30 +1077,7 @@ int Main(int argc, char** argv) {
     cudaFree(v);
   }
 
-  std::printf(
-      "\nceilings: copy %.3f TB/s (best of eager cudaMemcpy and the copy kernel), "
-      "read %.3f TB/s; %%copy below is against the copy ceiling\n",
-      copy_tbs, read_tbs);
-  std::printf("\n%-22s %-12s %10s %10s %9s %9s %8s\n", "case", "variant", "ms", "MB", "TB/s",
-              "TFLOP/s", "%copy");
-  for (const Result& r : results) {
-    const double tbs = r.bytes / (r.ms * 1e-3) / 1e12;
-    const double tflops = r.flops / (r.ms * 1e-3) / 1e12;
-    std::printf("%-22s %-12s %10.4f %10.1f %9.3f %9.2f %7.1f%%\n", r.name.c_str(),
-                r.variant.c_str(), r.ms, r.bytes / 1e6, tbs, tflops, 100.0 * tbs / copy_tbs);
-  }
-  if (!out_path.empty()) {
-    FILE* f = std::fopen(out_path.c_str(), "w");
-    if (f == nullptr) {
-      std::fprintf(stderr, "cannot write %s\n", out_path.c_str());
-      return 1;
-    }
-    const std::string js = Json(results, prop, copy_tbs, read_tbs);
-    std::fwrite(js.data(), 1, js.size(), f);
-    std::fclose(f);
-    std::printf("wrote %s\n", out_path.c_str());
-  }
-  return 0;
+  return Report(results, prop, copy_tbs, read_tbs, out_path);
 }
 
 }  // namespace

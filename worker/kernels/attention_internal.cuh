@@ -57,6 +57,9 @@ struct AttentionKernelParams {
   // LazyAttentionParams::stable_history: 1 = key rows at positions below a request's first
   // query position may be read before PdlWait.
   int stable_history;
+  // Builds with -DLAZYRAG_ATTN_TRACE: the trace buffer (0 or 1) of a decode launch and its
+  // split merge; 0 otherwise.
+  int trace_slot;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -70,6 +73,14 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
 __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
   const int n = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+// Asks L2 to fetch `bytes` (a multiple of 16) at a 16-byte-aligned global address; no data
+// comes back to the SM (sm_90's bulk prefetch; a no-op before sm_90). L2 is the point of
+// coherence, so this may run before PdlWait on bytes the previous kernel is still writing.
+__device__ __forceinline__ void L2PrefetchBulk(const void* src, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+#endif
 }
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>

@@ -49,10 +49,13 @@ __device__ __forceinline__ void TracePoint(AttentionTrace* trace, int i) {
 // Copies the buffer of the last traced launch of each kernel (blocks in launch order:
 // blockIdx.y * gridDim.x + blockIdx.x), kTracePoints clock values, kTracePoints global_ns
 // values and the SM id per block (kTraceStride values).
+// `slot`: the buffer's index when the symbol is an array of them.
 template <typename Symbol>
-absl::Status ReadTraceSymbol(const Symbol& symbol, int blocks, std::vector<uint64_t>* out) {
+absl::Status ReadTraceSymbol(const Symbol& symbol, int blocks, std::vector<uint64_t>* out,
+                             int slot = 0) {
   auto host = std::make_unique<AttentionTrace>();
-  const cudaError_t err = cudaMemcpyFromSymbol(host.get(), symbol, sizeof(AttentionTrace));
+  const cudaError_t err = cudaMemcpyFromSymbol(host.get(), symbol, sizeof(AttentionTrace),
+                                               size_t(slot) * sizeof(AttentionTrace));
   if (err != cudaSuccess) return absl::InternalError(cudaGetErrorString(err));
   out->clear();
   for (int b = 0; b < std::min(blocks, kTraceBlocks); ++b) {
@@ -63,7 +66,12 @@ absl::Status ReadTraceSymbol(const Symbol& symbol, int blocks, std::vector<uint6
   return absl::OkStatus();
 }
 absl::Status ReadPrefillWgmmaTrace(int blocks, std::vector<uint64_t>* out);
-absl::Status ReadDecodeTrace(int blocks, std::vector<uint64_t>* out);
+// The decode kernel and the split-merge kernel trace into two buffers each, alternating
+// between decode launches (AttentionKernelParams::trace_slot), so the last launch and the one
+// before it can be read together: slot (launches - 1) % 2 is the last one's.
+int DecodeTraceLaunches();
+absl::Status ReadDecodeTrace(int blocks, std::vector<uint64_t>* out, int slot);
+absl::Status ReadMergeTrace(int blocks, std::vector<uint64_t>* out, int slot);
 #else
 #define LAZYRAG_TRACE_POINT(buffer, i) ((void)0)
 #endif

@@ -22,7 +22,8 @@ namespace detail {
 namespace {
 
 #ifdef LAZYRAG_ATTN_TRACE
-__device__ AttentionTrace g_trace;
+__device__ AttentionTrace g_trace[2];  // AttentionKernelParams::trace_slot
+std::atomic<int> g_trace_launches{0};
 #endif
 
 template <int D>
@@ -61,7 +62,7 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   float* freq_smem = reinterpret_cast<float*>(v_smem + kStages * Cfg::kTileBytes);
   SplitPlan* plan = reinterpret_cast<SplitPlan*>(freq_smem + D / 2);
 
-  LAZYRAG_TRACE_POINT(g_trace, 0);
+  LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 0);
   PdlLaunchDependents();
   // Three rounds of dependent loads before the first K/V request: (q_indptr, seg_indptr),
   // (q_pos, the request's segment metadata, 32 segments per lane round), the first tiles'
@@ -70,13 +71,15 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   // kernel's tail; the query and the K/V bytes (the previous kernels write the step's own
   // rows) are read after it.
   const int q_row = v.q_indptr[b];
+  // The query rows (written by the previous kernels) into L2 now, read after PdlWait.
+  if (tid == 0) L2PrefetchBulk(p.q + (int64_t(q_row) * H + kvh * group) * D, group * D * 2);
   const int s_first = v.seg_indptr[b], s_end = v.seg_indptr[b + 1];
   const int pos = v.q_pos[q_row];
   for (int i = tid; i < D / 2; i += kThreads) freq_smem[i] = p.inv_freq[i];
   if (warp == 0) PlanSplit<kBlockN>(v, s_first, s_end, pos, split, p.num_splits, plan, lane);
   __syncthreads();
-  LAZYRAG_TRACE_POINT(g_trace, 2);
-  LAZYRAG_TRACE_POINT(g_trace, 3);
+  LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 2);
+  LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 3);
 
   TileCursor<kBlockN> cons;
   cons.Init(plan, v);
@@ -123,7 +126,7 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
       }
     }
     PdlWait();
-    LAZYRAG_TRACE_POINT(g_trace, 1);
+    LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 1);
     // Raw query rows (row r = head kvh * group + r; rows >= group zero). Block tiles: by
     // cp.async, completing with the first K/V tile. Warp pipelines: a warp waits only for its
     // own copies, so the rows are loaded plainly after the K/V copies are issued, before the
@@ -160,7 +163,7 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     }
   }
   prefetch(loader, prod);
-  LAZYRAG_TRACE_POINT(g_trace, 4);
+  LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 4);
 
   float o[D / 8][4];
 #pragma unroll
@@ -180,7 +183,7 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
       __syncthreads();
     }
 #ifdef LAZYRAG_ATTN_TRACE
-    if (stage == 0 && q_seg < 0) LAZYRAG_TRACE_POINT(g_trace, 5);
+    if (stage == 0 && q_seg < 0) LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 5);
 #endif
     loader.Issue(k_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes + slice,
                  v_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes + slice, p.k_cache,
@@ -231,7 +234,7 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   }
   CpAsyncWait<0>();
   __syncthreads();  // the tile buffers become the merge buffer
-  LAZYRAG_TRACE_POINT(g_trace, 6);
+  LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 6);
 
   // Cross-warp merge: [warp][16 rows][kMergeStride] partial O, then m and l per row.
 #pragma unroll
@@ -292,7 +295,7 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
       if (d == 0) p.lse_partial[split * rows + row_head] = l > 0.f ? m + __log2f(l) : kNegInf;
     }
   }
-  LAZYRAG_TRACE_POINT(g_trace, 7);
+  LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 7);
 }
 
 template <int D, bool kRotateKeys, bool kWarpPipes>
@@ -314,8 +317,9 @@ absl::Status LaunchDecode(const AttentionKernelParams& kp, int blocks, cudaStrea
 }  // namespace
 
 #ifdef LAZYRAG_ATTN_TRACE
-absl::Status ReadDecodeTrace(int blocks, std::vector<uint64_t>* out) {
-  return ReadTraceSymbol(g_trace, blocks, out);
+int DecodeTraceLaunches() { return g_trace_launches.load(); }
+absl::Status ReadDecodeTrace(int blocks, std::vector<uint64_t>* out, int slot) {
+  return ReadTraceSymbol(g_trace, blocks, out, slot);
 }
 #endif
 }  // namespace detail
@@ -330,6 +334,9 @@ absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t
                                            /*min_split_keys=*/128, &kp));
   kp.q_rows_per_block = 1;
   kp.q_blocks = 1;
+#ifdef LAZYRAG_ATTN_TRACE
+  kp.trace_slot = detail::g_trace_launches.fetch_add(1) & 1;
+#endif
   const bool rotate_keys = params.key_layout == KeyLayout::kUnrotated;
   const int b = static_cast<int>(blocks);
   switch (params.shape.head_dim) {
