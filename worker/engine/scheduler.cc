@@ -573,7 +573,8 @@ void Scheduler::Admit(const std::shared_ptr<Request> &r) {
       const int64_t tokens = int64_t(job->tokens.size());
       const bool peers_only = cost_.PreferCompute(tokens, backlog);
       job->fetch_cancelled = std::make_shared<std::atomic<bool>>(false);
-      if (const double after = cost_.HedgeAfterSeconds(tokens); !peers_only && after > 0) {
+      // Only a kvstore fetch is hedged (peers-only asks are the cheap tier).
+      if (const double after = peers_only ? 0 : cost_.HedgeAfterSeconds(tokens); after > 0) {
         job->hedge_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(after));
       }
