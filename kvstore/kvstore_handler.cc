@@ -44,7 +44,11 @@ absl::StatusOr<DeleteResponse> KvStoreHandler::Delete(const DeleteRequest& reque
 
 absl::StatusOr<PutResponse> KvStoreHandler::DoPut(MessageReader<PutRequest>& in) {
   PutRequest message;
-  if (!in.Read(&message)) return absl::InvalidArgumentError("put: empty stream, no header");
+  if (!in.Read(&message)) {
+    const absl::Status ended = in.EndedBy();
+    if (!ended.ok()) return absl::Status(ended.code(), absl::StrCat("put: ", ended.message()));
+    return absl::InvalidArgumentError("put: empty stream, no header");
+  }
   if (!message.has_header()) {
     return absl::InvalidArgumentError("put: the first message must be the header");
   }
@@ -88,6 +92,13 @@ absl::StatusOr<PutResponse> KvStoreHandler::DoPut(MessageReader<PutRequest>& in)
     ++next;
   }
   if (next != layout.num_chunks) {
+    // A client that gave up (cancelled, or its deadline passed) is not a malformed request.
+    const absl::Status ended = in.EndedBy();
+    if (!ended.ok()) {
+      return absl::Status(ended.code(),
+                          absl::StrCat("put: ", ended.message(), " after ", next, " of ",
+                                       layout.num_chunks, " chunks; nothing stored"));
+    }
     return absl::InvalidArgumentError(absl::StrCat("put: the stream ended after ", next, " of ",
                                                    layout.num_chunks, " chunks; nothing stored"));
   }

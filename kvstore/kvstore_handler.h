@@ -16,6 +16,10 @@ class MessageReader {
  public:
   virtual ~MessageReader() = default;
   virtual bool Read(T* message) = 0;
+  // After Read() returned false: why the stream ended, when it was not the client's
+  // WritesDone: CANCELLED (the client cancelled the call) or DEADLINE_EXCEEDED (its deadline
+  // passed). OK otherwise (also for a reader that cannot tell).
+  virtual absl::Status EndedBy() const { return absl::OkStatus(); }
 };
 
 // A sink of reply messages (a server stream). Write() returns false when the peer is gone.

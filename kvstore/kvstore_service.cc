@@ -1,5 +1,7 @@
 #include "kvstore/kvstore_service.h"
 
+#include <chrono>
+
 #include "common/grpc_status.h"
 
 namespace lazyrag::kvstore {
@@ -8,10 +10,19 @@ namespace {
 template <typename T>
 class GrpcMessageReader final : public MessageReader<T> {
  public:
-  explicit GrpcMessageReader(grpc::ServerReader<T>* reader) : reader_(reader) {}
+  GrpcMessageReader(grpc::ServerContext* context, grpc::ServerReader<T>* reader)
+      : context_(context), reader_(reader) {}
   bool Read(T* message) override { return reader_->Read(message); }
+  absl::Status EndedBy() const override {
+    if (!context_->IsCancelled()) return absl::OkStatus();
+    if (std::chrono::system_clock::now() >= context_->deadline()) {
+      return absl::DeadlineExceededError("the client's deadline passed");
+    }
+    return absl::CancelledError("the client cancelled the call");
+  }
 
  private:
+  grpc::ServerContext* context_;
   grpc::ServerReader<T>* reader_;
 };
 
@@ -27,10 +38,10 @@ class GrpcMessageWriter final : public MessageWriter<T> {
 
 }  // namespace
 
-grpc::Status KvStoreService::Put(grpc::ServerContext*,
+grpc::Status KvStoreService::Put(grpc::ServerContext* context,
                                  grpc::ServerReader<lazyrag::v1::PutRequest>* reader,
                                  lazyrag::v1::PutResponse* response) {
-  GrpcMessageReader<lazyrag::v1::PutRequest> in(reader);
+  GrpcMessageReader<lazyrag::v1::PutRequest> in(context, reader);
   auto result = handler_->Put(in);
   if (result.ok()) *response = *std::move(result);
   return ToGrpcStatus(result.status());

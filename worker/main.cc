@@ -37,6 +37,11 @@ ABSL_FLAG(std::string, kvstore, "",
 ABSL_FLAG(int, kvstore_replication, 0,
           "copies of every document over the kvstore shards (1..shards); 0: 2 with at least 2 "
           "shards, else 1. Every worker of one store must use the same value");
+ABSL_FLAG(double, kvstore_timeout_s, 10,
+          "deadline of one document read from the kvstore (past it the document is computed)");
+ABSL_FLAG(double, kvstore_put_timeout_s, 60,
+          "deadline of one document write-back to the kvstore (background; a Put past it stores "
+          "nothing)");
 ABSL_FLAG(std::string, peers, "",
           "HOST:PORT[,HOST:PORT...] of peer workers on this host, asked for a missing document "
           "before the kvstore; empty: none");
@@ -80,6 +85,8 @@ int main(int argc, char **argv) {
   options.runtime.max_waiting = absl::GetFlag(FLAGS_max_waiting);
   options.kvstore = absl::GetFlag(FLAGS_kvstore);
   options.kvstore_replication = absl::GetFlag(FLAGS_kvstore_replication);
+  options.kvstore_timeout_s = absl::GetFlag(FLAGS_kvstore_timeout_s);
+  options.kvstore_put_timeout_s = absl::GetFlag(FLAGS_kvstore_put_timeout_s);
   options.tls = lazyrag::TlsFilesFromFlags();
   options.peers = lazyrag::SplitPeerList(absl::GetFlag(FLAGS_peers));
   options.peer_timeout_s = absl::GetFlag(FLAGS_peer_timeout_s);

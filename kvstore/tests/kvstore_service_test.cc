@@ -3,10 +3,12 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/crc32c.h"
 #include "common/metrics.h"
 #include "kvstore/client/kvstore_client.h"
@@ -224,6 +226,45 @@ TEST_F(KvStoreServiceTest, BadPutsGetClearStatusesAndHarmNothing) {
   EXPECT_GE(Counter("lazyrag_kvstore_requests_total{op=\"put\",result=\"invalid_argument\"}"), 12);
   // The failed puts left nothing behind.
   EXPECT_EQ(Counter("lazyrag_kvstore_entries"), 1);
+}
+
+// A client that gives up half-way through a Put (it cancels, or its deadline passes) is
+// counted as such, not as a malformed request, and leaves nothing behind.
+TEST_F(KvStoreServiceTest, PutsCutShortByTheClientAreCountedAsSuch) {
+  const std::string a(1000, 'a');
+  const auto wait_for = [&](const std::string& line) {
+    for (int i = 0; i < 200 && Counter(line) < 1; ++i) absl::SleepFor(absl::Milliseconds(25));
+    return Counter(line);
+  };
+  {
+    grpc::ClientContext context;
+    pb::PutResponse response;
+    auto writer = stub_->Put(&context, &response);
+    ASSERT_TRUE(writer->Write(Header("cut", 2000, 1000)));
+    ASSERT_TRUE(writer->Write(Chunk(0, a)));
+    context.TryCancel();
+    EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  EXPECT_EQ(wait_for("lazyrag_kvstore_requests_total{op=\"put\",result=\"cancelled\"}"), 1);
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+    pb::PutResponse response;
+    auto writer = stub_->Put(&context, &response);
+    ASSERT_TRUE(writer->Write(Header("late", 2000, 1000)));
+    ASSERT_TRUE(writer->Write(Chunk(0, a)));
+    absl::SleepFor(absl::Milliseconds(600));
+    EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  EXPECT_EQ(
+      wait_for("lazyrag_kvstore_requests_total{op=\"put\",result=\"deadline_exceeded\"}"), 1);
+  // -1: no such series (never counted).
+  EXPECT_LE(Counter("lazyrag_kvstore_requests_total{op=\"put\",result=\"invalid_argument\"}"),
+            0);
+  EXPECT_EQ(client_->Get(Key::Raw("cut")).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_->Get(Key::Raw("late")).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Counter("lazyrag_kvstore_entries"), 1);
+  ExpectKeepUnharmed();
 }
 
 TEST_F(KvStoreServiceTest, BadReadsGetClearStatuses) {

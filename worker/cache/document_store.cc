@@ -83,10 +83,11 @@ class EmbeddedDocumentStore : public DocumentStore {
 class RemoteDocumentStore : public DocumentStore {
  public:
   RemoteDocumentStore(std::vector<std::string> shards, std::string fingerprint,
-                      std::unique_ptr<kvstore::KvClient> client)
+                      std::unique_ptr<kvstore::KvClient> client, absl::Duration put_timeout)
       : shards_(std::move(shards)),
         fingerprint_(std::move(fingerprint)),
-        client_(std::move(client)) {}
+        client_(std::move(client)),
+        put_timeout_(put_timeout) {}
 
   std::string name() const override { return "kvstore:" + absl::StrJoin(shards_, ","); }
 
@@ -100,13 +101,16 @@ class RemoteDocumentStore : public DocumentStore {
                    const StoredDocument &doc) override {
     kvstore::ValueHeader header;
     header.metadata = doc.metadata;
-    return client_->Put(kvstore::Key::Document(fingerprint_, ns, id), header, doc.bytes);
+    kvstore::CallOptions call;
+    call.timeout = put_timeout_;
+    return client_->Put(kvstore::Key::Document(fingerprint_, ns, id), header, doc.bytes, call);
   }
 
  private:
   const std::vector<std::string> shards_;
   const std::string fingerprint_;
   std::unique_ptr<kvstore::KvClient> client_;
+  const absl::Duration put_timeout_;
 };
 
 }  // namespace
@@ -133,6 +137,11 @@ absl::StatusOr<std::unique_ptr<DocumentStore>> OpenDocumentStore(const DocumentS
     return absl::InvalidArgumentError(
         absl::StrCat("--kvstore '", o.spec, "': expected embedded:DIR or HOST:PORT[,...]"));
   }
+  if (!(o.call_timeout_s > 0) || !(o.put_timeout_s > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("document store: the kvstore deadlines must be > 0 s (get ", o.call_timeout_s,
+                     ", put ", o.put_timeout_s, ")"));
+  }
   kvstore::KvClientOptions co;
   co.shards = shards;
   co.replication = o.replication;
@@ -144,8 +153,8 @@ absl::StatusOr<std::unique_ptr<DocumentStore>> OpenDocumentStore(const DocumentS
   co.reconnect_wait = absl::Milliseconds(300);
   auto client = kvstore::KvClient::Create(co);
   if (!client.ok()) return client.status();
-  return std::unique_ptr<DocumentStore>(
-      new RemoteDocumentStore(shards, o.model_fingerprint, std::move(*client)));
+  return std::unique_ptr<DocumentStore>(new RemoteDocumentStore(
+      shards, o.model_fingerprint, std::move(*client), absl::Seconds(o.put_timeout_s)));
 }
 
 }  // namespace lazyrag

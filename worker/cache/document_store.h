@@ -98,8 +98,13 @@ struct DocumentStoreOptions {
   // Embedded store only: byte capacity (LRU eviction beyond it). Default 16
   // GiB.
   uint64_t embedded_capacity_bytes = 16ull << 30;
-  // Remote store only: deadline of one Get or Put. Default 10 s.
+  // Remote store only: deadline of one Get (on a request's path: past it the document is
+  // computed instead). Default 10 s.
   double call_timeout_s = 10;
+  // Remote store only: deadline of one Put. Puts are the engine's background write-backs; a
+  // large document (268 MB for 2,048 tokens of an 8B model) on a busy store can take longer
+  // than a read may, and a Put past its deadline stores nothing. Default 60 s.
+  double put_timeout_s = 60;
   // Remote store only: copies of every document over the shards, 1 .. shards; 0: the kvstore
   // client's default (2 with at least 2 shards, else 1). Every worker of one store must use
   // the same value (it decides where a key is looked up).

@@ -32,6 +32,8 @@ absl::Status WorkerServer::Start() {
         so.spec = options_.kvstore;
         so.model_fingerprint = fingerprint;
         so.replication = options_.kvstore_replication;
+        so.call_timeout_s = options_.kvstore_timeout_s;
+        so.put_timeout_s = options_.kvstore_put_timeout_s;
         so.tls = options_.tls;
         auto opened = OpenDocumentStore(so);
         if (!opened.ok()) return opened.status();

@@ -34,6 +34,10 @@ struct WorkerServerOptions {
   // Copies of every document over the kvstore shards (DocumentStoreOptions::replication);
   // 0: the client's default.
   int kvstore_replication = 0;
+  // Deadlines of one kvstore Get and one Put (DocumentStoreOptions::call_timeout_s,
+  // put_timeout_s). Defaults 10 s and 60 s.
+  double kvstore_timeout_s = 10;
+  double kvstore_put_timeout_s = 60;
   // gRPC over TLS (common/tls.h) for this server, the kvstore shards and the peers; empty:
   // plaintext.
   TlsFiles tls;
