@@ -566,19 +566,7 @@ void Scheduler::Admit(const std::shared_ptr<Request> &r) {
     job->waiters.push_back({r, int(i), r->epoch, true});
     jobs_[blk.id] = job;
     if (store_ != nullptr) {
-      job->state = DocJob::kFetching;
-      absl::MutexLock l(&fetch_mu_);
-      int64_t backlog = 0;  // tokens the fetch thread will fetch from the store first
-      for (const FetchItem &q : fetch_queue_) backlog += q.peers_only ? 0 : q.tokens;
-      const int64_t tokens = int64_t(job->tokens.size());
-      const bool peers_only = cost_.PreferCompute(tokens, backlog);
-      job->fetch_cancelled = std::make_shared<std::atomic<bool>>(false);
-      // Only a kvstore fetch is hedged (peers-only asks are the cheap tier).
-      if (const double after = peers_only ? 0 : cost_.HedgeAfterSeconds(tokens); after > 0) {
-        job->hedge_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(after));
-      }
-      fetch_queue_.push_back({job->ns, job->id, tokens, peers_only, job->fetch_cancelled});
+      QueueFetch(*job);
     } else {
       job->state = DocJob::kNeedPages;
     }
@@ -839,6 +827,23 @@ void Scheduler::HedgeSlowFetches() {
   }
 }
 
+void Scheduler::QueueFetch(DocJob &job) {
+  job.state = DocJob::kFetching;
+  job.fetch_cancelled = std::make_shared<std::atomic<bool>>(false);
+  job.hedge_at = Clock::time_point::max();
+  absl::MutexLock l(&fetch_mu_);
+  int64_t backlog = 0;  // tokens the fetch thread will fetch from the store first
+  for (const FetchItem &q : fetch_queue_) backlog += q.peers_only ? 0 : q.tokens;
+  const int64_t tokens = int64_t(job.tokens.size());
+  const bool peers_only = cost_.PreferCompute(tokens, backlog);
+  // Only a kvstore fetch is hedged (peers-only asks are the cheap tier).
+  if (const double after = peers_only ? 0 : cost_.HedgeAfterSeconds(tokens); after > 0) {
+    job.hedge_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(after));
+  }
+  fetch_queue_.push_back({job.ns, job.id, tokens, peers_only, job.fetch_cancelled});
+}
+
 void Scheduler::HandleFetched(Fetched f) {
   auto it = jobs_.find(f.id);
   if (it == jobs_.end()) {
@@ -920,18 +925,14 @@ void Scheduler::StartJobPages() {
         continue;
       }
       // Fall back: fetch again (the store now serves bytes from that peer, else the kvstore),
-      // else compute.
+      // else compute; like a first fetch, given up for a compute past its hedge time.
       LOG_WARNING << "device copy of document " << job->id << " from a peer failed (" << st
                   << "): fetching it again";
       table_->FreePages(job->pages);
       job->pages.clear();
       job->lease_failed = true;
       job->origin.clear();
-      job->state = DocJob::kFetching;
-      job->fetch_cancelled = std::make_shared<std::atomic<bool>>(false);
-      absl::MutexLock l(&fetch_mu_);
-      fetch_queue_.push_back(
-          {job->ns, job->id, int64_t(job->tokens.size()), false, job->fetch_cancelled});
+      QueueFetch(*job);
       continue;
     }
     if (job->have_payload) {

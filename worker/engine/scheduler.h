@@ -104,6 +104,9 @@ class Scheduler {
   void HandleFetched(Fetched f);
   // Documents whose kvstore fetch has run past its hedge time are computed instead.
   void HedgeSlowFetches();
+  // Puts `job` in the fetch thread's queue (state kFetching): a kvstore fetch with its hedge
+  // time, or a peers-only ask when the cost model prefers computing to the kvstore.
+  void QueueFetch(DocJob &job);
   void StartJobPages();
   void CompleteJob(const std::shared_ptr<DocJob> &job, bool from_store);
   void FailJob(const std::shared_ptr<DocJob> &job, const absl::Status &status);

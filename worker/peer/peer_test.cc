@@ -772,7 +772,8 @@ struct FastPathPair {
   TokenPrompt prompt;
   TokenRunOptions opts;
 
-  FastPathPair(bool a_shares, bool b_shares) {
+  // bytes_delay: A takes this long to export a document as bytes (leases are not delayed).
+  FastPathPair(bool a_shares, bool b_shares, absl::Duration bytes_delay = absl::ZeroDuration()) {
     a = MakeEngineOn(CpuBackendFor(a_shares), nullptr, &reg_a);
     prompt.prefix = Tokens(7, 9);
     prompt.documents = {Tokens(1, 40), Tokens(2, 33), Tokens(4, 50)};
@@ -785,7 +786,11 @@ struct FastPathPair {
     so.registry = &reg_a;
     Engine *ea = a.get();
     service = std::make_unique<PeerDocumentsService>(
-        [ea](const std::string &id) { return ea->ExportResidentDocument(id); }, so, LenderOf(ea));
+        [ea, bytes_delay](const std::string &id) {
+          absl::SleepFor(bytes_delay);
+          return ea->ExportResidentDocument(id);
+        },
+        so, LenderOf(ea));
     server = std::make_unique<GrpcServer>(GrpcServerOptions{});
     server->AddService(service.get());
     EXPECT_TRUE(server->Start().ok());
@@ -866,6 +871,30 @@ TEST(PeerFastPathTest, FailedCopyFallsBackToBytesAndUsageStaysRight) {
   EXPECT_EQ(Metric(t.reg_b, "lazyrag_worker_peer_fetch_total{result=\"hit\"}"), 4);
   EXPECT_EQ(t.kv.Gets(), 0);
   EXPECT_EQ(rb->token_ids, t.Fresh());
+  t.ExpectAllReleased();
+}
+
+// After a failed device copy the document is fetched again, and that fetch is given up for a
+// compute past its hedge time like a first one: here the peer then takes 1 s to send the bytes.
+TEST(PeerFastPathTest, AFetchAfterAFailedCopyIsGivenUpWhenSlow) {
+  FastPathPair t(/*a_shares=*/true, /*b_shares=*/true, /*bytes_delay=*/absl::Seconds(1));
+  t.b_backend->fail_copies = true;
+  // B has timed a forward step (a prompt without documents), so its fetches have hedge times.
+  TokenPrompt warm;
+  warm.suffix = Tokens(77, 64);
+  ASSERT_TRUE(t.b->RunTokens(warm, t.opts).ok());
+  auto rb = t.b->RunTokens(t.prompt, t.opts);
+  ASSERT_TRUE(rb.ok()) << rb.status();
+  EXPECT_EQ(rb->token_ids, t.Fresh());
+  const double failed_copies =
+      Metric(t.reg_b, "lazyrag_worker_peer_device_copy_total{result=\"internal\"}");
+  EXPECT_GE(failed_copies, 1);
+  // Every slow fetch was given up, those after a failed copy included (before, those waited
+  // the full second and ended as peer hits).
+  EXPECT_GE(Metric(t.reg_b, "lazyrag_kvstore_requests_total{op=\"get\",result=\"hedged\"}"),
+            failed_copies);
+  EXPECT_EQ(Metric(t.reg_b, "lazyrag_doc_cache_hits_total{model=\"tiny\",tier=\"peer\"}"), 0);
+  EXPECT_EQ(rb->usage.store_document_tokens, 0);
   t.ExpectAllReleased();
 }
 
