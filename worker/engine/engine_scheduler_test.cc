@@ -5,6 +5,7 @@
 // compute, a slow or stalled store given up for compute.
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <random>
 #include <thread>
@@ -23,12 +24,15 @@ namespace {
 
 using MemoryStore = MemoryDocumentStore;
 
-std::unique_ptr<Engine> MakeEngine(int num_pages, DocumentStore *store = nullptr,
-                                   int max_waiting = 256, int max_running = 64) {
+// `wrap`: wraps the CPU backend (e.g. to count its calls).
+std::unique_ptr<Engine> MakeEngine(
+    int num_pages, DocumentStore *store = nullptr, int max_waiting = 256, int max_running = 64,
+    const std::function<std::unique_ptr<Backend>(std::unique_ptr<Backend>)> &wrap = nullptr) {
   auto loaded = LoadModel("synthetic:tiny");
   EXPECT_TRUE(loaded.ok()) << loaded.status();
   auto backend = CreateCpuBackend(std::move(loaded->weights), {});
   EXPECT_TRUE(backend.ok()) << backend.status();
+  if (wrap) *backend = wrap(std::move(*backend));
   EngineOptions o;
   o.page_size = 16;
   o.num_pages = num_pages;
@@ -221,6 +225,46 @@ TEST(EngineSchedulerTest, AFailedWriteBackDoesNotStopFetches) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_GT(r->usage.document_tokens, 0);
   EXPECT_EQ(r->usage.store_document_tokens, r->usage.document_tokens);
+}
+
+class CountingBackend final : public engine_test::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  absl::Status ExportKv(const std::vector<int32_t> &pages, int n, std::string *out) override {
+    exports.fetch_add(1);
+    return ForwardingBackend::ExportKv(pages, n, out);
+  }
+  std::atomic<int> exports{0};
+};
+
+// While write-backs are paused (a Put failed less than 2 s ago) a computed document is not
+// copied to the host for a write-back that would only be skipped (268 MB per document on the
+// 8B model, on the scheduler thread).
+TEST(EngineSchedulerTest, NoExportWhileWriteBacksArePaused) {
+  SlowPutStore store;
+  store.slow_puts = true;
+  CountingBackend *backend = nullptr;
+  auto engine = MakeEngine(1024, &store, 256, 64, [&](std::unique_ptr<Backend> inner) {
+    auto b = std::make_unique<CountingBackend>(std::move(inner));
+    backend = b.get();
+    return std::unique_ptr<Backend>(std::move(b));
+  });
+  ASSERT_NE(backend, nullptr);
+  // The first block computed is exported and its Put fails (the documents after it may be
+  // computed within the pause that starts then).
+  ASSERT_TRUE(engine->RunTokens(Prompt({2, 4}, 1), Options(2)).ok());
+  for (int i = 0; i < 200 && store.failed_puts.load() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_GT(store.failed_puts.load(), 0);
+  const int exports = backend->exports.load();
+  EXPECT_GE(exports, 1);
+  EXPECT_LE(exports, 3);  // two documents and the prefix block at most
+  // A new document, computed within the pause: no export.
+  auto r = engine->RunTokens(Prompt({3}, 2), Options(2));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_GT(r->usage.computed_tokens, int64_t(Prompt({3}, 2).suffix.size()));
+  EXPECT_EQ(backend->exports.load(), exports);
 }
 
 TEST(EngineSchedulerTest, PagePressurePreemptsWithoutChangingOutputs) {

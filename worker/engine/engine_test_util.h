@@ -100,4 +100,36 @@ inline void ExpectRunsMatch(const ModeRun& got, const ModeRun& ref, double toler
   }
 }
 
+// A backend that passes every call to `inner`: tests derive from it to count or fail calls.
+// Pool sharing (ExportPoolHandle, CopyPagesFromPeer) keeps Backend's UNIMPLEMENTED defaults.
+class ForwardingBackend : public Backend {
+ public:
+  explicit ForwardingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  const ModelConfig& config() const override { return inner_->config(); }
+  absl::Status InitPool(int n, int ps) override { return inner_->InitPool(n, ps); }
+  int num_pages() const override { return inner_->num_pages(); }
+  int page_size() const override { return inner_->page_size(); }
+  KvDtype kv_dtype() const override { return inner_->kv_dtype(); }
+  absl::Status Forward(const ForwardBatch& b, std::vector<float>* logits) override {
+    return inner_->Forward(b, logits);
+  }
+  absl::Status ForwardArgmax(const ForwardBatch& b, std::vector<int32_t>* ids) override {
+    return inner_->ForwardArgmax(b, ids);
+  }
+  absl::Status Materialize(const std::vector<MaterializeCopy>& c) override {
+    return inner_->Materialize(c);
+  }
+  absl::Status ExportKv(const std::vector<int32_t>& pages, int n, std::string* out) override {
+    return inner_->ExportKv(pages, n, out);
+  }
+  absl::Status ImportKv(const std::vector<int32_t>& pages, int n, std::string_view d) override {
+    return inner_->ImportKv(pages, n, d);
+  }
+  Backend* inner() const { return inner_.get(); }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+};
+
 }  // namespace lazyrag::engine_test

@@ -647,35 +647,18 @@ TEST(PeerLeaseTest, PoolThatCannotBeLentOverGrpc) {
 // Wraps a backend and lends its pool by a name in a process-wide table; CopyPagesFromPeer copies
 // whole pages from the named backend (ExportKv / ImportKv of page-aligned runs), or fails on
 // demand. Stands in for the CUDA backend's IPC handle and NVLink gather.
-class SharingBackend final : public Backend {
+class SharingBackend final : public engine_test::ForwardingBackend {
  public:
-  explicit SharingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {
+  explicit SharingBackend(std::unique_ptr<Backend> inner) : ForwardingBackend(std::move(inner)) {
     absl::MutexLock l(&RegistryMu());
     name_ = absl::StrCat("shared-pool-", Registry().size());
-    Registry()[name_] = inner_.get();
+    Registry()[name_] = this->inner();
   }
   ~SharingBackend() override {
     absl::MutexLock l(&RegistryMu());
     Registry().erase(name_);
   }
-  std::string name() const override { return "sharing-" + inner_->name(); }
-  const ModelConfig &config() const override { return inner_->config(); }
-  absl::Status InitPool(int n, int ps) override { return inner_->InitPool(n, ps); }
-  int num_pages() const override { return inner_->num_pages(); }
-  int page_size() const override { return inner_->page_size(); }
-  KvDtype kv_dtype() const override { return inner_->kv_dtype(); }
-  absl::Status Forward(const ForwardBatch &b, std::vector<float> *logits) override {
-    return inner_->Forward(b, logits);
-  }
-  absl::Status Materialize(const std::vector<MaterializeCopy> &c) override {
-    return inner_->Materialize(c);
-  }
-  absl::Status ExportKv(const std::vector<int32_t> &pages, int n, std::string *out) override {
-    return inner_->ExportKv(pages, n, out);
-  }
-  absl::Status ImportKv(const std::vector<int32_t> &pages, int n, std::string_view d) override {
-    return inner_->ImportKv(pages, n, d);
-  }
+  std::string name() const override { return "sharing-" + inner()->name(); }
   absl::StatusOr<PeerPoolHandle> ExportPoolHandle() override {
     PeerPoolHandle h;
     h.ipc_handle = name_;
@@ -704,7 +687,7 @@ class SharingBackend final : public Backend {
     std::string kv;
     const int n = int(from.size()) * page_size();
     if (auto st = src->ExportKv(from, n, &kv); !st.ok()) return st;
-    return inner_->ImportKv(to, n, kv);
+    return inner()->ImportKv(to, n, kv);
   }
   std::atomic<bool> fail_copies{false};
   std::atomic<int> copies{0};
@@ -718,7 +701,6 @@ class SharingBackend final : public Backend {
     static auto *m = new std::map<std::string, Backend *>;
     return *m;
   }
-  std::unique_ptr<Backend> inner_;
   std::string name_;
 };
 
