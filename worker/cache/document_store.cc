@@ -44,6 +44,14 @@ class EmbeddedDocumentStore : public DocumentStore {
     return doc;
   }
 
+  absl::StatusOr<bool> Contains(const std::string &ns, const std::string &id) override {
+    auto key = Key(ns, id);
+    if (!key.ok()) return key.status();
+    auto stat = engine_->Stat(*key);
+    if (!stat.ok()) return stat.status();
+    return stat->present;
+  }
+
   absl::Status Put(const std::string &ns, const std::string &id,
                    const StoredDocument &doc) override {
     auto key = Key(ns, id);
@@ -95,6 +103,15 @@ class RemoteDocumentStore : public DocumentStore {
     auto value = client_->Get(kvstore::Key::Document(fingerprint_, ns, id));
     if (!value.ok()) return value.status();
     return StoredDocument{std::move(value->header.metadata), std::move(value->bytes), ""};
+  }
+
+  absl::StatusOr<bool> Contains(const std::string &ns, const std::string &id) override {
+    const kvstore::Key key = kvstore::Key::Document(fingerprint_, ns, id);
+    auto info = client_->Stat(std::span<const kvstore::Key>(&key, 1));
+    if (!info.ok()) return info.status();
+    auto placement = client_->Placement(key);
+    if (!placement.ok()) return placement.status();
+    return !info->empty() && (*info)[0].replicas_present >= int(placement->size());
   }
 
   absl::Status Put(const std::string &ns, const std::string &id,

@@ -79,6 +79,16 @@ class DocumentStore {
     (void)document_id;
     return absl::UnavailableError("document store marked down");
   }
+  // Whether the store keeps the document (on every replica), without reading it: the engine
+  // asks when it recomputes a document without fetching it (the store predicted slower than
+  // recomputing), so as not to write back what the store already holds. Default:
+  // UNIMPLEMENTED (the engine then writes back).
+  virtual absl::StatusOr<bool> Contains(const std::string &cache_namespace,
+                                        const std::string &document_id) {
+    (void)cache_namespace;
+    (void)document_id;
+    return absl::UnimplementedError("document store: no existence check");
+  }
   // false when Put would keep nothing (peers only, no kvstore behind them): the
   // engine then skips exporting computed documents for write-back.
   virtual bool accepts_writes() const { return true; }

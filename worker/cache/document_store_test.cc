@@ -1,5 +1,6 @@
 // The kvstore-backed document store against a kvstore server on loopback whose engine takes
-// 400 ms to begin every Put: a write-back gets its own deadline (put_timeout_s), not the read's.
+// 400 ms to begin every Put: a write-back gets its own deadline (put_timeout_s), not the read's;
+// Contains on it and on the embedded store.
 #include "worker/cache/document_store.h"
 
 #include <gtest/gtest.h>
@@ -87,6 +88,32 @@ TEST_F(DocumentStoreTest, WriteBacksHaveTheirOwnDeadline) {
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->metadata, "meta");
   EXPECT_EQ(got->bytes, doc.bytes);
+}
+
+// Contains answers from the store's index (Stat), for the kvstore service and the embedded
+// engine alike.
+TEST_F(DocumentStoreTest, ContainsSaysWhatIsStored) {
+  auto remote = Open(/*get_s=*/10, /*put_s=*/10);
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  DocumentStoreOptions eo;
+  eo.spec = "embedded:" + dir_.path() + "/embedded";
+  eo.model_fingerprint = "test-model";
+  auto embedded = OpenDocumentStore(eo);
+  ASSERT_TRUE(embedded.ok()) << embedded.status();
+  const StoredDocument doc{"meta", kvstore::testing::PatternBytes(300'000, 3), ""};
+  for (DocumentStore* store : {remote->get(), embedded->get()}) {
+    SCOPED_TRACE(store->name());
+    const auto has = [&](const std::string& ns, const std::string& id) {
+      auto r = store->Contains(ns, id);
+      EXPECT_TRUE(r.ok()) << r.status();
+      return r.ok() && *r;
+    };
+    EXPECT_FALSE(has("ns", "doc"));
+    ASSERT_TRUE(store->Put("ns", "doc", doc).ok());
+    EXPECT_TRUE(has("ns", "doc"));
+    EXPECT_FALSE(has("other-ns", "doc"));
+    EXPECT_FALSE(has("ns", "other"));
+  }
 }
 
 TEST_F(DocumentStoreTest, RejectsNonPositiveDeadlines) {

@@ -29,6 +29,12 @@ class MemoryDocumentStore : public DocumentStore {
     docs[ns + "/" + id] = doc;
     return absl::OkStatus();
   }
+  absl::StatusOr<bool> Contains(const std::string &ns, const std::string &id) override {
+    absl::MutexLock l(&mu);
+    ++contains;
+    if (down) return absl::UnavailableError("store down");
+    return docs.count(ns + "/" + id) > 0;
+  }
   int Gets() {
     absl::MutexLock l(&mu);
     return gets;
@@ -40,7 +46,7 @@ class MemoryDocumentStore : public DocumentStore {
 
   absl::Mutex mu;
   std::map<std::string, StoredDocument> docs;
-  int gets = 0, puts = 0;
+  int gets = 0, puts = 0, contains = 0;
   bool down = false;
 };
 

@@ -27,7 +27,10 @@
 //                                                (skipped: store marked down,
 //                                                recomputed; slower_than_compute:
 //                                                not asked, recomputing was
-//                                                predicted cheaper: fetch_cost.h)
+//                                                predicted cheaper: fetch_cost.h;
+//                                                put already_stored: such a
+//                                                document the store holds, not
+//                                                written back)
 //   kvstore_writeback_dropped_total              write-backs dropped, queue
 //   full
 #pragma once

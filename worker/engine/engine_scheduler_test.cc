@@ -146,6 +146,7 @@ TEST(EngineSchedulerTest, DocumentsAreRecomputedWhenTheStoreIsSlowerThanComputin
 
   auto reader = WarmReader(&store);
   const int gets_before = store.Gets();
+  const int puts_before = store.Puts();
   std::vector<int64_t> store_tokens;
   for (size_t i = 0; i < ps.size(); ++i) {
     auto r = reader->RunTokens(ps[i], Options(4));
@@ -160,6 +161,14 @@ TEST(EngineSchedulerTest, DocumentsAreRecomputedWhenTheStoreIsSlowerThanComputin
   for (size_t i = 1; i < ps.size(); ++i) EXPECT_EQ(store_tokens[i], 0) << "request " << i;
   EXPECT_GE(store.Gets() - gets_before, 1);  // the prefix block, and the first document
   EXPECT_LE(store.Gets() - gets_before, 2);  // unless given up before it started
+  // The recomputed documents are in the store already: none is written back again (the
+  // engine asked the store whether it holds them).
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(store.Puts(), puts_before);
+  {
+    absl::MutexLock l(&store.mu);
+    EXPECT_GE(store.contains, 4);
+  }
 }
 
 // A kvstore whose hits take 1.5 s (as one busy with write-backs of large documents was on the

@@ -98,6 +98,9 @@ struct Scheduler::DocJob {
   // Given up for a compute while its fetch ran: the store most likely holds it, and a store
   // that slow is not sent a write-back of it.
   bool hedged = false;
+  // Not fetched (the store was predicted slower than recomputing) but the store holds it:
+  // computed without a write-back.
+  bool in_store = false;
   struct Waiter {
     std::shared_ptr<Request> request;
     int block = 0;
@@ -115,6 +118,7 @@ struct Scheduler::Fetched {
   absl::StatusOr<DecodedDocument> doc;  // tokens only (no payload) when `lease` is set
   std::string origin;                   // StoredDocument::origin on a hit
   std::shared_ptr<DeviceLease> lease;
+  bool in_store = false;  // DocJob::in_store
 };
 
 struct Scheduler::LoopTask {
@@ -863,6 +867,7 @@ void Scheduler::HandleFetched(Fetched f) {
   }
   job.state = DocJob::kNeedPages;
   job.hedge_at = Clock::time_point::max();
+  job.in_store = f.in_store;
   if (f.lease != nullptr) {
     if (f.doc.ok() && f.doc->tokens == job.tokens && !job.lease_failed) {
       job.lease = std::move(f.lease);
@@ -957,7 +962,11 @@ void Scheduler::CompleteJob(const std::shared_ptr<DocJob> &job, bool from_store)
     metrics_->computed->Increment();
     metrics_->computed_tokens->Increment(double(n));
   }
-  if (!from_store && !job->hedged && store_ != nullptr && store_->accepts_writes()) {
+  if (!from_store && job->in_store && metrics_) {
+    metrics_->KvRequests("put", "already_stored").Increment();
+  }
+  if (!from_store && !job->hedged && !job->in_store && store_ != nullptr &&
+      store_->accepts_writes()) {
     // The export copies the document's KV to the host on this thread (268 MB for 2,048 tokens
     // of an 8B model): only for a write-back that will be queued and sent. Only this thread
     // adds to the queue, so it cannot fill up between the check and the push.
@@ -1075,8 +1084,16 @@ void Scheduler::FetchLoop() {
       } else if (got.ok()) {
         f.doc = DecodeDocument(*got, config, dtype);
         f.origin = std::move(got->origin);
-      } else if (metrics_) {
-        metrics_->KvRequests("get", down ? "skipped" : "slower_than_compute").Increment();
+      } else {
+        if (metrics_) {
+          metrics_->KvRequests("get", down ? "skipped" : "slower_than_compute").Increment();
+        }
+        // Computed instead of fetched: whether a write-back would repeat what the store holds
+        // (an existence check, no bytes; a store that cannot tell gets the write-back).
+        if (!down) {
+          auto has = store_->Contains(item.ns, item.id);
+          f.in_store = has.ok() && *has;
+        }
       }
     } else {
       const auto t0 = Clock::now();

@@ -303,6 +303,11 @@ class PeerFirstStore : public DocumentStore {
     return inner_->Put(ns, id, doc);
   }
 
+  absl::StatusOr<bool> Contains(const std::string &ns, const std::string &id) override {
+    if (inner_ == nullptr) return false;  // peers keep nothing for good
+    return inner_->Contains(ns, id);
+  }
+
   bool accepts_writes() const override { return inner_ != nullptr && inner_->accepts_writes(); }
 
   void EnableDeviceLeases(const PeerPoolHandle &local) override {
