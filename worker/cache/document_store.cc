@@ -107,7 +107,10 @@ class RemoteDocumentStore : public DocumentStore {
 
   absl::StatusOr<bool> Contains(const std::string &ns, const std::string &id) override {
     const kvstore::Key key = kvstore::Key::Document(fingerprint_, ns, id);
-    auto info = client_->Stat(std::span<const kvstore::Key>(&key, 1));
+    // A check that saves a write-back is not worth a long wait on the fetch thread.
+    kvstore::CallOptions call;
+    call.timeout = absl::Seconds(1);
+    auto info = client_->Stat(std::span<const kvstore::Key>(&key, 1), call);
     if (!info.ok()) return info.status();
     auto placement = client_->Placement(key);
     if (!placement.ok()) return placement.status();
