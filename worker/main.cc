@@ -40,8 +40,8 @@ ABSL_FLAG(int, kvstore_replication, 0,
 ABSL_FLAG(double, kvstore_timeout_s, 10,
           "deadline of one document read from the kvstore (past it the document is computed)");
 ABSL_FLAG(double, kvstore_put_timeout_s, 60,
-          "deadline of one document write-back to the kvstore (background; a Put past it stores "
-          "nothing)");
+          "deadline of one document write-back to the kvstore (background; a Put past it is "
+          "abandoned)");
 ABSL_FLAG(std::string, peers, "",
           "HOST:PORT[,HOST:PORT...] of peer workers on this host, asked for a missing document "
           "before the kvstore; empty: none");

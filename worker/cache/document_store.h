@@ -113,7 +113,7 @@ struct DocumentStoreOptions {
   double call_timeout_s = 10;
   // Remote store only: deadline of one Put. Puts are the engine's background write-backs; a
   // large document (268 MB for 2,048 tokens of an 8B model) on a busy store can take longer
-  // than a read may, and a Put past its deadline stores nothing. Default 60 s.
+  // than a read may, and a Put past its deadline is abandoned. Default 60 s.
   double put_timeout_s = 60;
   // Remote store only: copies of every document over the shards, 1 .. shards; 0: the kvstore
   // client's default (2 with at least 2 shards, else 1). Every worker of one store must use
