@@ -264,6 +264,34 @@ int Main(int argc, char** argv) {
     step_ttft_ms = r.timings.ttft_ms;
   }
 
+  // One cached document's KV to the host and back (Backend::ExportKv / ImportKv: what a
+  // kvstore write-back costs the scheduler thread, and a fetch's import), its own pages.
+  Stats export_kv, import_kv;
+  double doc_kv_bytes = 0;
+  {
+    const std::string id = engine.BlockId(prompt.documents[0], "warm");
+    auto pinned = engine.PinResidentDocument(id);
+    if (!pinned.ok()) return Fail(pinned.status(), "pin a document");
+    std::string kv;
+    for (int i = 0; i < 5; ++i) {
+      kv = std::string();  // a fresh buffer each time, as the scheduler's
+      const auto t0 = std::chrono::steady_clock::now();
+      const absl::Status st = engine.backend().ExportKv(pinned->pages, pinned->num_tokens, &kv);
+      export_kv.ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+              .count());
+      if (!st.ok()) return Fail(st, "ExportKv");
+      const auto t1 = std::chrono::steady_clock::now();
+      const absl::Status in = engine.backend().ImportKv(pinned->pages, pinned->num_tokens, kv);
+      import_kv.ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1)
+              .count());
+      if (!in.ok()) return Fail(in, "ImportKv");
+    }
+    doc_kv_bytes = double(kv.size());
+    engine.UnpinDocument(id);
+  }
+
   std::printf("\n%-36s %10s %10s %10s %12s\n", "", "median ms", "min ms", "max ms", "vs LAZY");
   auto row = [&](const char* name, const Stats& s) {
     std::printf("%-36s %10.2f %10.2f %10.2f %11.1fx\n", name, s.Median(), s.Min(), s.Max(),
@@ -283,6 +311,12 @@ int Main(int argc, char** argv) {
   std::printf("%-36s %10.2f\n", "documents' encode time (cold - LAZY)", encode_ms);
   std::printf("%-36s %10.3f %10.3f %10.3f\n", "decode step, batch 1 (LAZY)", decode.Median(),
               decode.Min(), decode.Max());
+  std::printf("%-36s %10.2f %10.2f %10.2f   (%.0f MB, %.2f GB/s)\n",
+              "one document's KV to the host", export_kv.Median(), export_kv.Min(),
+              export_kv.Max(), doc_kv_bytes / 1e6, doc_kv_bytes / 1e6 / export_kv.Median());
+  std::printf("%-36s %10.2f %10.2f %10.2f   (%.2f GB/s)\n", "and back into its pages",
+              import_kv.Median(), import_kv.Min(), import_kv.Max(),
+              doc_kv_bytes / 1e6 / import_kv.Median());
   if (!steps.empty()) {
     std::printf(
         "\nwhere one LAZY request's time goes (TTFT %.2f ms), ms per forward step:\n"
@@ -320,7 +354,10 @@ int Main(int argc, char** argv) {
       << ",\n    \"materialize\": " << mat.Json() << ",\n    \"full\": " << full.Json()
       << ",\n    \"lazy_cold\": " << cold.Json() << "\n  },\n"
       << "  \"doc_encode_ms\": " << encode_ms << ",\n"
-      << "  \"decode_step_ms\": " << decode.Json() << ",\n";
+      << "  \"decode_step_ms\": " << decode.Json() << ",\n"
+      << "  \"doc_kv_bytes\": " << doc_kv_bytes << ",\n"
+      << "  \"export_kv_ms\": " << export_kv.Json() << ",\n"
+      << "  \"import_kv_ms\": " << import_kv.Json() << ",\n";
     if (!lazy_gpu.ms.empty()) {
       f << "  \"lazy_step_gpu_ms\": " << lazy_gpu.Json() << ",\n"
         << "  \"lazy_ttft_minus_gpu_ms\": " << lazy_host.Json() << ",\n";
