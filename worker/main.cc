@@ -42,6 +42,9 @@ ABSL_FLAG(double, kvstore_timeout_s, 10,
 ABSL_FLAG(double, kvstore_put_timeout_s, 60,
           "deadline of one document write-back to the kvstore (background; a Put past it is "
           "abandoned)");
+ABSL_FLAG(int64_t, kvstore_writeback_bytes, int64_t(4) << 30,
+          "host bytes of computed documents waiting for their write-back to the kvstore; "
+          "documents past it are not written back");
 ABSL_FLAG(std::string, peers, "",
           "HOST:PORT[,HOST:PORT...] of peer workers on this host, asked for a missing document "
           "before the kvstore; empty: none");
@@ -83,6 +86,7 @@ int main(int argc, char **argv) {
   options.runtime.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   options.runtime.max_running = absl::GetFlag(FLAGS_max_running);
   options.runtime.max_waiting = absl::GetFlag(FLAGS_max_waiting);
+  options.runtime.max_writeback_bytes = absl::GetFlag(FLAGS_kvstore_writeback_bytes);
   options.kvstore = absl::GetFlag(FLAGS_kvstore);
   options.kvstore_replication = absl::GetFlag(FLAGS_kvstore_replication);
   options.kvstore_timeout_s = absl::GetFlag(FLAGS_kvstore_timeout_s);

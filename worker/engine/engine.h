@@ -45,6 +45,11 @@ struct EngineOptions {
   // Optional, not owned, must outlive the engine: the store tier (pool -> store
   // -> compute).
   DocumentStore *store = nullptr;
+  // Host bytes of computed documents' KV waiting for their write-back to the store (queued or
+  // being sent: 268 MB a document for 2,048 tokens of an 8B model); a document that would go
+  // past it is not written back (lazyrag_kvstore_writeback_dropped_total). One write-back is
+  // always let through when none is pending. Default 4 GiB.
+  int64_t max_writeback_bytes = int64_t(4) << 30;
   // Optional, not owned, must outlive the engine: where the engine's metrics
   // are exported.
   metrics::Registry *registry = nullptr;

@@ -27,7 +27,8 @@ using MemoryStore = MemoryDocumentStore;
 // `wrap`: wraps the CPU backend (e.g. to count its calls).
 std::unique_ptr<Engine> MakeEngine(
     int num_pages, DocumentStore *store = nullptr, int max_waiting = 256, int max_running = 64,
-    const std::function<std::unique_ptr<Backend>(std::unique_ptr<Backend>)> &wrap = nullptr) {
+    const std::function<std::unique_ptr<Backend>(std::unique_ptr<Backend>)> &wrap = nullptr,
+    int64_t max_writeback_bytes = int64_t(4) << 30) {
   auto loaded = LoadModel("synthetic:tiny");
   EXPECT_TRUE(loaded.ok()) << loaded.status();
   auto backend = CreateCpuBackend(std::move(loaded->weights), {});
@@ -42,6 +43,7 @@ std::unique_ptr<Engine> MakeEngine(
   o.max_running = max_running;
   o.fingerprint = loaded->fingerprint;
   o.store = store;
+  o.max_writeback_bytes = max_writeback_bytes;
   auto e = Engine::Create(std::move(*backend), o);
   EXPECT_TRUE(e.ok()) << e.status();
   return std::move(*e);
@@ -275,6 +277,54 @@ TEST(EngineSchedulerTest, NoExportWhileWriteBacksArePaused) {
   EXPECT_GT(r->usage.computed_tokens, int64_t(Prompt({3}, 2).suffix.size()));
   EXPECT_EQ(backend->exports.load(), exports);
 }
+
+// A kvstore whose Puts wait until `open` is set.
+class GatedPutStore : public MemoryDocumentStore {
+ public:
+  absl::Status Put(const std::string &ns, const std::string &id,
+                   const StoredDocument &doc) override {
+    {
+      absl::MutexLock l(&gate_mu);
+      gate_mu.Await(absl::Condition(&open));
+    }
+    return MemoryDocumentStore::Put(ns, id, doc);
+  }
+  absl::Mutex gate_mu;
+  bool open = false;
+};
+
+// EngineOptions::max_writeback_bytes: host bytes of KV waiting for the store. With a bound
+// below one document, one write-back is let through while none is pending and the documents
+// computed while it is sent are neither exported nor queued; once it is sent, the next is.
+TEST(EngineSchedulerTest, WriteBacksWaitingForTheStoreAreBoundedInBytes) {
+  GatedPutStore store;
+  CountingBackend *backend = nullptr;
+  auto engine = MakeEngine(
+      1024, &store, 256, 64,
+      [&](std::unique_ptr<Backend> inner) {
+        auto b = std::make_unique<CountingBackend>(std::move(inner));
+        backend = b.get();
+        return std::unique_ptr<Backend>(std::move(b));
+      },
+      /*max_writeback_bytes=*/1);
+  ASSERT_NE(backend, nullptr);
+  // The prefix block and two documents computed; the first one's Put is held at the gate.
+  ASSERT_TRUE(engine->RunTokens(Prompt({2, 4}, 1), Options(2)).ok());
+  EXPECT_EQ(backend->exports.load(), 1);
+  {
+    absl::MutexLock l(&store.gate_mu);
+    store.open = true;
+  }
+  for (int i = 0; i < 200 && store.Puts() < 1; ++i) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(store.Puts(), 1);
+  absl::SleepFor(absl::Milliseconds(50));  // the write-back thread is done with it
+  // Nothing pending: the next computed document is exported and written back.
+  ASSERT_TRUE(engine->RunTokens(Prompt({3}, 2), Options(2)).ok());
+  EXPECT_EQ(backend->exports.load(), 2);
+  for (int i = 0; i < 200 && store.Puts() < 2; ++i) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(store.Puts(), 2);
+}
+
 
 TEST(EngineSchedulerTest, PagePressurePreemptsWithoutChangingOutputs) {
   const auto ps = Workload();

@@ -67,6 +67,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
   eo.max_batch_tokens = o.max_batch_tokens;
   eo.max_running = o.max_running;
   eo.max_waiting = o.max_waiting;
+  eo.max_writeback_bytes = o.max_writeback_bytes;
   eo.registry = o.registry;
   if (o.store_factory) {
     auto store = o.store_factory(rt->fingerprint);

@@ -976,8 +976,10 @@ void Scheduler::CompleteJob(const std::shared_ptr<DocJob> &job, bool from_store)
       paused = NowMs() < std::max(store_down_until_ms_, writes_down_until_ms_);
     }
     {
+      const int64_t bytes = backend_->BytesPerPage() * n / std::max(1, backend_->page_size());
       absl::MutexLock l(&wb_mu_);
-      full = wb_queue_.size() >= kMaxWriteBacks;
+      full = wb_queue_.size() >= kMaxWriteBacks ||
+             (wb_pending_bytes_ > 0 && wb_pending_bytes_ + bytes > options_.max_writeback_bytes);
     }
     if (paused) {
       if (metrics_) metrics_->KvRequests("put", "skipped").Increment();
@@ -988,6 +990,7 @@ void Scheduler::CompleteJob(const std::shared_ptr<DocJob> &job, bool from_store)
       absl::Status st = backend_->ExportKv(job->pages, int(n), &payload);
       if (st.ok()) {
         absl::MutexLock l(&wb_mu_);
+        wb_pending_bytes_ += int64_t(payload.size());
         wb_queue_.push_back(WriteBack{job->ns, job->id, job->tokens, std::move(payload)});
       } else {
         LOG_WARNING << "export of document " << job->id << " failed: " << st;
@@ -1147,6 +1150,15 @@ void Scheduler::WriteBackLoop() {
       wb = std::move(wb_queue_.front());
       wb_queue_.pop_front();
     }
+    // Pending until sent (or skipped): the payload and its encoded copy live until then.
+    struct Done {
+      Scheduler *s;
+      int64_t bytes;
+      ~Done() {
+        absl::MutexLock l(&s->wb_mu_);
+        s->wb_pending_bytes_ -= bytes;
+      }
+    } done{this, int64_t(wb.payload.size())};
     bool skip = false;
     {
       absl::MutexLock l(&fetch_mu_);

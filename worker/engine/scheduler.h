@@ -170,6 +170,8 @@ class Scheduler {
   absl::Mutex wb_mu_;
   bool wb_stop_ ABSL_GUARDED_BY(wb_mu_) = false;
   std::deque<WriteBack> wb_queue_ ABSL_GUARDED_BY(wb_mu_);
+  // Payload bytes queued or being sent (EngineOptions::max_writeback_bytes).
+  int64_t wb_pending_bytes_ ABSL_GUARDED_BY(wb_mu_) = 0;
 
   std::thread loop_thread_;
   std::thread fetch_thread_;
