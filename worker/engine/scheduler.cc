@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -970,11 +971,8 @@ void Scheduler::CompleteJob(const std::shared_ptr<DocJob> &job, bool from_store)
     // The export copies the document's KV to the host on this thread (268 MB for 2,048 tokens
     // of an 8B model): only for a write-back that will be queued and sent. Only this thread
     // adds to the queue, so it cannot fill up between the check and the push.
-    bool paused = false, full = false;
-    {
-      absl::MutexLock l(&fetch_mu_);
-      paused = NowMs() < std::max(store_down_until_ms_, writes_down_until_ms_);
-    }
+    const bool paused = WritesPaused();
+    bool full = false;
     {
       const int64_t bytes = backend_->BytesPerPage() * n / std::max(1, backend_->page_size());
       absl::MutexLock l(&wb_mu_);
@@ -1137,6 +1135,11 @@ void Scheduler::FetchLoop() {
   }
 }
 
+bool Scheduler::WritesPaused() {
+  absl::MutexLock l(&fetch_mu_);
+  return NowMs() < std::max(store_down_until_ms_, writes_down_until_ms_);
+}
+
 void Scheduler::WriteBackLoop() {
   for (;;) {
     WriteBack wb;
@@ -1151,20 +1154,12 @@ void Scheduler::WriteBackLoop() {
       wb_queue_.pop_front();
     }
     // Pending until sent (or skipped): the payload and its encoded copy live until then.
-    struct Done {
-      Scheduler *s;
-      int64_t bytes;
-      ~Done() {
-        absl::MutexLock l(&s->wb_mu_);
-        s->wb_pending_bytes_ -= bytes;
-      }
-    } done{this, int64_t(wb.payload.size())};
-    bool skip = false;
-    {
-      absl::MutexLock l(&fetch_mu_);
-      skip = NowMs() < std::max(store_down_until_ms_, writes_down_until_ms_);
-    }
-    if (skip) {
+    const int64_t bytes = int64_t(wb.payload.size());
+    absl::Cleanup sent = [this, bytes] {
+      absl::MutexLock l(&wb_mu_);
+      wb_pending_bytes_ -= bytes;
+    };
+    if (WritesPaused()) {
       if (metrics_) metrics_->KvRequests("put", "skipped").Increment();
       continue;
     }

@@ -120,6 +120,8 @@ class Scheduler {
 
   void FetchLoop();
   void WriteBackLoop();
+  // Write-backs are skipped for a while after the store failed a call (kStoreDownMs).
+  bool WritesPaused();
 
   Backend *backend_;
   DocumentTable *table_;
