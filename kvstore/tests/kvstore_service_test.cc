@@ -17,6 +17,7 @@
 #include "kvstore/kv_engine.h"
 #include "kvstore/kvstore_metrics.h"
 #include "kvstore/kvstore_server.h"
+#include "kvstore/tests/forwarding_engine.h"
 #include "kvstore/tests/test_util.h"
 #include "lazyrag/v1/kvstore.grpc.pb.h"
 
@@ -29,24 +30,16 @@ using testing::TempDir;
 
 // Wraps an engine; can flip a byte of every chunk it reads *after* the engine verified it,
 // which is what a corruption between server and client looks like.
-class FaultInjectingEngine final : public KvEngine {
+class FaultInjectingEngine final : public testing::ForwardingEngine {
  public:
-  explicit FaultInjectingEngine(std::unique_ptr<KvEngine> inner) : inner_(std::move(inner)) {}
+  using ForwardingEngine::ForwardingEngine;
   std::atomic<bool> corrupt_reads{false};
 
-  absl::StatusOr<std::unique_ptr<PutSession>> BeginPut(std::string_view key,
-                                                       const ValueLayout& layout) override {
-    return inner_->BeginPut(key, layout);
-  }
   absl::StatusOr<std::unique_ptr<ValueReader>> Open(std::string_view key) override {
-    auto reader = inner_->Open(key);
+    auto reader = ForwardingEngine::Open(key);
     if (!reader.ok()) return reader.status();
     return std::unique_ptr<ValueReader>(new Reader(std::move(reader).value(), this));
   }
-  absl::StatusOr<KeyStat> Stat(std::string_view key) override { return inner_->Stat(key); }
-  absl::StatusOr<bool> Delete(std::string_view key) override { return inner_->Delete(key); }
-  absl::StatusOr<uint64_t> EvictTo(uint64_t target) override { return inner_->EvictTo(target); }
-  EngineUsage Usage() const override { return inner_->Usage(); }
 
  private:
   class Reader final : public ValueReader {
@@ -64,7 +57,6 @@ class FaultInjectingEngine final : public KvEngine {
     std::unique_ptr<ValueReader> inner_;
     FaultInjectingEngine* engine_;
   };
-  std::unique_ptr<KvEngine> inner_;
 };
 
 class KvStoreServiceTest : public ::testing::Test {

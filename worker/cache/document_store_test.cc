@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "kvstore/kv_engine.h"
 #include "kvstore/kvstore_server.h"
+#include "kvstore/tests/forwarding_engine.h"
 #include "kvstore/tests/test_util.h"
 
 namespace lazyrag {
@@ -17,24 +18,14 @@ namespace {
 
 constexpr absl::Duration kPutDelay = absl::Milliseconds(400);
 
-class SlowPutEngine final : public kvstore::KvEngine {
+class SlowPutEngine final : public kvstore::testing::ForwardingEngine {
  public:
-  explicit SlowPutEngine(std::unique_ptr<kvstore::KvEngine> inner) : inner_(std::move(inner)) {}
+  using ForwardingEngine::ForwardingEngine;
   absl::StatusOr<std::unique_ptr<kvstore::PutSession>> BeginPut(
       std::string_view key, const kvstore::ValueLayout& layout) override {
     absl::SleepFor(kPutDelay);
-    return inner_->BeginPut(key, layout);
+    return ForwardingEngine::BeginPut(key, layout);
   }
-  absl::StatusOr<std::unique_ptr<kvstore::ValueReader>> Open(std::string_view key) override {
-    return inner_->Open(key);
-  }
-  absl::StatusOr<kvstore::KeyStat> Stat(std::string_view key) override { return inner_->Stat(key); }
-  absl::StatusOr<bool> Delete(std::string_view key) override { return inner_->Delete(key); }
-  absl::StatusOr<uint64_t> EvictTo(uint64_t target) override { return inner_->EvictTo(target); }
-  kvstore::EngineUsage Usage() const override { return inner_->Usage(); }
-
- private:
-  std::unique_ptr<kvstore::KvEngine> inner_;
 };
 
 class DocumentStoreTest : public ::testing::Test {
