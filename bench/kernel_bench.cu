@@ -735,6 +735,13 @@ int Main(int argc, char** argv) {
   std::mt19937 rng(1234);
   std::vector<Result> results;
   PrintClusterCapacity();
+  {
+    bool fits = false;
+    std::string report;
+    BENCH_OK(DecodeSplitMergeResidency(&fits, &report));
+    std::printf("split merge beside the b1 decode: %s (%s)\n", fits ? "resident" : "NOT resident",
+                report.c_str());
+  }
 
   const Ceilings ceil = MeasureCeilings(iters, prop.multiProcessorCount);
   const double copy_tbs = ceil.CopyTbs();

@@ -696,6 +696,10 @@ bool WgmmaPrefillSupported();
 absl::Status LaunchPrefillWgmma128(const AttentionKernelParams& kp, int blocks, int key_tile,
                                    cudaStream_t stream);
 
+// The attributes of the merge kernel a batch-1 decode (head dim 128, one merge block per SM at
+// most) launches, and its threads per block.
+absl::Status SmallMergeKernelAttributes(cudaFuncAttributes* attr, int* threads);
+
 // Combines the partial results of kp.num_splits splits into kp.out (only when > 1 split).
 absl::Status LaunchMergeSplits(const AttentionKernelParams& kp, int num_q, int head_dim,
                                cudaStream_t stream);

@@ -690,6 +690,20 @@ TEST(LazyAttention, DecodeWarpPipesMatchBlockTiles) {
       });
 }
 
+// The batch-1 split merge's blocks must fit beside two decode blocks on a multiprocessor, so
+// that they are resident and waiting before the decode grid ends (2.1 us per chained launch on
+// an H200 when they were not): a guard against the decode kernel growing its registers or
+// shared memory past the room it leaves.
+TEST(LazyAttention, DecodeLeavesRoomForTheSplitMerge) {
+  SKIP_WITHOUT_GPU();
+  bool fits = false;
+  std::string report;
+  const absl::Status st = DecodeSplitMergeResidency(&fits, &report);
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_TRUE(fits) << report;
+  std::printf("%s\n", report.c_str());
+}
+
 // stable_history: the decode kernel copies its first K/V tiles before waiting for the kernel
 // launched just before it, except those holding the query's own key. Here that kernel writes
 // the queries' own K/V rows (NaN until then) 20 us after letting the decode start, as the

@@ -207,6 +207,12 @@ absl::Status MakeKernelParams(const LazyAttentionParams& params, int base_blocks
   return absl::OkStatus();
 }
 
+absl::Status SmallMergeKernelAttributes(cudaFuncAttributes* attr, int* threads) {
+  *threads = kMergeThreads;
+  LAZYRAG_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(attr, MergeSplitsKernel<128, true>));
+  return absl::OkStatus();
+}
+
 absl::Status LaunchMergeSplits(const AttentionKernelParams& kp, int num_q, int head_dim,
                                cudaStream_t stream) {
   if (kp.num_splits <= 1 || num_q == 0) return absl::OkStatus();

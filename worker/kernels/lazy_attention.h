@@ -25,6 +25,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "worker/backend/cpu/attention_cpu.h"  // AttentionShape, KeyLayout
@@ -140,6 +141,15 @@ bool LazyAttentionPrefillUsesWs(const LazyAttentionParams& params);
 // Flash-decoding: the KV of each (request, KV head) is split so that the grid fills the GPU,
 // then a merge kernel combines the partial results.
 absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t stream);
+
+// Whether a block of the batch-1 split merge kernel fits on a multiprocessor of the current
+// device beside two blocks of the decode kernel that batch 1 runs (head dim 128, warp
+// pipelines): registers (at the allocation granularity), shared memory, warps. It must: the
+// merge blocks are then resident, waiting for the decode grid, before it ends; without room
+// for them each chained decode b1 launch took 18.3 instead of 16.1 us on an H200 (2026-11-30,
+// bench/README v14), so the decode kernel has ~16 registers per thread to spare. `report`
+// says what each side uses and what the multiprocessor has.
+absl::Status DecodeSplitMergeResidency(bool* fits, std::string* report);
 
 // Checks the parameters as the launchers do (no device access). INVALID_ARGUMENT on error.
 absl::Status ValidateLazyAttentionParams(const LazyAttentionParams& params, bool decode);

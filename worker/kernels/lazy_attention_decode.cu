@@ -324,6 +324,37 @@ absl::Status ReadDecodeTrace(int blocks, std::vector<uint64_t>* out, int slot) {
 #endif
 }  // namespace detail
 
+absl::Status DecodeSplitMergeResidency(bool* fits, std::string* report) {
+  using Cfg = detail::DecodeConfig<128>;
+  cudaFuncAttributes dec = {}, mrg = {};
+  LAZYRAG_CUDA_RETURN_IF_ERROR(
+      cudaFuncGetAttributes(&dec, detail::LazyDecodeKernel<128, false, true>));
+  int mrg_threads = 0;
+  RETURN_IF_ERROR(detail::SmallMergeKernelAttributes(&mrg, &mrg_threads));
+  int dev = 0;
+  LAZYRAG_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  cudaDeviceProp prop = {};
+  LAZYRAG_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, dev));
+  // Registers are allocated per warp in units of 256; shared memory per block includes the
+  // driver's reserved bytes.
+  const auto warp_regs = [](int per_thread) { return (per_thread * 32 + 255) / 256 * 256; };
+  const int dec_warps = Cfg::kThreads / 32, mrg_warps = (mrg_threads + 31) / 32;
+  const int64_t regs = 2 * dec_warps * warp_regs(dec.numRegs) + mrg_warps * warp_regs(mrg.numRegs);
+  const int64_t reserved = int64_t(prop.reservedSharedMemPerBlock);
+  const int64_t smem = 2 * (Cfg::kSmemBytes + int64_t(dec.sharedSizeBytes) + reserved) +
+                       int64_t(mrg.sharedSizeBytes) + reserved;
+  const int warps = 2 * dec_warps + mrg_warps;
+  *fits = regs <= prop.regsPerMultiprocessor && smem <= int64_t(prop.sharedMemPerMultiprocessor) &&
+          warps * 32 <= prop.maxThreadsPerMultiProcessor;
+  *report = absl::StrCat("2 decode blocks (", dec.numRegs, " registers per thread, ",
+                         Cfg::kSmemBytes + dec.sharedSizeBytes, " B shared) + 1 merge block (",
+                         mrg.numRegs, " registers, ", mrg.sharedSizeBytes, " B): ", regs, " of ",
+                         prop.regsPerMultiprocessor, " registers, ", smem, " of ",
+                         prop.sharedMemPerMultiprocessor, " B shared, ", warps * 32, " of ",
+                         prop.maxThreadsPerMultiProcessor, " threads");
+  return absl::OkStatus();
+}
+
 absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t stream) {
   RETURN_IF_ERROR(ValidateLazyAttentionParams(params, /*decode=*/true));
   const SegmentView& v = params.view;
