@@ -259,7 +259,12 @@ absl::Status RocksPutSession::AddChunk(uint32_t index, std::string_view data, ui
   rocksdb::WriteBatch batch(k.size() + data.size() + 64);
   rocksdb::Status s =
       batch.Put(rocksdb::SliceParts(&key_part, 1), rocksdb::SliceParts(value_parts, 2));
-  if (s.ok()) s = engine_->db()->Write(rocksdb::WriteOptions(), &batch);
+  // Chunks skip the write-ahead log: nothing points to them until the commit, which first
+  // flushes them into blob files (Commit), so the value is written to disk once, not twice. A
+  // crash before that loses only chunks no header refers to.
+  rocksdb::WriteOptions wo;
+  wo.disableWAL = true;
+  if (s.ok()) s = engine_->db()->Write(wo, &batch);
   RETURN_IF_ERROR(FromRocks(s, "writing a chunk"));
   ++added_;
   return absl::OkStatus();
@@ -270,6 +275,12 @@ absl::StatusOr<bool> RocksPutSession::Commit() {
     return absl::FailedPreconditionError(
         absl::StrCat("commit after ", added_, " of ", layout_.num_chunks, " chunks"));
   }
+  // The chunks (written without the log) reach their files before the header that makes them
+  // visible is written.
+  rocksdb::FlushOptions fo;
+  fo.wait = true;
+  fo.allow_write_stall = true;
+  RETURN_IF_ERROR(FromRocks(engine_->db()->Flush(fo), "flushing a put's chunks"));
   auto replaced = engine_->CommitPut(key_, layout_, gen_);
   if (replaced.ok()) committed_ = true;
   return replaced;
