@@ -10,7 +10,9 @@
 // to, then commits with ONE WriteBatch holding the new header, the deletion of the previous
 // generation's chunks and any evictions. Readers go through the header, so they see the old
 // value or the new one, never a mix. A crash before the commit leaves unreferenced chunks,
-// which the next open deletes. Readers use a RocksDB snapshot, so a value being replaced or
+// which the next open deletes. Chunks are written without the write-ahead log and flushed into
+// blob files just before the commit, so a value reaches the disk once and the commit's sync
+// covers only the small batch. Readers use a RocksDB snapshot, so a value being replaced or
 // evicted while it streams out stays readable to the end.
 #include <algorithm>
 #include <atomic>
