@@ -95,7 +95,9 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     if (kWarpPipes) w.j += key0;
     l.Prefetch(w, v, load_tid);
   };
-  Loader loader;
+  Loader loader;    // page ids of the next tile to copy
+  Loader ids_next;  // and of the one after it (tile `ids_prod`)
+  TileCursor<kBlockN> ids_prod;
   const int64_t token_stride = int64_t(p.num_kv_heads) * D;
   const int head_off = kvh * D;
   {
@@ -125,6 +127,13 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
         }
       }
     }
+    // The page ids of the two tiles after the prologue, also before the wait: the loop issues
+    // a tile's copies two iterations after its ids were requested (ids_next below), so no
+    // page-table round trip sits between the wait and a copy, nor between two iterations.
+    prefetch(loader, prod);
+    ids_prod = prod;
+    if (ids_prod.valid) ids_prod.Next(plan, v);
+    prefetch(ids_next, ids_prod);
     PdlWait();
     LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 1);
     // Raw query rows (row r = head kvh * group + r; rows >= group zero). Block tiles: by
@@ -162,7 +171,6 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
       __syncthreads();
     }
   }
-  prefetch(loader, prod);
   LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 4);
 
   float o[D / 8][4];
@@ -189,8 +197,9 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
                  v_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes + slice, p.k_cache,
                  p.v_cache, token_stride, head_off, load_tid);
     CpAsyncCommit();
-    if (prod.valid) prod.Next(plan, v);
-    prefetch(loader, prod);
+    loader = ids_next;
+    if (ids_prod.valid) ids_prod.Next(plan, v);
+    prefetch(ids_next, ids_prod);
 
     char* kt = k_smem + stage * Cfg::kTileBytes;
     char* vt = v_smem + stage * Cfg::kTileBytes;
