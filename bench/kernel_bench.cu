@@ -810,6 +810,21 @@ int Main(int argc, char** argv) {
                            4.0 * kHeads * kHeadDim * double(s.kv_len)});
       }
     }
+    // --decode-b1: the split count forced around the launcher's choice (which fills the GPU
+    // with two blocks per multiprocessor): fewer splits leave room for the next launch's
+    // blocks beside the running ones, more give each block less to read.
+    if (batch == 1 && decode_b1) {
+      for (int splits : {8, 16, 24, 28, 40, 48}) {
+        const double sp_ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+          LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
+          p.num_splits = splits;
+          BENCH_OK(LazyAttentionDecode(p, st));
+        });
+        results.push_back({"decode_b1", "decode", 1, 1, s.kv_len,
+                           "lazy_splits" + std::to_string(splits), sp_ms, s.KvBytes(),
+                           4.0 * kHeads * kHeadDim * double(s.kv_len)});
+      }
+    }
   }
   if (decode_b1) return Report(results, prop, copy_tbs, read_tbs, out_path);
   // 32-token query blocks: the launcher's choice for every variant (lazy and zero_deltas run
