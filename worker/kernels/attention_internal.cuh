@@ -577,8 +577,8 @@ struct TileCursor {
 
 // Gathers one K tile and one V tile (kBlockN key rows of one KV head) from the page pool
 // into shared memory with 16-byte cp.async. Thread `tid` moves chunk tid % (D/8) of rows
-// tid / (D/8) + i * kRowsPerPass. The page ids of the next tile are fetched (Prefetch) one
-// tile ahead of the copy (Issue), so their latency hides behind a tile of math.
+// tid / (D/8) + i * kRowsPerPass. The page ids of a tile are fetched (Prefetch) ahead of its
+// copy (Issue), so their latency hides behind math (the decode kernel: two tiles ahead).
 // kSw128: store in the wgmma layout (Sw128Offset, D = 128 only) instead of TileOffset.
 template <int D, int kBlockN, int kThreads, bool kSw128 = false>
 struct KvTileLoader {

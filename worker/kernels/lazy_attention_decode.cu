@@ -12,6 +12,8 @@
 // and a warp never waits for the others; same arithmetic in the same order (bit-identical). The
 // default where it applies (DecodeKernel::kAuto). With LazyAttentionParams::stable_history it
 // also issues the copies of its first tiles below the query's position before the PDL wait.
+// Page ids are requested two tiles ahead of their copies, the first ones before the wait, so no
+// page-table round trip sits on the path after it (batch 1 on the H200: 16.1 -> 15.6 us).
 #include "common/status.h"
 #include "worker/kernels/attention_internal.cuh"
 #include "worker/kernels/attention_trace.cuh"
