@@ -53,6 +53,7 @@ constexpr int kDocs = 5, kDocLen = 2040, kOwnLen = 40;  // 10,240 tokens of cont
 
 // The prefill kernel of rows that do not force one (--prefill-kernel).
 PrefillKernel g_default_prefill_kernel = PrefillKernel::kAuto;
+DecodeKernel g_default_decode_kernel = DecodeKernel::kAuto;  // --decode-kernel
 
 const char* VariantName(PrefillKernel kernel) {
   switch (kernel) {
@@ -281,6 +282,7 @@ struct AttentionSetup {
     p.workspace = workspace;
     p.workspace_bytes = workspace_bytes;
     p.prefill_kernel = g_default_prefill_kernel;
+    p.decode_kernel = g_default_decode_kernel;
     p.num_pages = num_pages;
     // As the engine: nothing before a launch writes the cached keys (the previous launch
     // writes only `out` and the split scratch).
@@ -701,6 +703,10 @@ int Main(int argc, char** argv) {
       trace = true;
     } else if (!std::strcmp(argv[i], "--decode-b1")) {
       decode_b1 = true;
+    } else if (!std::strcmp(argv[i], "--decode-kernel") && i + 1 < argc &&
+               (!std::strcmp(argv[i + 1], "auto") || !std::strcmp(argv[i + 1], "tma"))) {
+      g_default_decode_kernel =
+          !std::strcmp(argv[++i], "tma") ? DecodeKernel::kWarpPipesTma : DecodeKernel::kAuto;
     } else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) {
       iters = std::max(1, std::atoi(argv[++i]));
     } else if (!std::strcmp(argv[i], "--prefill-kernel") && i + 1 < argc &&
@@ -710,7 +716,7 @@ int Main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--out PATH] [--iters N] [--prefill-kernel auto|mma] [--trace] "
-                   "[--decode-b1]\n",
+                   "[--decode-b1] [--decode-kernel auto|tma]\n",
                    argv[0]);
       return 2;
     }
@@ -784,6 +790,15 @@ int Main(int argc, char** argv) {
     });
     results.push_back({"decode_b" + std::to_string(batch), "decode", batch, 1, s.kv_len,
                        "lazy_block_tiles", ms, s.KvBytes(),
+                       4.0 * batch * kHeads * kHeadDim * double(s.kv_len)});
+    // The warp pipes with TMA copies (DecodeKernel::kWarpPipesTma).
+    const double tma_ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+      LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
+      p.decode_kernel = DecodeKernel::kWarpPipesTma;
+      BENCH_OK(LazyAttentionDecode(p, st));
+    });
+    results.push_back({"decode_b" + std::to_string(batch), "decode", batch, 1, s.kv_len,
+                       "lazy_tma", tma_ms, s.KvBytes(),
                        4.0 * batch * kHeads * kHeadDim * double(s.kv_len)});
     // The default kernel with every K/V read after PdlWait (stable_history off).
     const double wait_ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {

@@ -665,7 +665,9 @@ TEST(LazyAttention, Batch1LongContextAutoSplits) {
 // The decode kernel with per-warp pipelines (DecodeKernel::kWarpPipes: each warp loads its own
 // 16 keys of every tile, no block barrier in the loop) does the block-tile kernel's arithmetic
 // in the same order: bit for bit, and against the CPU; batch 1 over 5 long documents and a
-// batch of 5 requests, pages 16 and 64, groups 4 and 8, automatic and forced splits.
+// batch of 5 requests, pages 16 and 64, groups 4 and 8, automatic and forced splits. The same
+// for the TMA warp pipes (DecodeKernel::kWarpPipesTma), whose slices past a segment's end hold
+// the pool's NaN (unwritten slots) and must be masked and zeroed.
 TEST(LazyAttention, DecodeWarpPipesMatchBlockTiles) {
   GPU_TEST_SETUP(rng);
   ForPageSizesAndGroups(
@@ -685,6 +687,9 @@ TEST(LazyAttention, DecodeWarpPipesMatchBlockTiles) {
             const std::vector<float> warp = RunGpu(*prob, pool, run);
             ExpectClose(warp, ref, "warp pipelines " + what);
             EXPECT_EQ(warp, block) << "warp pipelines vs block tiles " << what;
+            run.decode_kernel = DecodeKernel::kWarpPipesTma;
+            const std::vector<float> tma = RunGpu(*prob, pool, run);
+            EXPECT_EQ(tma, block) << "TMA warp pipelines vs block tiles " << what;
           }
         }
       });
@@ -724,10 +729,15 @@ TEST(LazyAttention, DecodeStableHistoryWaitsForTheStepsRows) {
     for (const auto& [name, prob] : problems) {
       const std::vector<float> ref = RunCpu(*prob, pool, KeyLayout::kRotatedLocal);
       for (int splits : {0, 1, 7, 40}) {
-        GpuRun run{true, KeyLayout::kRotatedLocal, splits};
-        run.stable_history = true;
-        run.late_rows = GpuRun::LateRows::kStepRows;
-        ExpectClose(RunGpu(*prob, pool, run), ref, absl::StrCat(name, " splits=", splits));
+        for (DecodeKernel kernel : {DecodeKernel::kAuto, DecodeKernel::kWarpPipesTma}) {
+          GpuRun run{true, KeyLayout::kRotatedLocal, splits};
+          run.stable_history = true;
+          run.late_rows = GpuRun::LateRows::kStepRows;
+          run.decode_kernel = kernel;
+          ExpectClose(RunGpu(*prob, pool, run), ref,
+                      absl::StrCat(name, " splits=", splits, " tma=",
+                                   kernel == DecodeKernel::kWarpPipesTma));
+        }
       }
     }
   }

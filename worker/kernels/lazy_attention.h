@@ -68,6 +68,10 @@ enum class DecodeKernel {
   // 16 keys of every tile in its own cp.async ring, so the loop has no block barrier and the
   // four warps drift apart instead of waiting for the slowest. Bit-identical to kBlockTiles.
   kWarpPipes,
+  // kWarpPipes with each warp's 16 rows copied by TMA (lane 0, four boxes, one mbarrier per
+  // stage) instead of 32 lanes of cp.async, where page_size is a multiple of 16 (else
+  // kWarpPipes). Bit-identical to kBlockTiles. Experimental: measured beside kWarpPipes.
+  kWarpPipesTma,
 };
 
 struct LazyAttentionParams {

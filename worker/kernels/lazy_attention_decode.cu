@@ -17,6 +17,7 @@
 #include "common/status.h"
 #include "worker/kernels/attention_internal.cuh"
 #include "worker/kernels/attention_trace.cuh"
+#include "worker/kernels/decode_tma_slice.cuh"
 #include "worker/kernels/lazy_attention.h"
 
 namespace lazyrag::kernels {
@@ -44,9 +45,13 @@ struct DecodeConfig {
       kQBytes + 2 * kStages * kTileBytes + (D / 2) * 4 + int(sizeof(SplitPlan));
 };
 
-template <int D, bool kRotateKeys, bool kWarpPipes>
-__device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char* smem) {
+// kTma (warp pipelines, head dim 128 only): the slices are copied by TMA (decode_tma_slice.cuh,
+// `maps`) instead of cp.async; same arithmetic in the same order.
+template <int D, bool kRotateKeys, bool kWarpPipes, bool kTma = false>
+__device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char* smem_raw,
+                                           const TmaMaps* maps = nullptr) {
   static_assert(!(kRotateKeys && kWarpPipes), "key rotation works on whole tiles");
+  static_assert(!kTma || (kWarpPipes && D == 128), "TMA slices are warp-pipe rows of 256 bytes");
   using Cfg = DecodeConfig<D>;
   constexpr int kBlockN = Cfg::kBlockN, kStages = Cfg::kStages, kThreads = Cfg::kThreads;
   constexpr int kWarps = Cfg::kWarps;
@@ -58,11 +63,17 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   const int split = blockIdx.y;
   const int group = p.group, H = p.num_heads;
 
+  // kTma: the K/V stages 1024-byte aligned (Q is 4 KiB in front of them).
+  char* smem =
+      kTma ? smem_raw + ((1024u - (SmemAddr(smem_raw) & 1023u)) & 1023u) : smem_raw;
   char* q_smem = smem;
   char* k_smem = smem + Cfg::kQBytes;
   char* v_smem = k_smem + kStages * Cfg::kTileBytes;
   float* freq_smem = reinterpret_cast<float*>(v_smem + kStages * Cfg::kTileBytes);
   SplitPlan* plan = reinterpret_cast<SplitPlan*>(freq_smem + D / 2);
+  // kTma: this warp's mbarrier of stage st at bars + 8 * st (8-byte aligned after the plan).
+  const uint32_t bars =
+      ((SmemAddr(plan + 1) + 7u) & ~7u) + uint32_t((tid / 32) * kStages * 8);
 
   LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 0);
   PdlLaunchDependents();
@@ -79,6 +90,11 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   const int pos = v.q_pos[q_row];
   for (int i = tid; i < D / 2; i += kThreads) freq_smem[i] = p.inv_freq[i];
   if (warp == 0) PlanSplit<kBlockN>(v, s_first, s_end, pos, split, p.num_splits, plan, lane);
+  if (kTma && lane == 0) {
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) MbarInit(bars + 8 * st, 1);
+    MbarInitFence();
+  }
   __syncthreads();
   LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 2);
   LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 3);
@@ -89,7 +105,8 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   const int key0 = warp * 16;  // this warp's keys within every tile
   // Block tiles: all threads move each 64-key tile. Warp pipelines: each warp moves only its
   // own 16 rows of every tile (the rows it consumes), so it needs no other warp's copies.
-  using Loader = KvTileLoader<D, kWarpPipes ? 16 : kBlockN, kWarpPipes ? 32 : kThreads>;
+  using Loader = std::conditional_t<
+      kTma, DecodeTmaSlice, KvTileLoader<D, kWarpPipes ? 16 : kBlockN, kWarpPipes ? 32 : kThreads>>;
   const int load_tid = kWarpPipes ? lane : tid;
   const int slice = kWarpPipes ? key0 * D * 2 : 0;  // bytes: TileOffset<D>(key0 + r, c)
   const auto prefetch = [&](Loader& l, const TileCursor<kBlockN>& c) {
@@ -102,6 +119,18 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   TileCursor<kBlockN> ids_prod;
   const int64_t token_stride = int64_t(p.num_kv_heads) * D;
   const int head_off = kvh * D;
+  // Copies of the tile whose page ids `l` holds into stage st: one commit group (cp.async) or
+  // the stage's mbarrier (TMA).
+  const auto issue = [&](const Loader& l, int st) {
+    if constexpr (kTma) {
+      l.Issue(SmemAddr(k_smem + st * Cfg::kTileBytes + slice),
+              SmemAddr(v_smem + st * Cfg::kTileBytes + slice), bars + 8 * st, *maps, kvh, lane);
+    } else {
+      l.Issue(k_smem + st * Cfg::kTileBytes + slice, v_smem + st * Cfg::kTileBytes + slice,
+              p.k_cache, p.v_cache, token_stride, head_off, load_tid);
+      CpAsyncCommit();
+    }
+  };
   {
     // Prologue: the page ids of the first kStages - 1 tiles are fetched together (one round
     // trip, not one per tile), then their copies issued.
@@ -121,12 +150,7 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     if constexpr (kWarpPipes) {
 #pragma unroll
       for (int st = 0; st < kStages - 1; ++st) {
-        if (st < early) {
-          first[st].Issue(k_smem + st * Cfg::kTileBytes + slice,
-                          v_smem + st * Cfg::kTileBytes + slice, p.k_cache, p.v_cache,
-                          token_stride, head_off, load_tid);
-          CpAsyncCommit();
-        }
+        if (st < early) issue(first[st], st);
       }
     }
     // The page ids of the two tiles after the prologue, also before the wait: the loop issues
@@ -153,12 +177,7 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     }
 #pragma unroll
     for (int st = 0; st < kStages - 1; ++st) {
-      if (st >= early) {
-        first[st].Issue(k_smem + st * Cfg::kTileBytes + slice,
-                        v_smem + st * Cfg::kTileBytes + slice, p.k_cache, p.v_cache, token_stride,
-                        head_off, load_tid);
-        CpAsyncCommit();
-      }
+      if (st >= early) issue(first[st], st);
     }
     if constexpr (kWarpPipes) {
       for (int it = tid; it < 16 * (D / 8); it += kThreads) {
@@ -182,9 +201,20 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   uint32_t qf[D / 16][4];
   int q_seg = -1;
   int stage = 0;
+  uint32_t phases = 0;  // kTma: the parity each stage's mbarrier completes next
 
   while (cons.valid) {
-    CpAsyncWait<kStages - 2>();
+    // kTma: rows of this warp's slice that were copied (<= 0: none, nothing to wait for).
+    int slice_rows = kSliceRows;
+    if constexpr (kTma) {
+      slice_rows = min(kSliceRows, cons.j_end - cons.j - key0);
+      if (slice_rows > 0) {
+        MbarWait(bars + 8 * stage, (phases >> stage) & 1u);
+        phases ^= 1u << stage;
+      }
+    } else {
+      CpAsyncWait<kStages - 2>();
+    }
     // Warp pipelines: this warp's copies landed and its lanes are done with the stage refilled
     // next; no other warp is involved.
     if constexpr (kWarpPipes) {
@@ -195,16 +225,26 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
 #ifdef LAZYRAG_ATTN_TRACE
     if (stage == 0 && q_seg < 0) LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 5);
 #endif
-    loader.Issue(k_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes + slice,
-                 v_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes + slice, p.k_cache,
-                 p.v_cache, token_stride, head_off, load_tid);
-    CpAsyncCommit();
+    issue(loader, (stage + kStages - 1) % kStages);
     loader = ids_next;
     if (ids_prod.valid) ids_prod.Next(plan, v);
     prefetch(ids_next, ids_prod);
 
     char* kt = k_smem + stage * Cfg::kTileBytes;
     char* vt = v_smem + stage * Cfg::kTileBytes;
+    if constexpr (kTma) {
+      // V rows past the copied ones hold other tokens' or never-written bytes (0 x NaN would
+      // poison P V; their scores are masked). Fenced for the stage's next copies (async proxy).
+      if (slice_rows < kSliceRows) {
+        const int r0 = max(slice_rows, 0);
+        for (int i = lane; i < (kSliceRows - r0) * (D / 8); i += 32) {
+          *reinterpret_cast<uint4*>(vt + slice + SliceOffset(r0 + i / (D / 8), i % (D / 8))) =
+              make_uint4(0u, 0u, 0u, 0u);
+        }
+        FenceProxyAsyncShared();
+        __syncwarp();
+      }
+    }
     if constexpr (kRotateKeys) {
       RotateKeyTile<D, kBlockN, kThreads>(kt, cons.start + cons.j, freq_smem, tid);
       __syncthreads();
@@ -222,8 +262,10 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
 #pragma unroll
     for (int kb = 0; kb < D / 16; ++kb) {
       uint32_t r[4];
-      const int row = key0 + (lane & 7) + ((lane >> 4) << 3);
-      LdMatrixX4(r, kt_addr + TileOffset<D>(row, kb * 2 + ((lane >> 3) & 1)));
+      const int row = (lane & 7) + ((lane >> 4) << 3);  // of the warp's 16
+      const int chunk = kb * 2 + ((lane >> 3) & 1);
+      LdMatrixX4(r, kt_addr + (kTma ? slice + SliceOffset(row, chunk)
+                                    : TileOffset<D>(key0 + row, chunk)));
       MmaBf16(s[0], qf[kb], r[0], r[1]);
       MmaBf16(s[1], qf[kb], r[2], r[3]);
     }
@@ -232,11 +274,13 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     OnlineSoftmaxTile(s, o, lim, lim, p.scale_log2, t, m_lo, m_hi, l_lo, l_hi);
     const uint32_t a[4] = {PackBf16(s[0][0], s[0][1]), PackBf16(s[0][2], s[0][3]),
                            PackBf16(s[1][0], s[1][1]), PackBf16(s[1][2], s[1][3])};
-    const int vrow = key0 + (lane & 7) + (((lane >> 3) & 1) << 3);
+    const int vrow = (lane & 7) + (((lane >> 3) & 1) << 3);  // of the warp's 16
 #pragma unroll
     for (int dp = 0; dp < D / 16; ++dp) {
       uint32_t r[4];
-      LdMatrixX4Trans(r, vt_addr + TileOffset<D>(vrow, dp * 2 + (lane >> 4)));
+      const int chunk = dp * 2 + (lane >> 4);
+      LdMatrixX4Trans(r, vt_addr + (kTma ? slice + SliceOffset(vrow, chunk)
+                                         : TileOffset<D>(key0 + vrow, chunk)));
       MmaBf16(o[2 * dp], a, r[0], r[1]);
       MmaBf16(o[2 * dp + 1], a, r[2], r[3]);
     }
@@ -325,6 +369,24 @@ absl::Status LaunchDecode(const AttentionKernelParams& kp, int blocks, cudaStrea
                          &smem_configured, stream, kp);
 }
 
+__global__ void __launch_bounds__(DecodeConfig<128>::kThreads, 2)
+    LazyDecodeTmaKernel(const __grid_constant__ AttentionKernelParams p,
+                        const __grid_constant__ TmaMaps maps) {
+  extern __shared__ __align__(1024) char smem[];
+  DecodeBody<128, false, true, true>(p, smem, &maps);
+}
+
+absl::Status LaunchDecodeTma(const AttentionKernelParams& kp, const TmaMaps& maps, int blocks,
+                             cudaStream_t stream) {
+  using Cfg = DecodeConfig<128>;
+  // 1024-byte alignment slack in front (the swizzled boxes), one mbarrier per (warp, stage)
+  // behind the plan.
+  constexpr int kSmemBytes = 1024 + Cfg::kSmemBytes + Cfg::kWarps * Cfg::kStages * 8 + 8;
+  static std::atomic<uint64_t> smem_configured{0};
+  return LaunchPdlKernel(LazyDecodeTmaKernel, dim3(blocks, kp.num_splits), Cfg::kThreads,
+                         kSmemBytes, &smem_configured, stream, kp, maps);
+}
+
 }  // namespace
 
 #ifdef LAZYRAG_ATTN_TRACE
@@ -389,6 +451,13 @@ absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t
     case 128:
       if (rotate_keys) {
         RETURN_IF_ERROR((detail::LaunchDecode<128, true>(kp, b, stream)));
+      } else if (params.decode_kernel == DecodeKernel::kWarpPipesTma &&
+                 params.view.page_size % detail::kSliceRows == 0 &&
+                 (params.view.page_size & (params.view.page_size - 1)) == 0 &&
+                 params.num_pages > 0) {
+        detail::TmaMaps maps;
+        RETURN_IF_ERROR(detail::EncodeKvTmaMaps(params, &maps, detail::kSliceRows));
+        RETURN_IF_ERROR(detail::LaunchDecodeTma(kp, maps, b, stream));
       } else if (params.decode_kernel != DecodeKernel::kBlockTiles) {
         RETURN_IF_ERROR((detail::LaunchDecode<128, false, true>(kp, b, stream)));
       } else {

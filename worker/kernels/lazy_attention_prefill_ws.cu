@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1)
 
 }  // namespace
 
-absl::Status EncodeKvTmaMaps(const LazyAttentionParams& params, TmaMaps* maps) {
+absl::Status EncodeKvTmaMaps(const LazyAttentionParams& params, TmaMaps* maps, int box_tokens) {
   // The driver's encoder through the runtime (no libcuda link); looked up once.
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
@@ -223,7 +223,8 @@ absl::Status EncodeKvTmaMaps(const LazyAttentionParams& params, TmaMaps* maps) {
                               cuuint64_t(params.num_pages) * cuuint64_t(params.view.page_size)};
   const cuuint64_t strides[2] = {cuuint64_t(sh.head_dim) * 2,
                                  cuuint64_t(sh.num_kv_heads) * sh.head_dim * 2};
-  const cuuint32_t box[3] = {64, 1, cuuint32_t(params.view.page_size)};
+  const cuuint32_t box[3] = {64, 1,
+                             cuuint32_t(box_tokens > 0 ? box_tokens : params.view.page_size)};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   const std::pair<CUtensorMap*, const uint16_t*> tensors[] = {{&maps->k, params.k_cache},
                                                               {&maps->v, params.v_cache}};
