@@ -131,32 +131,25 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
       CpAsyncCommit();
     }
   };
-  // Tiles in flight ahead of the one being consumed. cp.async: kStages - 1 (a stage is refilled
-  // at the top of the iteration after the one that consumed it). TMA: every stage (a warp
-  // refills the stage it has just consumed, after a __syncwarp); with page ids two tiles ahead
-  // no refill waits for a page-table round trip.
-  constexpr int kAhead = kTma ? kStages : kStages - 1;
   {
-    // Prologue: the page ids of the first kAhead tiles are fetched together (one round trip,
-    // not one per tile), then their copies issued.
-    Loader first[kAhead];
-    // Warp pipelines with stable_history: the leading prologue stages (at most kStages - 1:
-    // more compete with the previous launch's tail) whose rows (this warp's 16 of the tile)
-    // all sit at positions below the query's are copied before PdlWait, in order (one commit
-    // group or mbarrier per stage either way).
+    // Prologue: the page ids of the first kStages - 1 tiles are fetched together (one round
+    // trip, not one per tile), then their copies issued.
+    Loader first[kStages - 1];
+    // Warp pipelines with stable_history: the leading prologue stages whose rows (this warp's
+    // 16 of the tile) all sit at positions below the query's are copied before PdlWait, in
+    // order (one commit group per stage either way).
     int early = 0;
     bool stable = kWarpPipes && p.stable_history != 0;
 #pragma unroll
-    for (int st = 0; st < kAhead; ++st) {
+    for (int st = 0; st < kStages - 1; ++st) {
       prefetch(first[st], prod);
-      stable = stable && st < kStages - 1 &&
-               (!prod.valid || prod.start + min(prod.j + key0 + 16, prod.j_end) <= pos);
+      stable = stable && (!prod.valid || prod.start + min(prod.j + key0 + 16, prod.j_end) <= pos);
       if (stable) ++early;
       if (prod.valid) prod.Next(plan, v);
     }
     if constexpr (kWarpPipes) {
 #pragma unroll
-      for (int st = 0; st < kAhead; ++st) {
+      for (int st = 0; st < kStages - 1; ++st) {
         if (st < early) issue(first[st], st);
       }
     }
@@ -171,22 +164,9 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 1);
     // Raw query rows (row r = head kvh * group + r; rows >= group zero). Block tiles: by
     // cp.async, completing with the first K/V tile. Warp pipelines: a warp waits only for its
-    // own copies, so the rows are loaded plainly, before the block barrier below: cp.async,
-    // after the K/V copies are issued; TMA, requested first, ahead of the remaining copies.
-    constexpr int kQLoads = 16 * (D / 8) / kThreads;
-    static_assert(16 * (D / 8) % kThreads == 0, "query chunks per thread");
-    uint4 qx[kQLoads];
-    if constexpr (kWarpPipes) {
-#pragma unroll
-      for (int i = 0; i < kQLoads; ++i) {
-        const int it = tid + i * kThreads, row = it / (D / 8), chunk = it % (D / 8);
-        qx[i] = make_uint4(0u, 0u, 0u, 0u);
-        if (kTma && row < group) {
-          qx[i] = *reinterpret_cast<const uint4*>(
-              p.q + (int64_t(q_row) * H + kvh * group + row) * D + chunk * 8);
-        }
-      }
-    } else {
+    // own copies, so the rows are loaded plainly after the K/V copies are issued, before the
+    // block barrier below.
+    if constexpr (!kWarpPipes) {
       for (int it = tid; it < 16 * (D / 8); it += kThreads) {
         const int row = it / (D / 8), chunk = it % (D / 8);
         const bool ok = row < group;
@@ -196,18 +176,18 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
       }
     }
 #pragma unroll
-    for (int st = 0; st < kAhead; ++st) {
+    for (int st = 0; st < kStages - 1; ++st) {
       if (st >= early) issue(first[st], st);
     }
     if constexpr (kWarpPipes) {
-#pragma unroll
-      for (int i = 0; i < kQLoads; ++i) {
-        const int it = tid + i * kThreads, row = it / (D / 8), chunk = it % (D / 8);
-        if (!kTma && row < group) {
-          qx[i] = *reinterpret_cast<const uint4*>(
-              p.q + (int64_t(q_row) * H + kvh * group + row) * D + chunk * 8);
+      for (int it = tid; it < 16 * (D / 8); it += kThreads) {
+        const int row = it / (D / 8), chunk = it % (D / 8);
+        uint4 x = make_uint4(0u, 0u, 0u, 0u);
+        if (row < group) {
+          x = *reinterpret_cast<const uint4*>(p.q + (int64_t(q_row) * H + kvh * group + row) * D +
+                                              chunk * 8);
         }
-        *reinterpret_cast<uint4*>(q_smem + TileOffset<D>(row, chunk)) = qx[i];
+        *reinterpret_cast<uint4*>(q_smem + TileOffset<D>(row, chunk)) = x;
       }
       __syncthreads();
     }
@@ -220,13 +200,6 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   float m_lo = kNegInf, m_hi = kNegInf, l_lo = 0.f, l_hi = 0.f;
   uint32_t qf[D / 16][4];
   int q_seg = -1;
-  // Copies the next tile into stage st, then requests the page ids of the one after the next.
-  const auto refill = [&](int st) {
-    issue(loader, st);
-    loader = ids_next;
-    if (ids_prod.valid) ids_prod.Next(plan, v);
-    prefetch(ids_next, ids_prod);
-  };
   int stage = 0;
   uint32_t phases = 0;  // kTma: the parity each stage's mbarrier completes next
 
@@ -252,7 +225,10 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
 #ifdef LAZYRAG_ATTN_TRACE
     if (stage == 0 && q_seg < 0) LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 5);
 #endif
-    if constexpr (!kTma) refill((stage + kStages - 1) % kStages);
+    issue(loader, (stage + kStages - 1) % kStages);
+    loader = ids_next;
+    if (ids_prod.valid) ids_prod.Next(plan, v);
+    prefetch(ids_next, ids_prod);
 
     char* kt = k_smem + stage * Cfg::kTileBytes;
     char* vt = v_smem + stage * Cfg::kTileBytes;
@@ -307,10 +283,6 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
                                          : TileOffset<D>(key0 + vrow, chunk)));
       MmaBf16(o[2 * dp], a, r[0], r[1]);
       MmaBf16(o[2 * dp + 1], a, r[2], r[3]);
-    }
-    if constexpr (kTma) {
-      __syncwarp();  // every lane's reads of this stage are done
-      refill(stage);
     }
     cons.Next(plan, v);
     stage = (stage + 1) % kStages;
