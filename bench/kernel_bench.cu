@@ -704,9 +704,12 @@ int Main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--decode-b1")) {
       decode_b1 = true;
     } else if (!std::strcmp(argv[i], "--decode-kernel") && i + 1 < argc &&
-               (!std::strcmp(argv[i + 1], "auto") || !std::strcmp(argv[i + 1], "tma"))) {
-      g_default_decode_kernel =
-          !std::strcmp(argv[++i], "tma") ? DecodeKernel::kWarpPipesTma : DecodeKernel::kAuto;
+               (!std::strcmp(argv[i + 1], "auto") || !std::strcmp(argv[i + 1], "tma") ||
+                !std::strcmp(argv[i + 1], "cp_async"))) {
+      ++i;
+      g_default_decode_kernel = !std::strcmp(argv[i], "tma")        ? DecodeKernel::kWarpPipesTma
+                                : !std::strcmp(argv[i], "cp_async") ? DecodeKernel::kWarpPipes
+                                                                    : DecodeKernel::kAuto;
     } else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) {
       iters = std::max(1, std::atoi(argv[++i]));
     } else if (!std::strcmp(argv[i], "--prefill-kernel") && i + 1 < argc &&
@@ -716,7 +719,7 @@ int Main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--out PATH] [--iters N] [--prefill-kernel auto|mma] [--trace] "
-                   "[--decode-b1] [--decode-kernel auto|tma]\n",
+                   "[--decode-b1] [--decode-kernel auto|tma|cp_async]\n",
                    argv[0]);
       return 2;
     }
@@ -791,15 +794,17 @@ int Main(int argc, char** argv) {
     results.push_back({"decode_b" + std::to_string(batch), "decode", batch, 1, s.kv_len,
                        "lazy_block_tiles", ms, s.KvBytes(),
                        4.0 * batch * kHeads * kHeadDim * double(s.kv_len)});
-    // The warp pipes with TMA copies (DecodeKernel::kWarpPipesTma).
-    const double tma_ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
-      LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
-      p.decode_kernel = DecodeKernel::kWarpPipesTma;
-      BENCH_OK(LazyAttentionDecode(p, st));
-    });
-    results.push_back({"decode_b" + std::to_string(batch), "decode", batch, 1, s.kv_len,
-                       "lazy_tma", tma_ms, s.KvBytes(),
-                       4.0 * batch * kHeads * kHeadDim * double(s.kv_len)});
+    // The warp pipes with each copy engine forced (kAuto picks TMA for batches 1-4 here).
+    for (const auto& [name, kernel] : {std::pair{"lazy_tma", DecodeKernel::kWarpPipesTma},
+                                       std::pair{"lazy_cp_async", DecodeKernel::kWarpPipes}}) {
+      const double k_ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+        LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
+        p.decode_kernel = kernel;
+        BENCH_OK(LazyAttentionDecode(p, st));
+      });
+      results.push_back({"decode_b" + std::to_string(batch), "decode", batch, 1, s.kv_len, name,
+                         k_ms, s.KvBytes(), 4.0 * batch * kHeads * kHeadDim * double(s.kv_len)});
+    }
     // The default kernel with every K/V read after PdlWait (stable_history off).
     const double wait_ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
       LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);

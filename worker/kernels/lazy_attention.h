@@ -61,7 +61,8 @@ enum class PrefillKernel {
 // Which decode kernel runs (A/B benchmarking and tests; serving leaves kAuto).
 enum class DecodeKernel {
   // Warp pipelines where they apply (head dim 128, LAZY layout: measured 2-4% faster than block
-  // tiles at batch 1-128 on an H200, 2026-11-30), block tiles elsewhere.
+  // tiles at batch 1-128 on an H200, 2026-11-30), block tiles elsewhere; the TMA warp pipes
+  // where the launch splits every KV 8 ways or more (page sizes that are multiples of 16).
   kAuto,
   kBlockTiles,  // 64-key tiles loaded by the whole block, one block barrier per tile
   // Head dim 128, LAZY layout (else as kBlockTiles): each warp loads and consumes only its own
@@ -69,8 +70,8 @@ enum class DecodeKernel {
   // four warps drift apart instead of waiting for the slowest. Bit-identical to kBlockTiles.
   kWarpPipes,
   // kWarpPipes with each warp's 16 rows copied by TMA (lane 0, four boxes, one mbarrier per
-  // stage) instead of 32 lanes of cp.async, where page_size is a multiple of 16 (else
-  // kWarpPipes). Bit-identical to kBlockTiles. Experimental: measured beside kWarpPipes.
+  // stage) instead of 32 lanes of cp.async, where page_size is a power of two >= 16 (else
+  // kWarpPipes). Bit-identical to kBlockTiles. Faster at batch 1-4, slower from batch 8.
   kWarpPipesTma,
 };
 

@@ -376,15 +376,17 @@ __global__ void __launch_bounds__(DecodeConfig<128>::kThreads, 2)
   DecodeBody<128, false, true, true>(p, smem, &maps);
 }
 
+// The TMA kernel's shared memory: 1024-byte alignment slack in front (the swizzled boxes), one
+// mbarrier per (warp, stage) behind the plan.
+constexpr int kDecodeTmaSmemBytes = 1024 + DecodeConfig<128>::kSmemBytes +
+                                    DecodeConfig<128>::kWarps * DecodeConfig<128>::kStages * 8 + 8;
+
 absl::Status LaunchDecodeTma(const AttentionKernelParams& kp, const TmaMaps& maps, int blocks,
                              cudaStream_t stream) {
-  using Cfg = DecodeConfig<128>;
-  // 1024-byte alignment slack in front (the swizzled boxes), one mbarrier per (warp, stage)
-  // behind the plan.
-  constexpr int kSmemBytes = 1024 + Cfg::kSmemBytes + Cfg::kWarps * Cfg::kStages * 8 + 8;
   static std::atomic<uint64_t> smem_configured{0};
-  return LaunchPdlKernel(LazyDecodeTmaKernel, dim3(blocks, kp.num_splits), Cfg::kThreads,
-                         kSmemBytes, &smem_configured, stream, kp, maps);
+  return LaunchPdlKernel(LazyDecodeTmaKernel, dim3(blocks, kp.num_splits),
+                         DecodeConfig<128>::kThreads, kDecodeTmaSmemBytes, &smem_configured, stream,
+                         kp, maps);
 }
 
 }  // namespace
@@ -399,9 +401,7 @@ absl::Status ReadDecodeTrace(int blocks, std::vector<uint64_t>* out, int slot) {
 
 absl::Status DecodeSplitMergeResidency(bool* fits, std::string* report) {
   using Cfg = detail::DecodeConfig<128>;
-  cudaFuncAttributes dec = {}, mrg = {};
-  LAZYRAG_CUDA_RETURN_IF_ERROR(
-      cudaFuncGetAttributes(&dec, detail::LazyDecodeKernel<128, false, true>));
+  cudaFuncAttributes mrg = {};
   int mrg_threads = 0;
   RETURN_IF_ERROR(detail::SmallMergeKernelAttributes(&mrg, &mrg_threads));
   int dev = 0;
@@ -412,21 +412,48 @@ absl::Status DecodeSplitMergeResidency(bool* fits, std::string* report) {
   // driver's reserved bytes.
   const auto warp_regs = [](int per_thread) { return (per_thread * 32 + 255) / 256 * 256; };
   const int dec_warps = Cfg::kThreads / 32, mrg_warps = (mrg_threads + 31) / 32;
-  const int64_t regs = 2 * dec_warps * warp_regs(dec.numRegs) + mrg_warps * warp_regs(mrg.numRegs);
   const int64_t reserved = int64_t(prop.reservedSharedMemPerBlock);
-  const int64_t smem = 2 * (Cfg::kSmemBytes + int64_t(dec.sharedSizeBytes) + reserved) +
-                       int64_t(mrg.sharedSizeBytes) + reserved;
-  const int warps = 2 * dec_warps + mrg_warps;
-  *fits = regs <= prop.regsPerMultiprocessor && smem <= int64_t(prop.sharedMemPerMultiprocessor) &&
-          warps * 32 <= prop.maxThreadsPerMultiProcessor;
-  *report = absl::StrCat("2 decode blocks (", dec.numRegs, " registers per thread, ",
-                         Cfg::kSmemBytes + dec.sharedSizeBytes, " B shared) + 1 merge block (",
-                         mrg.numRegs, " registers, ", mrg.sharedSizeBytes, " B): ", regs, " of ",
-                         prop.regsPerMultiprocessor, " registers, ", smem, " of ",
-                         prop.sharedMemPerMultiprocessor, " B shared, ", warps * 32, " of ",
-                         prop.maxThreadsPerMultiProcessor, " threads");
+  // Both warp-pipe kernels (batch 1 runs the TMA one; cp.async where TMA does not apply).
+  const std::pair<const void*, int> kernels[] = {
+      {reinterpret_cast<const void*>(detail::LazyDecodeTmaKernel), detail::kDecodeTmaSmemBytes},
+      {reinterpret_cast<const void*>(detail::LazyDecodeKernel<128, false, true>),
+       Cfg::kSmemBytes}};
+  *fits = true;
+  report->clear();
+  for (const auto& [kernel, dyn_smem] : kernels) {
+    cudaFuncAttributes dec = {};
+    LAZYRAG_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&dec, kernel));
+    const int64_t regs =
+        2 * dec_warps * warp_regs(dec.numRegs) + mrg_warps * warp_regs(mrg.numRegs);
+    const int64_t smem = 2 * (dyn_smem + int64_t(dec.sharedSizeBytes) + reserved) +
+                         int64_t(mrg.sharedSizeBytes) + reserved;
+    const int warps = 2 * dec_warps + mrg_warps;
+    *fits = *fits && regs <= prop.regsPerMultiprocessor &&
+            smem <= int64_t(prop.sharedMemPerMultiprocessor) &&
+            warps * 32 <= prop.maxThreadsPerMultiProcessor;
+    absl::StrAppend(report, report->empty() ? "" : "; ",
+                    kernel == kernels[0].first ? "TMA" : "cp.async", ": 2 decode blocks (",
+                    dec.numRegs, " registers per thread, ", dyn_smem + dec.sharedSizeBytes,
+                    " B shared) + 1 merge block (", mrg.numRegs, " registers, ",
+                    mrg.sharedSizeBytes, " B): ", regs, " of ", prop.regsPerMultiprocessor,
+                    " registers, ", smem, " of ", prop.sharedMemPerMultiprocessor, " B shared, ",
+                    warps * 32, " of ", prop.maxThreadsPerMultiProcessor, " threads");
+  }
   return absl::OkStatus();
 }
+
+namespace {
+// kAuto: the TMA warp pipes where the launch splits every KV 8 ways or more (batch 1-4 with
+// the H200's 132 SMs: b1 14.3 vs 15.6 us, b2 25.4 vs 27.4, b4 45.3 vs 45.6); at b8 and above
+// the cp.async pipes move more bytes per second (b8 84 vs 87 us, b128 1.235 vs 1.313 ms).
+bool DecodeUsesTma(const LazyAttentionParams& params, int num_splits) {
+  const int ps = params.view.page_size;
+  const bool eligible = ps % detail::kSliceRows == 0 && (ps & (ps - 1)) == 0 &&
+                        params.num_pages > 0 && params.key_layout != KeyLayout::kUnrotated;
+  return eligible && (params.decode_kernel == DecodeKernel::kWarpPipesTma ||
+                      (params.decode_kernel == DecodeKernel::kAuto && num_splits >= 8));
+}
+}  // namespace
 
 absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t stream) {
   RETURN_IF_ERROR(ValidateLazyAttentionParams(params, /*decode=*/true));
@@ -451,10 +478,7 @@ absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t
     case 128:
       if (rotate_keys) {
         RETURN_IF_ERROR((detail::LaunchDecode<128, true>(kp, b, stream)));
-      } else if (params.decode_kernel == DecodeKernel::kWarpPipesTma &&
-                 params.view.page_size % detail::kSliceRows == 0 &&
-                 (params.view.page_size & (params.view.page_size - 1)) == 0 &&
-                 params.num_pages > 0) {
+      } else if (DecodeUsesTma(params, kp.num_splits)) {
         detail::TmaMaps maps;
         RETURN_IF_ERROR(detail::EncodeKvTmaMaps(params, &maps, detail::kSliceRows));
         RETURN_IF_ERROR(detail::LaunchDecodeTma(kp, maps, b, stream));
