@@ -204,7 +204,8 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1)
 
 }  // namespace
 
-absl::Status EncodeKvTmaMaps(const LazyAttentionParams& params, TmaMaps* maps, int box_tokens) {
+absl::Status EncodeKvTmaMaps(const LazyAttentionParams& params, TmaMaps* maps, int box_tokens,
+                             bool l2_promotion) {
   // The driver's encoder through the runtime (no libcuda link); looked up once.
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
@@ -232,7 +233,8 @@ absl::Status EncodeKvTmaMaps(const LazyAttentionParams& params, TmaMaps* maps, i
     const CUresult r =
         encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<uint16_t*>(base), dims, strides,
                box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+               l2_promotion ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_NONE,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) {
       return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled failed: ", int(r)));
     }

@@ -152,11 +152,12 @@ __device__ __forceinline__ void ZeroTileTail(char* tile, int valid_rows, int tid
 }
 
 // Host side (lazy_attention_prefill_ws.cu). The K and V pools of params as TMA tensor maps
-// with boxes of box_tokens rows (0: page_size) (REQUIRES params.num_pages > 0, box_tokens a
-// divisor of page_size in {8, 16, 32, 64}, 16-byte aligned pools: LazyAttentionPrefillUsesWs,
-// the decode's TMA warp pipes).
+// with boxes of box_tokens rows (0: page_size), L2 promotion to 256-byte lines or none
+// (REQUIRES params.num_pages > 0, box_tokens a divisor of page_size, page_size in {8, 16, 32,
+// 64} for the prefill and a power of two >= 16 for the decode, 16-byte aligned pools:
+// LazyAttentionPrefillUsesWs, the decode's TMA warp pipes).
 absl::Status EncodeKvTmaMaps(const LazyAttentionParams& params, TmaMaps* maps,
-                             int box_tokens = 0);
+                             int box_tokens = 0, bool l2_promotion = true);
 // Launches the warp-specialized prefill kernel (one block per SM, 384 threads).
 absl::Status LaunchPrefillWs(const AttentionKernelParams& kp, const TmaMaps& maps, int blocks,
                              cudaStream_t stream);
