@@ -60,9 +60,10 @@ enum class PrefillKernel {
 
 // Which decode kernel runs (A/B benchmarking and tests; serving leaves kAuto).
 enum class DecodeKernel {
-  // Warp pipelines where they apply (head dim 128, LAZY layout: measured 2-4% faster than block
-  // tiles at batch 1-128 on an H200, 2026-11-30), block tiles elsewhere; the TMA warp pipes
-  // where the launch splits every KV 8 ways or more (page sizes that are multiples of 16).
+  // Warp pipelines where they apply (head dim 128, LAZY layout), with TMA copies where those
+  // apply (page sizes that are powers of two >= 16; on an H200, 2026-11-30: b1 13.7 us vs 15.6
+  // with cp.async and 17.1 with block tiles, b128 1.189 vs 1.195 and 1.252 ms), block tiles
+  // elsewhere.
   kAuto,
   kBlockTiles,  // 64-key tiles loaded by the whole block, one block barrier per tile
   // Head dim 128, LAZY layout (else as kBlockTiles): each warp loads and consumes only its own
@@ -71,7 +72,7 @@ enum class DecodeKernel {
   kWarpPipes,
   // kWarpPipes with each warp's 16 rows copied by TMA (lane 0, four boxes, one mbarrier per
   // stage) instead of 32 lanes of cp.async, where page_size is a power of two >= 16 (else
-  // kWarpPipes). Bit-identical to kBlockTiles. Faster at batch 1-4, slower from batch 8.
+  // kWarpPipes). Bit-identical to kBlockTiles.
   kWarpPipesTma,
 };
 

@@ -447,15 +447,14 @@ absl::Status DecodeSplitMergeResidency(bool* fits, std::string* report) {
 }
 
 namespace {
-// kAuto: the TMA warp pipes where the launch splits every KV 8 ways or more (batch 1-4 with
-// the H200's 132 SMs: b1 14.3 vs 15.6 us, b2 25.4 vs 27.4, b4 45.3 vs 45.6); at b8 and above
-// the cp.async pipes move more bytes per second (b8 84 vs 87 us, b128 1.235 vs 1.313 ms).
-bool DecodeUsesTma(const LazyAttentionParams& params, int num_splits) {
+// kAuto: the TMA warp pipes wherever they apply (on the H200, 2026-11-30, against the cp.async
+// pipes: b1 13.7 vs 15.6 us, b16 157 vs 161 us, b128 1.189 vs 1.195 ms).
+bool DecodeUsesTma(const LazyAttentionParams& params) {
   const int ps = params.view.page_size;
   const bool eligible = ps % detail::kSliceRows == 0 && (ps & (ps - 1)) == 0 &&
                         params.num_pages > 0 && params.key_layout != KeyLayout::kUnrotated;
   return eligible && (params.decode_kernel == DecodeKernel::kWarpPipesTma ||
-                      (params.decode_kernel == DecodeKernel::kAuto && num_splits >= 8));
+                      params.decode_kernel == DecodeKernel::kAuto);
 }
 }  // namespace
 
@@ -482,7 +481,7 @@ absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t
     case 128:
       if (rotate_keys) {
         RETURN_IF_ERROR((detail::LaunchDecode<128, true>(kp, b, stream)));
-      } else if (DecodeUsesTma(params, kp.num_splits)) {
+      } else if (DecodeUsesTma(params)) {
         detail::TmaMaps maps;
         // No L2 promotion: batch 1 14.0 vs 14.3 us with 256-byte promotion on the H200.
         RETURN_IF_ERROR(detail::EncodeKvTmaMaps(params, &maps, detail::kSliceRows,
