@@ -42,7 +42,7 @@ ABSL_FLAG(double, kvstore_timeout_s, 10,
 ABSL_FLAG(double, kvstore_put_timeout_s, 60,
           "deadline of one document write-back to the kvstore (background; a Put past it is "
           "abandoned)");
-ABSL_FLAG(int64_t, kvstore_writeback_bytes, int64_t(4) << 30,
+ABSL_FLAG(int64_t, kvstore_writeback_bytes, lazyrag::kDefaultMaxWritebackBytes,
           "host bytes of computed documents waiting for their write-back to the kvstore; "
           "documents past it are not written back");
 ABSL_FLAG(std::string, peers, "",

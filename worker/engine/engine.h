@@ -33,6 +33,9 @@ namespace metrics {
 class Registry;
 }
 
+// EngineOptions::max_writeback_bytes unless set (also RuntimeOptions' and the worker flag's).
+inline constexpr int64_t kDefaultMaxWritebackBytes = int64_t(4) << 30;
+
 struct EngineOptions {
   int num_pages = 4096;         // KV pool pages
   int page_size = 16;           // tokens per page
@@ -48,8 +51,8 @@ struct EngineOptions {
   // Host bytes of computed documents' KV waiting for their write-back to the store (queued or
   // being sent: 268 MB a document for 2,048 tokens of an 8B model); a document that would go
   // past it is not written back (lazyrag_kvstore_writeback_dropped_total). One write-back is
-  // always let through when none is pending. Default 4 GiB.
-  int64_t max_writeback_bytes = int64_t(4) << 30;
+  // always let through when none is pending.
+  int64_t max_writeback_bytes = kDefaultMaxWritebackBytes;
   // Optional, not owned, must outlive the engine: where the engine's metrics
   // are exported.
   metrics::Registry *registry = nullptr;

@@ -28,7 +28,7 @@ using MemoryStore = MemoryDocumentStore;
 std::unique_ptr<Engine> MakeEngine(
     int num_pages, DocumentStore *store = nullptr, int max_waiting = 256, int max_running = 64,
     const std::function<std::unique_ptr<Backend>(std::unique_ptr<Backend>)> &wrap = nullptr,
-    int64_t max_writeback_bytes = int64_t(4) << 30) {
+    int64_t max_writeback_bytes = kDefaultMaxWritebackBytes) {
   auto loaded = LoadModel("synthetic:tiny");
   EXPECT_TRUE(loaded.ok()) << loaded.status();
   auto backend = CreateCpuBackend(std::move(loaded->weights), {});
@@ -324,7 +324,6 @@ TEST(EngineSchedulerTest, WriteBacksWaitingForTheStoreAreBoundedInBytes) {
   for (int i = 0; i < 200 && store.Puts() < 2; ++i) absl::SleepFor(absl::Milliseconds(5));
   EXPECT_EQ(store.Puts(), 2);
 }
-
 
 TEST(EngineSchedulerTest, PagePressurePreemptsWithoutChangingOutputs) {
   const auto ps = Workload();

@@ -37,7 +37,7 @@ struct RuntimeOptions {
   int max_running = 64;         // requests admitted at once
   int max_waiting = 256;        // waiting queue bound (RESOURCE_EXHAUSTED beyond)
   // Host bytes of document KV waiting for the store (EngineOptions::max_writeback_bytes).
-  int64_t max_writeback_bytes = int64_t(4) << 30;
+  int64_t max_writeback_bytes = kDefaultMaxWritebackBytes;
   // Optional: opens the store tier once the model fingerprint (part of every
   // key) is known; the runtime owns the store. Empty: no store (pool ->
   // compute).

@@ -729,14 +729,15 @@ TEST(LazyAttention, DecodeStableHistoryWaitsForTheStepsRows) {
     for (const auto& [name, prob] : problems) {
       const std::vector<float> ref = RunCpu(*prob, pool, KeyLayout::kRotatedLocal);
       for (int splits : {0, 1, 7, 40}) {
-        for (DecodeKernel kernel : {DecodeKernel::kAuto, DecodeKernel::kWarpPipesTma}) {
+        // kAuto runs the TMA pipes on these pages; kWarpPipes the cp.async ones.
+        for (DecodeKernel kernel : {DecodeKernel::kAuto, DecodeKernel::kWarpPipes}) {
           GpuRun run{true, KeyLayout::kRotatedLocal, splits};
           run.stable_history = true;
           run.late_rows = GpuRun::LateRows::kStepRows;
           run.decode_kernel = kernel;
           ExpectClose(RunGpu(*prob, pool, run), ref,
-                      absl::StrCat(name, " splits=", splits, " tma=",
-                                   kernel == DecodeKernel::kWarpPipesTma));
+                      absl::StrCat(name, " splits=", splits, " cp.async=",
+                                   kernel == DecodeKernel::kWarpPipes));
         }
       }
     }

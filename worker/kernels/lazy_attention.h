@@ -149,12 +149,12 @@ bool LazyAttentionPrefillUsesWs(const LazyAttentionParams& params);
 absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t stream);
 
 // Whether a block of the batch-1 split merge kernel fits on a multiprocessor of the current
-// device beside two blocks of the decode kernel that batch 1 runs (head dim 128, warp
-// pipelines): registers (at the allocation granularity), shared memory, warps. It must: the
-// merge blocks are then resident, waiting for the decode grid, before it ends; without room
-// for them each chained decode b1 launch took 18.3 instead of 16.1 us on an H200 (2026-11-30,
-// bench/README v14), so the decode kernel has ~16 registers per thread to spare. `report`
-// says what each side uses and what the multiprocessor has.
+// device beside two blocks of each warp-pipe decode kernel (head dim 128; TMA, which batch 1
+// runs, and cp.async): registers (at the allocation granularity), shared memory, warps. It
+// must: the merge blocks are then resident, waiting for the decode grid, before it ends;
+// without room for them each chained decode b1 launch took 18.3 instead of 16.1 us on an H200
+// (2026-11-30, bench/README v14). `report` says what each side uses and what the
+// multiprocessor has.
 absl::Status DecodeSplitMergeResidency(bool* fits, std::string* report);
 
 // Checks the parameters as the launchers do (no device access). INVALID_ARGUMENT on error.
