@@ -784,34 +784,24 @@ int Main(int argc, char** argv) {
       results.push_back({"decode_b" + std::to_string(batch), "decode", batch, 1, s.kv_len, var.name,
                          ms, s.KvBytes(), flops});
     }
-    // The block-tile decode kernel (DecodeKernel::kBlockTiles) beside the default (per-warp
-    // pipelines).
-    const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
-      LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
-      p.decode_kernel = DecodeKernel::kBlockTiles;
-      BENCH_OK(LazyAttentionDecode(p, st));
-    });
-    results.push_back({"decode_b" + std::to_string(batch), "decode", batch, 1, s.kv_len,
-                       "lazy_block_tiles", ms, s.KvBytes(),
-                       4.0 * batch * kHeads * kHeadDim * double(s.kv_len)});
-    // The warp pipes with cp.async copies (kAuto, the `lazy` row, runs the TMA ones here).
-    const double cp_ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
-      LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
-      p.decode_kernel = DecodeKernel::kWarpPipes;
-      BENCH_OK(LazyAttentionDecode(p, st));
-    });
-    results.push_back({"decode_b" + std::to_string(batch), "decode", batch, 1, s.kv_len,
-                       "lazy_cp_async", cp_ms, s.KvBytes(),
-                       4.0 * batch * kHeads * kHeadDim * double(s.kv_len)});
-    // The default kernel with every K/V read after PdlWait (stable_history off).
-    const double wait_ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
-      LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
-      p.stable_history = false;
-      BENCH_OK(LazyAttentionDecode(p, st));
-    });
-    results.push_back({"decode_b" + std::to_string(batch), "decode", batch, 1, s.kv_len,
-                       "lazy_wait_all", wait_ms, s.KvBytes(),
-                       4.0 * batch * kHeads * kHeadDim * double(s.kv_len)});
+    // The default with one parameter changed, as row `name`.
+    const auto time_variant = [&](const std::string& name, auto&& change) {
+      const double v_ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+        LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
+        change(p);
+        BENCH_OK(LazyAttentionDecode(p, st));
+      });
+      results.push_back({"decode_b" + std::to_string(batch), "decode", batch, 1, s.kv_len, name,
+                         v_ms, s.KvBytes(), 4.0 * batch * kHeads * kHeadDim * double(s.kv_len)});
+    };
+    // The block-tile decode kernel beside the default (per-warp pipelines with TMA copies), the
+    // warp pipes with cp.async copies, and the default with every K/V read after PdlWait
+    // (stable_history off).
+    time_variant("lazy_block_tiles",
+                 [](LazyAttentionParams& p) { p.decode_kernel = DecodeKernel::kBlockTiles; });
+    time_variant("lazy_cp_async",
+                 [](LazyAttentionParams& p) { p.decode_kernel = DecodeKernel::kWarpPipes; });
+    time_variant("lazy_wait_all", [](LazyAttentionParams& p) { p.stable_history = false; });
     // Batch 1 without the overlap between consecutive launches: an empty kernel launched
     // without the programmatic attribute before every call, so a launch starts only after the
     // previous one has finished (its time, ~0.8 us as diag_empty, is included).
@@ -833,14 +823,8 @@ int Main(int argc, char** argv) {
     // blocks beside the running ones, more give each block less to read.
     if (batch == 1 && decode_b1) {
       for (int splits : {8, 16, 24, 28, 40, 48}) {
-        const double sp_ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
-          LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
-          p.num_splits = splits;
-          BENCH_OK(LazyAttentionDecode(p, st));
-        });
-        results.push_back({"decode_b1", "decode", 1, 1, s.kv_len,
-                           "lazy_splits" + std::to_string(splits), sp_ms, s.KvBytes(),
-                           4.0 * kHeads * kHeadDim * double(s.kv_len)});
+        time_variant("lazy_splits" + std::to_string(splits),
+                     [splits](LazyAttentionParams& p) { p.num_splits = splits; });
       }
     }
   }
