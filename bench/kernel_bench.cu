@@ -39,7 +39,7 @@
 #include <vector>
 
 #include "bench/bench_check.h"
-#include "worker/backend/segment_view.h"
+#include "worker/attention/segment_view.h"
 #include "worker/kernels/attention_internal.cuh"  // diagnostics: the merge kernel alone
 #include "worker/kernels/attention_trace.cuh"
 #include "worker/kernels/lazy_attention.h"

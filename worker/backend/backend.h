@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/backend/cpu/attention_cpu.h"
-#include "worker/backend/segment_view.h"
+#include "worker/attention/attention_cpu.h"
+#include "worker/attention/segment_view.h"
 #include "worker/model/config.h"
 
 namespace lazyrag {

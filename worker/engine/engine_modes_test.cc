@@ -6,7 +6,7 @@
 
 #include "gtest/gtest.h"
 #include "worker/backend/cpu/cpu_backend.h"
-#include "worker/backend/rope.h"
+#include "worker/attention/rope.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_test_util.h"
 #include "worker/model/synthetic_init.h"

@@ -1,6 +1,6 @@
 // Internal to worker/kernels: device building blocks shared by the prefill, decode and
 // materialize kernels (PTX wrappers, RoPE sine/cosine, the swizzled shared-memory tile
-// layout, the segment walk and the paged K/V tile loader), and the host-side CUDA_CHECK.
+// layout, the segment walk and the paged K/V tile loader), and the host-side CUDA checks (cuda_check.h).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,23 +10,9 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "common/status.h"
-#include "worker/backend/segment_view.h"
-
-// Returns an INTERNAL status from the enclosing host function when a CUDA call fails.
-#define LAZYRAG_CUDA_RETURN_IF_ERROR(expr)                                                     \
-  do {                                                                                         \
-    const cudaError_t _lazyrag_err = (expr);                                                   \
-    if (_lazyrag_err != cudaSuccess) {                                                         \
-      return ::absl::InternalError(::absl::StrCat(#expr, ": ", cudaGetErrorName(_lazyrag_err), \
-                                                  " ", cudaGetErrorString(_lazyrag_err)));     \
-    }                                                                                          \
-  } while (0)
-
-// Checks the launch just made (configuration errors surface here; faults surface later on
-// the stream).
-#define LAZYRAG_CUDA_CHECK_LAUNCH() LAZYRAG_CUDA_RETURN_IF_ERROR(cudaGetLastError())
+#include "worker/attention/segment_view.h"
+#include "worker/kernels/cuda_check.h"
 
 namespace lazyrag::kernels::detail {
 
@@ -662,7 +648,7 @@ absl::Status MakeKernelParams(const LazyAttentionParams& params, int base_blocks
 // Launches `kernel(args...)` as a programmatic dependent of the previous kernel on the stream
 // (the kernel calls PdlWait() before touching what earlier kernels write): every attention
 // kernel, the merge kernel, the warp-specialized kernel with its tensor maps, and the CUDA
-// model's RMSNorm, QKV-scatter and SwiGLU kernels (worker/backend/cuda/model_kernels.cu). With
+// model's RMSNorm, QKV-scatter and SwiGLU kernels (worker/kernels/model_kernels.cu). With
 // `smem_configured` (the kernel's own once-per-device flags, see SetSmemLimitOnce), the
 // kernel's dynamic shared-memory limit is raised to smem_bytes first.
 template <typename... Params, typename... Args>
@@ -683,7 +669,7 @@ absl::Status LaunchPdlKernel(void (*kernel)(Params...), dim3 grid, int threads, 
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attr;
   config.numAttrs = 1;
-  LAZYRAG_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, args...));
+  LAZYRAG_RETURN_IF_CUDA_ERROR(cudaLaunchKernelEx(&config, kernel, args...));
   return absl::OkStatus();
 }
 

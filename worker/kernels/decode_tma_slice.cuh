@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "worker/backend/segment_view.h"
+#include "worker/attention/segment_view.h"
 #include "worker/kernels/attention_internal.cuh"
 #include "worker/kernels/tma_tile_loader.cuh"
 #include "worker/kernels/wgmma.cuh"

@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "worker/backend/cpu/attention_cpu.h"
-#include "worker/backend/segment_view.h"
+#include "worker/attention/attention_cpu.h"
+#include "worker/attention/segment_view.h"
 #include "worker/kernels/kernels_test_util.h"
 #include "worker/kernels/lazy_attention.h"
 #include "worker/kernels/materialize.h"

@@ -134,13 +134,13 @@ absl::Status DeviceSmCount(int* sms) {
   constexpr int kMaxDevices = 64;
   static int cached[kMaxDevices] = {};  // benign race: every writer stores the same value
   int dev = 0;
-  LAZYRAG_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  LAZYRAG_RETURN_IF_CUDA_ERROR(cudaGetDevice(&dev));
   if (dev >= 0 && dev < kMaxDevices && cached[dev] > 0) {
     *sms = cached[dev];
     return absl::OkStatus();
   }
   int n = 0;
-  LAZYRAG_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  LAZYRAG_RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
   if (dev >= 0 && dev < kMaxDevices) cached[dev] = n;
   *sms = n;
   return absl::OkStatus();
@@ -148,13 +148,13 @@ absl::Status DeviceSmCount(int* sms) {
 
 absl::Status SetSmemLimitOnce(const void* kernel, int bytes, std::atomic<uint64_t>* done) {
   int dev = 0;
-  LAZYRAG_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  LAZYRAG_RETURN_IF_CUDA_ERROR(cudaGetDevice(&dev));
   const uint64_t bit = dev < 64 ? (uint64_t(1) << dev) : 0;
   if (bit != 0 && (done->load(std::memory_order_acquire) & bit)) return absl::OkStatus();
-  LAZYRAG_CUDA_RETURN_IF_ERROR(
+  LAZYRAG_RETURN_IF_CUDA_ERROR(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   // All of the unified L1/shared storage as shared memory, so two blocks fit per SM.
-  LAZYRAG_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+  LAZYRAG_RETURN_IF_CUDA_ERROR(cudaFuncSetAttribute(
       kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   done->fetch_or(bit, std::memory_order_acq_rel);
   return absl::OkStatus();
@@ -209,7 +209,7 @@ absl::Status MakeKernelParams(const LazyAttentionParams& params, int base_blocks
 
 absl::Status SmallMergeKernelAttributes(cudaFuncAttributes* attr, int* threads) {
   *threads = kMergeThreads;
-  LAZYRAG_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(attr, MergeSplitsKernel<128, true>));
+  LAZYRAG_RETURN_IF_CUDA_ERROR(cudaFuncGetAttributes(attr, MergeSplitsKernel<128, true>));
   return absl::OkStatus();
 }
 

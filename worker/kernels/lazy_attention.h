@@ -4,7 +4,7 @@
 // type leaks into includers except cudaStream_t (forward-declared below exactly as the CUDA
 // headers declare it). bf16 tensors are passed as their raw 16-bit patterns (uint16_t).
 //
-// Semantics are those of PagedAttentionCpu (worker/backend/cpu/attention_cpu.h), the ground
+// Semantics are those of PagedAttentionCpu (worker/attention/attention_cpu.h), the ground
 // truth these kernels are tested against:
 //   * kRotatedLocal (LAZY, the default): keys are stored rotated at their segment-local
 //     position j; the query row at logical position p is re-rotated by p - seg_start[s] once
@@ -28,8 +28,8 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "worker/backend/cpu/attention_cpu.h"  // AttentionShape, KeyLayout
-#include "worker/backend/segment_view.h"
+#include "worker/attention/attention_types.h"
+#include "worker/attention/segment_view.h"
 
 struct CUstream_st;
 typedef struct CUstream_st* cudaStream_t;
@@ -84,7 +84,7 @@ struct LazyAttentionParams {
   const uint16_t* k_cache = nullptr;  // [num_pages, page_size, num_kv_heads, head_dim] bf16
   const uint16_t* v_cache = nullptr;  // [num_pages, page_size, num_kv_heads, head_dim] bf16
   uint16_t* out = nullptr;            // [num_q, num_heads, head_dim] bf16; rows with no key = 0
-  const float* inv_freq = nullptr;    // [head_dim / 2] (worker/backend/rope.h)
+  const float* inv_freq = nullptr;    // [head_dim / 2] (worker/attention/rope.h)
   SegmentView view;                   // all arrays in device memory; page_size >= 1
 
   // Host-side planning hints (the launcher never reads device memory).

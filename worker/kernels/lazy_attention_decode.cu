@@ -411,9 +411,9 @@ absl::Status DecodeSplitMergeResidency(bool* fits, std::string* report) {
   int mrg_threads = 0;
   RETURN_IF_ERROR(detail::SmallMergeKernelAttributes(&mrg, &mrg_threads));
   int dev = 0;
-  LAZYRAG_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  LAZYRAG_RETURN_IF_CUDA_ERROR(cudaGetDevice(&dev));
   cudaDeviceProp prop = {};
-  LAZYRAG_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, dev));
+  LAZYRAG_RETURN_IF_CUDA_ERROR(cudaGetDeviceProperties(&prop, dev));
   // Registers are allocated per warp in units of 256; shared memory per block includes the
   // driver's reserved bytes.
   const auto warp_regs = [](int per_thread) { return (per_thread * 32 + 255) / 256 * 256; };
@@ -428,7 +428,7 @@ absl::Status DecodeSplitMergeResidency(bool* fits, std::string* report) {
   report->clear();
   for (const auto& [kernel, dyn_smem] : kernels) {
     cudaFuncAttributes dec = {};
-    LAZYRAG_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&dec, kernel));
+    LAZYRAG_RETURN_IF_CUDA_ERROR(cudaFuncGetAttributes(&dec, kernel));
     const int64_t regs =
         2 * dec_warps * warp_regs(dec.numRegs) + mrg_warps * warp_regs(mrg.numRegs);
     const int64_t smem = 2 * (dyn_smem + int64_t(dec.sharedSizeBytes) + reserved) +

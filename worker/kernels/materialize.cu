@@ -130,7 +130,7 @@ absl::Status Materialize(const MaterializeParams& p, cudaStream_t stream) {
       return absl::InvalidArgumentError(
           absl::StrCat("head_dim must be 64 or 128, got ", p.head_dim));
   }
-  LAZYRAG_CUDA_CHECK_LAUNCH();
+  LAZYRAG_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
 

@@ -1,7 +1,7 @@
 // MATERIALIZE (Block-Attention's path): copy cached document KV into a request's own pages
 // and re-rotate every key by the document's rope delta, R(delta) R(j) k = R(delta + j) k.
 // Values are copied as they are. Bandwidth-bound: 16-byte loads and stores, one launch for
-// all copies and all layers. Matches MaterializeCpu (worker/backend/cpu/attention_cpu.h).
+// all copies and all layers. Matches MaterializeCpu (worker/attention/attention_cpu.h).
 #pragma once
 
 #include <cstdint>

@@ -23,7 +23,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "worker/backend/segment_view.h"
+#include "worker/attention/segment_view.h"
 #include "worker/kernels/attention_internal.cuh"
 #include "worker/kernels/lazy_attention.h"
 

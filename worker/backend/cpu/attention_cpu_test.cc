@@ -1,4 +1,4 @@
-#include "worker/backend/cpu/attention_cpu.h"
+#include "worker/attention/attention_cpu.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 
 #include "gtest/gtest.h"
 #include "worker/backend/cpu/cpu_backend.h"
-#include "worker/backend/rope.h"
+#include "worker/attention/rope.h"
 
 namespace lazyrag {
 namespace {

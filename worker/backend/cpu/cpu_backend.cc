@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/parallel.h"
 #include "common/status.h"
-#include "worker/backend/rope.h"
+#include "worker/attention/rope.h"
 
 namespace lazyrag {
 namespace {

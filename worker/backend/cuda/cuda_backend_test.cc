@@ -23,7 +23,7 @@
 
 #include "gtest/gtest.h"
 #include "worker/backend/cpu/cpu_backend.h"
-#include "worker/backend/cuda/model_kernels.h"
+#include "worker/kernels/model_kernels.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_test_util.h"
 #include "worker/model/model_source.h"

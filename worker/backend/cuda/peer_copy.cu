@@ -1,7 +1,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "worker/backend/cuda/cuda_check.h"
+#include "worker/kernels/cuda_check.h"
 #include "worker/backend/cuda/peer_copy.h"
 
 namespace lazyrag::peer_copy {

@@ -1,4 +1,5 @@
-// Status-returning checks for CUDA runtime and cuBLAS calls in the CUDA backend (never abort).
+// The one family of status-returning checks for CUDA runtime and cuBLAS calls, used by the
+// kernels and the CUDA backend (never abort).
 #pragma once
 
 #include <cublas_v2.h>

@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "worker/backend/segment_view.h"
+#include "worker/attention/segment_view.h"
 #include "worker/kernels/materialize.h"
 
 struct CUstream_st;
@@ -21,7 +21,7 @@ typedef struct CUstream_st* cudaStream_t;
 namespace lazyrag::cuda_model {
 
 // cos/sin of every new key's RoPE angles, computed once per forward step in double (as
-// worker/backend/rope.h does on the CPU) and shared by every layer and KV head.
+// worker/attention/rope.h does on the CPU) and shared by every layer and KV head.
 struct RopeTableParams {
   const int32_t* pos = nullptr;     // [num_tokens] rotation positions (kv_pos)
   const float* inv_freq = nullptr;  // [half]

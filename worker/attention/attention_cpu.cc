@@ -1,4 +1,4 @@
-#include "worker/backend/cpu/attention_cpu.h"
+#include "worker/attention/attention_cpu.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "common/parallel.h"
-#include "worker/backend/rope.h"
+#include "worker/attention/rope.h"
 
 namespace lazyrag {
 namespace {

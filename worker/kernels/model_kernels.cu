@@ -5,8 +5,8 @@
 #include <climits>
 #include <cmath>
 
-#include "worker/backend/cuda/cuda_check.h"
-#include "worker/backend/cuda/model_kernels.h"
+#include "worker/kernels/cuda_check.h"
+#include "worker/kernels/model_kernels.h"
 #include "worker/kernels/attention_internal.cuh"  // PdlWait, LaunchPdlKernel
 #include "worker/model/synthetic_init.h"
 
