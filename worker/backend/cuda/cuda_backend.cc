@@ -212,8 +212,9 @@ class CudaBackend final : public Backend {
   absl::Status ForwardImpl(const ForwardBatch& batch, std::vector<float>* logits,
                            std::vector<int32_t>* ids);
   bool tensor_parallel() const { return options_.shard.size > 1; }
-  // Sums `data` over the ranks in place on the stream (no-op without tensor parallelism).
-  absl::Status AllReduce(void* data, int64_t count, bool bf16) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sums `count` bf16 elements at `data` over the ranks in place on the stream (no-op without
+  // tensor parallelism).
+  absl::Status AllReduce(uint16_t* data, int64_t count) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The transport kernel's parameters for `num_tokens` tokens of the page run at `pages` (device).
   cuda_model::KvTransportParams TransportParams(const int32_t* pages, int num_tokens,
                                                 uint16_t* buffer, bool to_buffer) const;
@@ -260,9 +261,9 @@ class CudaBackend final : public Backend {
   // shape comes round a second time, else queues it eagerly. See CudaBackendOptions::cuda_graphs.
   absl::Status RunStep(const Step& s, int num_segments) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ClearGraphs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // y[rows, n] (+)= x[rows, k] * w[n, k]^T, bf16 inputs, fp32 accumulation.
+  // y[rows, n] = x[rows, k] * w[n, k]^T, bf16 inputs, fp32 accumulation, y of y_type.
   absl::Status Gemm(const uint16_t* x, const uint16_t* w, void* y, cudaDataType y_type, int rows,
-                    int n, int k, bool accumulate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                    int n, int k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint16_t* LayerK(int layer) const { return pool_k_ + int64_t(layer) * layer_stride_; }
   uint16_t* LayerV(int layer) const { return LayerK(layer) + kv_elems_; }
 
@@ -323,7 +324,7 @@ class CudaBackend final : public Backend {
   float* qkv_ = nullptr;         // [T, q_dim + 2 kv_dim] fp32
   uint16_t* q_ = nullptr;        // [T, q_dim] bf16
   uint16_t* attn_ = nullptr;     // [T, q_dim] bf16
-  uint16_t* delta_ = nullptr;    // [T, hidden] bf16 projection output (residual not in GEMM)
+  uint16_t* delta_ = nullptr;    // [T, hidden] bf16 projection output, added by the next RMSNorm
   uint16_t* gate_up_ = nullptr;  // [T, 2 ff] bf16
   uint16_t* act_ = nullptr;      // [T, ff] bf16
   float* rope_ = nullptr;        // [T, head_dim / 2, 2]
@@ -741,9 +742,9 @@ absl::Status CudaBackend::ReserveActivations(int tokens, int rows) {
 }
 
 absl::Status CudaBackend::Gemm(const uint16_t* x, const uint16_t* w, void* y, cudaDataType y_type,
-                               int rows, int n, int k, bool accumulate) {
+                               int rows, int n, int k) {
   if (rows == 0) return absl::OkStatus();
-  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  const float alpha = 1.0f, beta = 0.0f;
   // Column-major view: y^T[n, rows] = w[n, k] (stored as k x n, transposed) * x^T[k, rows].
   LAZYRAG_RETURN_IF_CUBLAS_ERROR(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, k, &alpha,
                                               w, CUDA_R_16BF, k, x, CUDA_R_16BF, k, &beta, y,
@@ -891,13 +892,10 @@ absl::Status CudaBackend::EnqueueStep(const Step& s) {
   const int d = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(), ff = c.intermediate_size;
   RETURN_IF_ERROR(
       cuda_model::LaunchRopeTable({s.kv_pos, inv_freq, rope_, T, c.head_dim / 2}, stream_));
-  // Residual add: inside the O / down GEMMs (beta = 1) or, pending in delta_, fused into the
-  // next RMSNorm. Tensor parallelism: every rank holds the same residual x_; rank 0 adds its
-  // partial to it (beta = 1), the others overwrite it with theirs (beta = 0), and the
-  // all-reduce leaves x + sum of partials on every rank. Outside the GEMM the bf16 partials in
-  // delta_ are summed and every rank's next RMSNorm adds them to its own x_.
-  const bool in_gemm = options_.residual_add_in_gemm;
-  const bool residual_rank = options_.shard.rank == 0;
+  // Residual add: the O and down projections write bf16 into delta_ and the next RMSNorm adds
+  // it to the fp32 residual x_ (measured faster than cuBLAS's fp32 beta = 1 outputs; see
+  // bench/README.md). Tensor parallelism: every rank holds the same residual; the bf16 partials
+  // in delta_ are summed over the ranks and every rank's next RMSNorm adds them to its own x_.
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeightsDevice& L = layers_[l];
     cuda_model::RmsNormParams norm;
@@ -912,10 +910,10 @@ absl::Status CudaBackend::EnqueueStep(const Step& s) {
       norm.tokens = s.tokens;
     } else {
       norm.x = x_;
-      if (!in_gemm) norm.residual = delta_;
+      norm.residual = delta_;
     }
     RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(norm, stream_));
-    RETURN_IF_ERROR(Gemm(h_, L.wqkv, qkv_, CUDA_R_32F, T, qd + 2 * kvd, d, false));
+    RETURN_IF_ERROR(Gemm(h_, L.wqkv, qkv_, CUDA_R_32F, T, qd + 2 * kvd, d));
     cuda_model::QkvScatterParams scatter;
     scatter.qkv = qkv_;
     scatter.rope = rope_;
@@ -963,45 +961,35 @@ absl::Status CudaBackend::EnqueueStep(const Step& s) {
       ap.view = view;
       RETURN_IF_ERROR(cuda_model::LaunchFallbackAttention(ap, stream_));
     }
-    if (in_gemm) {
-      RETURN_IF_ERROR(Gemm(attn_, L.wo, x_, CUDA_R_32F, T, d, qd, residual_rank));
-      RETURN_IF_ERROR(AllReduce(x_, int64_t(T) * d, false));
-    } else {
-      RETURN_IF_ERROR(Gemm(attn_, L.wo, delta_, CUDA_R_16BF, T, d, qd, false));
-      RETURN_IF_ERROR(AllReduce(delta_, int64_t(T) * d, true));
-    }
+    RETURN_IF_ERROR(Gemm(attn_, L.wo, delta_, CUDA_R_16BF, T, d, qd));
+    RETURN_IF_ERROR(AllReduce(delta_, int64_t(T) * d));
     cuda_model::RmsNormParams ffn_norm;
     ffn_norm.x = x_;
     ffn_norm.x_out = x_;
-    if (!in_gemm) ffn_norm.residual = delta_;
+    ffn_norm.residual = delta_;
     ffn_norm.weight = L.ffn_norm;
     ffn_norm.out = h_;
     ffn_norm.num_rows = T;
     ffn_norm.dim = d;
     ffn_norm.eps = c.rms_norm_eps;
     RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(ffn_norm, stream_));
-    RETURN_IF_ERROR(Gemm(h_, L.w_gate_up, gate_up_, CUDA_R_16BF, T, 2 * ff, d, false));
+    RETURN_IF_ERROR(Gemm(h_, L.w_gate_up, gate_up_, CUDA_R_16BF, T, 2 * ff, d));
     RETURN_IF_ERROR(cuda_model::LaunchSwiGlu({gate_up_, act_, T, ff}, stream_));
-    if (in_gemm) {
-      RETURN_IF_ERROR(Gemm(act_, L.w_down, x_, CUDA_R_32F, T, d, ff, residual_rank));
-      RETURN_IF_ERROR(AllReduce(x_, int64_t(T) * d, false));
-    } else {
-      RETURN_IF_ERROR(Gemm(act_, L.w_down, delta_, CUDA_R_16BF, T, d, ff, false));
-      RETURN_IF_ERROR(AllReduce(delta_, int64_t(T) * d, true));
-    }
+    RETURN_IF_ERROR(Gemm(act_, L.w_down, delta_, CUDA_R_16BF, T, d, ff));
+    RETURN_IF_ERROR(AllReduce(delta_, int64_t(T) * d));
   }
   if (R == 0) return absl::OkStatus();
   cuda_model::RmsNormParams final_norm;
   final_norm.x = x_;
   final_norm.rows = s.logit_rows;
-  if (!in_gemm) final_norm.residual = delta_;
+  final_norm.residual = delta_;
   final_norm.weight = final_norm_;
   final_norm.out = h_rows_;
   final_norm.num_rows = R;
   final_norm.dim = d;
   final_norm.eps = c.rms_norm_eps;
   RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(final_norm, stream_));
-  RETURN_IF_ERROR(Gemm(h_rows_, lm_head_, logits_, CUDA_R_32F, R, c.vocab_size, d, false));
+  RETURN_IF_ERROR(Gemm(h_rows_, lm_head_, logits_, CUDA_R_32F, R, c.vocab_size, d));
   return absl::OkStatus();
 }
 
@@ -1266,16 +1254,14 @@ absl::Status CudaBackend::CopyPagesFromPeer(const PeerPoolHandle& peer,
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::AllReduce(void* data, int64_t count, bool bf16) {
+absl::Status CudaBackend::AllReduce(uint16_t* data, int64_t count) {
   if (!tensor_parallel() || count == 0) return absl::OkStatus();
 #ifdef LAZYRAG_HAVE_NCCL
-  LAZYRAG_RETURN_IF_NCCL_ERROR(ncclAllReduce(data, data, size_t(count),
-                                             bf16 ? ncclBfloat16 : ncclFloat, ncclSum,
+  LAZYRAG_RETURN_IF_NCCL_ERROR(ncclAllReduce(data, data, size_t(count), ncclBfloat16, ncclSum,
                                              static_cast<ncclComm_t>(options_.nccl_comm), stream_));
   return absl::OkStatus();
 #else
   (void)data;
-  (void)bf16;
   return absl::UnimplementedError("cuda backend: built without NCCL (no tensor parallelism)");
 #endif
 }
