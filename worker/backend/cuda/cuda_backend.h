@@ -1,20 +1,20 @@
 // CUDA backend: the Llama forward in bf16 on one GPU, behind the Backend interface
 // (worker/backend/backend.h), checked against the fp32 CPU backend.
 //
-// * Weights: bf16 in one device allocation; Q|K|V and gate|up fused into one
+// * Weights (cuda_weights.h): bf16 in one device allocation; Q|K|V and gate|up fused into one
 //   GEMM each. Host fp32 weights are rounded to bf16 on the device after upload; synthetic
 //   models are generated in device memory, bit-identical to the loader's fp32 values before
 //   bf16 rounding.
-// * Activations: the residual stream is fp32; GEMM inputs are bf16; cuBLAS
+// * Activations (device_buffers.h): the residual stream is fp32; GEMM inputs are bf16; cuBLAS
 //   accumulates in fp32; the O and down projections write bf16 that the next RMSNorm kernel
 //   adds to the residual (the fused residual-add + norm).
-// * KV pool: one bf16 allocation,
+// * KV pool (cuda_kv_pool.h): one bf16 allocation,
 //   [num_layers][K | V][num_pages, page_size, kv_heads, head_dim].
 // * Attention: worker/kernels LazyAttentionDecode when every request has one query row, else
 //   LazyAttentionPrefill (head dims 64 and 128); a CUDA-core fallback for other head dims.
-// * Small steps may run from CUDA graphs (CudaBackendOptions::cuda_graphs).
+// * Small steps may run from CUDA graphs (step_graphs.h).
 //
-// * Tensor parallelism (options.shard, worker/backend/tp_shard.h): the
+// * Tensor parallelism (options.shard, worker/backend/tp_shard.h; cuda_tensor_parallel.h): the
 //   backend holds rank r's slice (heads, KV heads, intermediate columns); synthetic slices are
 //   generated with their global indices, so TP=N weights are bit-identical slices of TP=1's;
 //   host weights are sliced on the host before upload. The bf16 outputs of the O and down
