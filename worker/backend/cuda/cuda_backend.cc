@@ -450,8 +450,7 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
   final_norm.dim = d;
   final_norm.eps = c.rms_norm_eps;
   RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(final_norm, stream_));
-  RETURN_IF_ERROR(
-      Gemm(a.h_rows, weights_.lm_head(), a.logits, CUDA_R_32F, R, c.vocab_size, d));
+  RETURN_IF_ERROR(Gemm(a.h_rows, weights_.lm_head(), a.logits, CUDA_R_32F, R, c.vocab_size, d));
   return absl::OkStatus();
 }
 
@@ -470,8 +469,9 @@ absl::Status CudaBackend::RunStep(const DeviceStep& s, int num_segments) {
   if (!options_.cuda_graphs) return EnqueueStep(g);
   // Upload offsets depend only on (tokens, logit rows, requests, segments): page indices go
   // last (StepPlan).
-  const StepGraphKey key = {g.tokens_n, g.rows_n,    g.view.num_requests, num_segments,
-                            g.max_q_len, g.max_kv_len, g.decode ? 1 : 0};
+  const StepGraphKey key = {
+      g.tokens_n, g.rows_n, g.view.num_requests, num_segments, g.max_q_len, g.max_kv_len,
+      g.decode ? 1 : 0};
   return graphs_.Run(key, s.tokens_n, stream_,
                      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return EnqueueStep(g); });
 }

@@ -58,9 +58,9 @@ class CudaWeights {
                                           cudaStream_t stream) const;
 
   const LayerWeightsDevice& layer(int l) const { return layers_[l]; }
-  const uint16_t* embedding() const { return embedding_; }    // [vocab, hidden]
-  const uint16_t* lm_head() const { return lm_head_; }        // [vocab, hidden]
-  const float* final_norm() const { return final_norm_; }     // [hidden] fp32
+  const uint16_t* embedding() const { return embedding_; }  // [vocab, hidden]
+  const uint16_t* lm_head() const { return lm_head_; }      // [vocab, hidden]
+  const float* final_norm() const { return final_norm_; }   // [hidden] fp32
 
  private:
   struct TensorRef;
