@@ -12,9 +12,8 @@
 //
 // Usage: ttft_bench [--model NAME] [--docs N] [--doc_len N] [--query N] [--runs N]
 //                   [--warmup N] [--cold_runs N] [--chunk N] [--page_size N]
-//                   [--decode_steps N] [--residual_in_gemm 0|1] [--cuda_graphs 0|1]
-//                   [--step_times 0|1] [--idle_ms N] [--early_kv 0|1]
-//                   [--profile] [--out PATH]
+//                   [--decode_steps N] [--cuda_graphs 0|1] [--step_times 0|1]
+//                   [--idle_ms N] [--early_kv 0|1] [--profile] [--out PATH]
 #include <cuda_profiler_api.h>
 
 #include <algorithm>
@@ -48,13 +47,12 @@ struct BenchOptions {
   int chunk = 2048;  // prefill rows per forward step
   int page_size = 16;
   int decode_steps = 32;
-  bool residual_in_gemm = false;  // CudaBackendOptions::residual_add_in_gemm
-  bool cuda_graphs = true;        // CudaBackendOptions::cuda_graphs
-  bool step_times = true;         // CudaBackendOptions::time_steps: where LAZY's TTFT goes
-  bool early_kv = true;           // CudaBackendOptions::early_kv_reads
-  int idle_ms = 0;                // GPU idle before each timed request (a lone request)
-  bool profile = false;           // one LAZY request (prefill + 1 decode step) between
-                                  // cudaProfilerStart/Stop after warm-up, then exit (for ncu)
+  bool cuda_graphs = true;  // CudaBackendOptions::cuda_graphs
+  bool step_times = true;   // CudaBackendOptions::time_steps: where LAZY's TTFT goes
+  bool early_kv = true;     // CudaBackendOptions::early_kv_reads
+  int idle_ms = 0;          // GPU idle before each timed request (a lone request)
+  bool profile = false;     // one LAZY request (prefill + 1 decode step) between
+                            // cudaProfilerStart/Stop after warm-up, then exit (for ncu)
   std::string out;
 };
 
@@ -89,8 +87,6 @@ int Main(int argc, char** argv) {
       o.page_size = std::max(1, std::atoi(argv[++i]));
     else if (arg("--decode_steps"))
       o.decode_steps = std::max(1, std::atoi(argv[++i]));
-    else if (arg("--residual_in_gemm"))
-      o.residual_in_gemm = std::atoi(argv[++i]) != 0;
     else if (arg("--step_times"))
       o.step_times = std::atoi(argv[++i]) != 0;
     else if (arg("--early_kv"))
@@ -107,7 +103,7 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: %s [--model NAME] [--docs N] [--doc_len N] [--query N] [--runs N] "
                    "[--warmup N] [--cold_runs N] [--chunk N] [--page_size N] "
-                   "[--decode_steps N] [--residual_in_gemm 0|1] [--cuda_graphs 0|1] "
+                   "[--decode_steps N] [--cuda_graphs 0|1] "
                    "[--step_times 0|1] [--idle_ms N] [--early_kv 0|1] [--profile] "
                    "[--out PATH]\n",
                    argv[0]);
@@ -123,7 +119,6 @@ int Main(int argc, char** argv) {
   if (!model.ok()) return Fail(model.status(), "load model");
   const ModelConfig config = model->config;
   CudaBackendOptions bo;
-  bo.residual_add_in_gemm = o.residual_in_gemm;
   bo.cuda_graphs = o.cuda_graphs;
   bo.time_steps = o.step_times;
   bo.early_kv_reads = o.early_kv;
@@ -346,7 +341,6 @@ int Main(int argc, char** argv) {
     f << "{\n  \"bench\": \"ttft_bench\",\n  \"model\": \"" << o.model << "\",\n"
       << "  \"docs\": " << o.docs << ", \"doc_len\": " << o.doc_len << ", \"query\": " << o.query
       << ", \"prompt_tokens\": " << prompt_tokens << ",\n"
-      << "  \"residual_in_gemm\": " << (o.residual_in_gemm ? "true" : "false") << ",\n"
       << "  \"cuda_graphs\": " << (o.cuda_graphs ? "true" : "false") << ",\n"
       << "  \"early_kv\": " << (o.early_kv ? "true" : "false") << ",\n"
       << "  \"idle_ms\": " << o.idle_ms << ",\n"

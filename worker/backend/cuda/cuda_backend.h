@@ -1,25 +1,25 @@
 // CUDA backend: the Llama forward in bf16 on one GPU, behind the Backend interface
 // (worker/backend/backend.h), checked against the fp32 CPU backend.
 //
-// * Weights: bf16 in one device allocation; Q|K|V and gate|up fused into one GEMM each.
-//   Host fp32 weights are rounded to bf16 on the device after upload; synthetic models are
-//   generated in device memory from (seed, tag, index), bit-identical to the loader's fp32
-//   values before bf16 rounding (norm weights, tiny, are filled on the host by the loader's
-//   own functions and uploaded in fp32).
-// * Activations: the residual stream is fp32; GEMM inputs are bf16; cuBLAS accumulates in
-//   fp32; the O and down projections add into the fp32 residual in the GEMM (beta = 1) or,
-//   by option, write bf16 that the next RMSNorm kernel adds to the residual.
-// * KV pool: one bf16 allocation, [num_layers][K | V][num_pages, page_size, kv_heads, head_dim].
+// * Weights (cuda_weights.h): bf16 in one device allocation; Q|K|V and gate|up fused into one
+//   GEMM each. Host fp32 weights are rounded to bf16 on the device after upload; synthetic
+//   models are generated in device memory, bit-identical to the loader's fp32 values before
+//   bf16 rounding.
+// * Activations (device_buffers.h): the residual stream is fp32; GEMM inputs are bf16; cuBLAS
+//   accumulates in fp32; the O and down projections write bf16 that the next RMSNorm kernel
+//   adds to the residual (the fused residual-add + norm).
+// * KV pool (cuda_kv_pool.h): one bf16 allocation,
+//   [num_layers][K | V][num_pages, page_size, kv_heads, head_dim].
 // * Attention: worker/kernels LazyAttentionDecode when every request has one query row, else
 //   LazyAttentionPrefill (head dims 64 and 128); a CUDA-core fallback for other head dims.
+// * Small steps may run from CUDA graphs (step_graphs.h).
 //
-// * Tensor parallelism (options.shard, worker/backend/tp_shard.h): the backend holds rank r's
-//   slice (heads, KV heads, intermediate columns); synthetic slices are generated with their
-//   global indices, so TP=N weights are bit-identical slices of TP=1's; host weights are sliced
-//   on the host before upload. The O and down projections' partial sums are all-reduced with
-//   NCCL on the backend's stream (rank 0 adds the residual inside the GEMM, the others write
-//   their partials, ncclAllReduce(x) leaves residual + partials on every rank; with the
-//   residual outside the GEMM the bf16 projection outputs are all-reduced in bf16).
+// * Tensor parallelism (options.shard, worker/backend/tp_shard.h; cuda_tensor_parallel.h): the
+//   backend holds rank r's slice (heads, KV heads, intermediate columns); synthetic slices are
+//   generated with their global indices, so TP=N weights are bit-identical slices of TP=1's;
+//   host weights are sliced on the host before upload. The bf16 outputs of the O and down
+//   projections (each rank's partial sums) are all-reduced with NCCL on the backend's stream
+//   before the next RMSNorm adds them to every rank's residual.
 //
 // Thread safety: every method takes an internal lock; calls are serialized on one stream.
 #pragma once
@@ -42,21 +42,13 @@ struct CudaBackendOptions {
   bool synthetic_on_device = true;
   // Scratch for split-KV attention; 0: enough for 64 query rows at the kernels' maximum split.
   int64_t attention_workspace_bytes = 0;
-  // true: the O and down projections add into the fp32 residual inside the GEMM (cuBLAS
-  // beta = 1, fp32 output); false: they write bf16 and the next RMSNorm kernel adds them to
-  // the residual (the fused residual-add + norm). ttft_bench --residual_in_gemm measures both:
-  // on the H200 (2026-11-29, 8B shape, same call) LAZY TTFT 6.86 ms without vs 7.18 ms with
-  // (cuBLAS adds split-K reduction kernels for the fp32 beta = 1 outputs), MATERIALIZE 7.47 vs
-  // 7.76, decode step 5.64 vs 5.68, FULL equal; so the default is false (the projection
-  // output is rounded to bf16 once before the fp32 add).
-  bool residual_add_in_gemm = false;
   // CUDA graphs for steps of at most graph_max_tokens tokens (decode batches, short query
   // blocks): a step shape seen a second time is captured once and replayed from then on
   // (~12 kernels per layer launched as one graph). Keyed by tokens, logit rows, requests,
   // segments, longest query and longest KV rounded up to 256 (rounded with graphs off too, so
   // a replay gives the eager step's logits bit for bit); at most max_graphs kept (least
-  // recently used dropped). One rank only (not with tensor parallelism). ttft_bench
-  // --cuda_graphs 0|1 measures both.
+  // recently used dropped). One rank only (not with tensor parallelism). On by default:
+  // measured faster (ttft_bench --cuda_graphs 0|1; see bench/README.md).
   bool cuda_graphs = true;
   int graph_max_tokens = 256;
   int max_graphs = 64;
@@ -66,7 +58,8 @@ struct CudaBackendOptions {
   bool time_steps = false;
   // The decode attention kernel may start gathering the K/V of documents and earlier steps
   // before the step's QKV scatter has finished (kernels::LazyAttentionParams::stable_history: the
-  // scatter writes only the step's own rows). ttft_bench --early_kv 0|1 measures both.
+  // scatter writes only the step's own rows). On by default: measured faster (ttft_bench
+  // --early_kv 0|1; see bench/README.md).
   bool early_kv_reads = true;
   // Tensor parallelism: this backend is rank shard.rank of shard.size (CreateCudaBackend takes
   // the global model and keeps the rank's slice). `nccl_comm` is that rank's ncclComm_t

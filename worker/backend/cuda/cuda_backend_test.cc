@@ -241,12 +241,8 @@ TEST(CudaBackendTest, TinyMatchesCpuAllModes) {
 TEST(CudaBackendTest, SmolLm2ShapeMatchesCpuAllModes) {
   SKIP_WITHOUT_DEVICE();
   for (int page_size : {16, 64}) {
-    // Both residual paths: added inside the GEMM (page 16) and fused into RMSNorm (page 64).
-    CudaBackendOptions co;
-    co.residual_add_in_gemm = page_size == 16;
-    SCOPED_TRACE(testing::Message()
-                 << "page size " << page_size << ", residual in GEMM " << co.residual_add_in_gemm);
-    EnginePair e = MakePair("synthetic:smollm2-135m@5", page_size, 128, co);
+    SCOPED_TRACE(testing::Message() << "page size " << page_size);
+    EnginePair e = MakePair("synthetic:smollm2-135m@5", page_size, 128);
     ASSERT_TRUE(e.cpu && e.gpu);
     std::mt19937 rng(page_size);
     const int vocab = e.cpu->config().vocab_size;

@@ -1,8 +1,8 @@
 // Tensor parallelism on the CUDA backend (issue 9, must-show 1 and 2): the TP=1 wrapper against
 // the plain backend on one GPU; on two GPUs, TP=2 (NCCL all-reduce) against TP=1 on the
 // Llama-3.1-8B shape with 4 layers through the Engine in FULL, LAZY and MATERIALIZE with decode
-// steps, LAZY against MATERIALIZE at TP=2, both residual paths, and document KV exported at
-// TP=1 and imported at TP=2 (the transport form does not depend on the degree).
+// steps, LAZY against MATERIALIZE at TP=2, pages of 16 and 64 tokens, and document KV exported
+// at TP=1 and imported at TP=2 (the transport form does not depend on the degree).
 // Skips cleanly without a device, and the two-GPU tests with fewer than two.
 //
 // Tolerances: TP=2 sums the O and down projections' partials in another order (fp32) and,
@@ -139,22 +139,18 @@ TEST(CudaTensorParallelTest, TwoRanksMatchOneRankOn8BShapeAllModes) {
                   "8B TP=2 LAZY reordered");
 }
 
-// The non-default residual path (added inside the O / down GEMMs, fp32 all-reduce of the
-// residual stream itself); the other tests use the default (bf16 projection outputs
-// all-reduced, added in the next RMSNorm).
-TEST(CudaTensorParallelTest, TwoRanksResidualInsideGemmMatchesOneRank) {
+// Pages of 64 tokens (the other tests use 16): documents end mid-page at another offset.
+TEST(CudaTensorParallelTest, TwoRanksMatchOneRankWithPageSize64) {
   SKIP_WITH_FEWER_DEVICES(2);
   LoadedModel m = Llama8BShape(2);
-  CudaBackendOptions co;
-  co.residual_add_in_gemm = true;
-  std::unique_ptr<Engine> tp2 = MakeEngine(CreateCudaTensorParallelBackend(m, 2, co), 64);
-  std::unique_ptr<Engine> tp1 = MakeEngine(CreateCudaBackend(m, co), 64);
+  std::unique_ptr<Engine> tp2 = MakeEngine(CreateCudaTensorParallelBackend(m, 2), 64);
+  std::unique_ptr<Engine> tp1 = MakeEngine(CreateCudaBackend(m), 64);
   ASSERT_TRUE(tp1 && tp2);
   std::mt19937 rng(9);
   TokenPrompt rag = RagPrompt(rng, m.config.vocab_size, {100, 70}, 17);
   ExpectRunsMatch(RunMode(*tp2, rag, AttentionMode::kLazy, 4),
                   RunMode(*tp1, rag, AttentionMode::kLazy, 4), kTpTolerance,
-                  "8B TP=2 residual inside GEMM LAZY");
+                  "8B TP=2 page size 64 LAZY");
 }
 
 using backend_test::DocumentBatch;

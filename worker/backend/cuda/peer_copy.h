@@ -1,10 +1,10 @@
 // Document KV copied between the paged pools of two GPUs of one host (issue 9, the fast path of
 // the peer tier): pages of a peer's pool straight into free pages of ours over NVLink, no host
 // round trip. Free functions on raw device pointers and a pool layout, so that a backend hooks
-// them in with a few lines (CudaBackend::ExportPoolHandle / CopyPagesFromPeer) and bench/peer_transfer_bench
+// them in with a few lines (CudaKvPool::PeerHandle / CopyFromPeer) and bench/peer_transfer_bench
 // measures them beside the kvstore path's device parts.
 //
-// Pool layout (CudaBackend, cuda_backend.h): one allocation
+// Pool layout (CudaKvPool, cuda_kv_pool.h): one allocation
 //   [num_layers][K | V][num_pages * page_size, kv_dim] elements of elem_bytes,
 // so one (layer, K|V, page) is a contiguous block of page_size * kv_dim * elem_bytes bytes
 // (32 KiB for the Llama-3.1-8B shape at page size 16, bf16).
