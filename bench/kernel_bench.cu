@@ -41,7 +41,6 @@
 #include "bench/bench_check.h"
 #include "worker/attention/segment_view.h"
 #include "worker/kernels/attention_internal.cuh"  // diagnostics: the merge kernel alone
-#include "worker/kernels/attention_trace.cuh"
 #include "worker/kernels/lazy_attention.h"
 #include "worker/kernels/materialize.h"
 
@@ -519,149 +518,6 @@ std::string Json(const std::vector<Result>& rs, const cudaDeviceProp& prop, doub
   return s;
 }
 
-#ifdef LAZYRAG_ATTN_TRACE
-// Phase times of one traced launch (built with -DLAZYRAG_ATTN_TRACE): per trace point, the
-// median and maximum over blocks of the time since the block's entry (cycles converted with
-// the launch's own cycles-per-nanosecond), and where blocks enter and leave on the global
-// timer relative to the first entry.
-void PrintTrace(const char* name, int blocks, const std::vector<uint64_t>& raw) {
-  constexpr int P = detail::kTracePoints, S = detail::kTraceStride;
-  double cyc = 0, ns = 0;
-  uint64_t first_entry = ~uint64_t(0);
-  for (int b = 0; b < blocks; ++b) {
-    const uint64_t* c = &raw[size_t(b) * S];
-    cyc += double(c[P - 1] - c[0]);
-    ns += double(c[2 * P - 1] - c[P]);
-    first_entry = std::min(first_entry, c[P]);
-  }
-  const double ghz = ns > 0 ? cyc / ns : 1.0;
-  std::printf(
-      "\ntrace %s: %d blocks, %.2f cycles/ns\n  point  median_us  max_us (since the block's "
-      "entry)\n",
-      name, blocks, ghz);
-  static const char* kNames[P] = {"entry",     "after PdlWait",   "setup (Q, pos)",
-                                  "plan",      "prologue issued", "first tile landed",
-                                  "loop done", "stores done"};
-  for (int i = 0; i < P; ++i) {
-    std::vector<double> d;
-    for (int b = 0; b < blocks; ++b) {
-      const uint64_t* c = &raw[size_t(b) * S];
-      d.push_back(double(c[i] - c[0]) / ghz / 1000.0);
-    }
-    std::sort(d.begin(), d.end());
-    std::printf("  %-18s %8.2f %8.2f\n", kNames[i], d[d.size() / 2], d.back());
-  }
-  // On the global timer, relative to the first entry: where blocks enter, pass the wait and
-  // leave (deciles), and the slowest blocks' phases with their SM (and what else ran there).
-  auto at = [&](int b, int i) { return double(raw[size_t(b) * S + P + i] - first_entry) / 1000.0; };
-  auto deciles = [&](const char* what, int point) {
-    std::vector<double> d;
-    for (int b = 0; b < blocks; ++b) d.push_back(at(b, point));
-    std::sort(d.begin(), d.end());
-    std::printf("  global %-12s", what);
-    for (int q = 0; q <= 10; ++q)
-      std::printf(" %6.2f", d[std::min<size_t>(d.size() - 1, d.size() * q / 10)]);
-    std::printf("\n");
-  };
-  std::printf("  global deciles (us after the first entry):  p0 .. p100\n");
-  deciles("entry", 0);
-  deciles("after wait", 1);
-  deciles("first tile", 5);
-  deciles("loop done", 6);
-  deciles("exit", P - 1);
-  std::vector<int> order(blocks);
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int a, int b) { return at(a, P - 1) > at(b, P - 1); });
-  std::printf(
-      "  slowest blocks (global us): block sm | entry wait tile loop exit | co-resident blocks' "
-      "exits\n");
-  for (int k = 0; k < std::min(blocks, 8); ++k) {
-    const int b = order[k];
-    const uint64_t sm = raw[size_t(b) * S + 2 * P];
-    std::printf("    %4d %3llu | %6.2f %6.2f %6.2f %6.2f %6.2f |", b, (unsigned long long)sm,
-                at(b, 0), at(b, 1), at(b, 5), at(b, 6), at(b, P - 1));
-    for (int o = 0; o < blocks; ++o) {
-      if (o != b && raw[size_t(o) * S + 2 * P] == sm) std::printf(" %d:%.2f", o, at(o, P - 1));
-    }
-    std::printf("\n");
-  }
-  std::vector<int> per_sm(1024, 0);
-  int max_per_sm = 0, sms_used = 0;
-  for (int b = 0; b < blocks; ++b) {
-    const uint64_t sm = raw[size_t(b) * S + 2 * P];
-    if (sm < per_sm.size()) {
-      if (per_sm[sm]++ == 0) ++sms_used;
-      max_per_sm = std::max(max_per_sm, per_sm[sm]);
-    }
-  }
-  std::printf("  SMs used %d, at most %d blocks on one SM\n", sms_used, max_per_sm);
-}
-
-// Two consecutive decode b1 launches and the merge between them on one clock (global us
-// after the first launch's first block entry): deciles of the first decode's exits, the
-// merge's entry / PdlWait / weights / done, the second decode's entry and PdlWait.
-void PrintDecodeChain(int decode_blocks, int rows) {
-  constexpr int P = detail::kTracePoints, S = detail::kTraceStride;
-  const int last = (detail::DecodeTraceLaunches() - 1) & 1, prev = last ^ 1;
-  std::vector<uint64_t> first, merge, second;
-  BENCH_OK(detail::ReadDecodeTrace(decode_blocks, &first, prev));
-  BENCH_OK(detail::ReadMergeTrace(rows, &merge, prev));
-  BENCH_OK(detail::ReadDecodeTrace(decode_blocks, &second, last));
-  uint64_t t0 = ~0ull;
-  for (int b = 0; b < decode_blocks; ++b) t0 = std::min(t0, first[size_t(b) * S + P]);
-  const auto row = [&](const char* what, const std::vector<uint64_t>& raw, int blocks, int pt) {
-    std::vector<double> d;
-    for (int b = 0; b < blocks; ++b) {
-      d.push_back(double(int64_t(raw[size_t(b) * S + P + pt] - t0)) / 1000.0);
-    }
-    std::sort(d.begin(), d.end());
-    std::printf("  %-22s", what);
-    for (int q = 0; q <= 10; ++q) std::printf(" %6.2f", d[std::min(blocks - 1, q * blocks / 10)]);
-    std::printf("\n");
-  };
-  std::printf("decode_b1 chain: decode, its merge kernel, the next decode (global us, deciles)\n");
-  row("decode 1 after wait", first, decode_blocks, 1);
-  row("decode 1 exit", first, decode_blocks, P - 1);
-  row("merge entry", merge, rows, 0);
-  row("merge after wait", merge, rows, 1);
-  row("merge weights", merge, rows, 2);
-  row("merge done", merge, rows, 3);
-  row("decode 2 entry", second, decode_blocks, 0);
-  row("decode 2 after wait", second, decode_blocks, 1);
-  row("decode 2 first tile", second, decode_blocks, 5);
-}
-
-int RunTrace(const cudaDeviceProp& prop) {
-  std::mt19937 rng(1234);
-  // Decode b1 (and its chain with the merge kernel), query block 32 b1.
-  for (int q_len : {1, 32}) {
-    AttentionSetup s(1, q_len, prop.l2CacheSize, rng);
-    for (int rep = 0; rep < 5; ++rep) {  // warm-up; the last launch is the traced one
-      LazyAttentionParams p = s.Params(rep % s.copies, false, KeyLayout::kRotatedLocal);
-      // The trace points are in the cp.async wgmma kernel (64-key tiles: the split launch's
-      // choice there), not in the warp-specialized default.
-      p.prefill_kernel = PrefillKernel::kWgmmaKeys64;
-      BENCH_OK(q_len == 1 ? LazyAttentionDecode(p, nullptr) : LazyAttentionPrefill(p, nullptr));
-    }
-    BENCH_CUDA(cudaDeviceSynchronize());
-    const LazyAttentionParams p = s.Params(0, false, KeyLayout::kRotatedLocal);
-    detail::AttentionKernelParams kp;
-    // The launchers' own split choice (decode: 2 blocks per SM, >= 128 keys per split;
-    // prefill: 1 block per SM, >= 256 keys per split; one query block of 32 rows x group 4).
-    BENCH_OK(
-        detail::MakeKernelParams(p, kKvHeads, q_len == 1 ? 2 : 1, q_len == 1 ? 128 : 256, &kp));
-    const int blocks = kKvHeads * kp.num_splits;
-    std::vector<uint64_t> raw;
-    BENCH_OK(q_len == 1 ? detail::ReadDecodeTrace(blocks, &raw,
-                                                  (detail::DecodeTraceLaunches() - 1) & 1)
-                        : detail::ReadPrefillWgmmaTrace(blocks, &raw));
-    PrintTrace(q_len == 1 ? "decode_b1" : "prefill_q32_b1 (wgmma)", blocks, raw);
-    if (q_len == 1) PrintDecodeChain(blocks, kHeads);
-  }
-  return 0;
-}
-#endif
-
 // Prints the results table and writes the JSON (when out_path is set); the exit status.
 int Report(const std::vector<Result>& results, const cudaDeviceProp& prop, double copy_tbs,
            double read_tbs, const std::string& out_path) {
@@ -694,13 +550,10 @@ int Report(const std::vector<Result>& results, const cudaDeviceProp& prop, doubl
 int Main(int argc, char** argv) {
   std::string out_path;
   int iters = 50;
-  bool trace = false;
   bool decode_b1 = false;  // only the decode rows of batches 1-8 (quick A/B runs)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
       out_path = argv[++i];
-    } else if (!std::strcmp(argv[i], "--trace")) {
-      trace = true;
     } else if (!std::strcmp(argv[i], "--decode-b1")) {
       decode_b1 = true;
     } else if (!std::strcmp(argv[i], "--decode-kernel") && i + 1 < argc &&
@@ -718,7 +571,7 @@ int Main(int argc, char** argv) {
           !std::strcmp(argv[++i], "mma") ? PrefillKernel::kMmaSync : PrefillKernel::kAuto;
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--out PATH] [--iters N] [--prefill-kernel auto|mma] [--trace] "
+                   "usage: %s [--out PATH] [--iters N] [--prefill-kernel auto|mma] "
                    "[--decode-b1] [--decode-kernel auto|tma|cp_async]\n",
                    argv[0]);
       return 2;
@@ -733,14 +586,6 @@ int Main(int argc, char** argv) {
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize >> 20);
-  if (trace) {
-#ifdef LAZYRAG_ATTN_TRACE
-    return RunTrace(prop);
-#else
-    std::fprintf(stderr, "kernel_bench: --trace needs a build with -DLAZYRAG_ATTN_TRACE\n");
-    return 2;
-#endif
-  }
   std::mt19937 rng(1234);
   std::vector<Result> results;
   PrintClusterCapacity();

@@ -43,9 +43,6 @@ struct AttentionKernelParams {
   // LazyAttentionParams::stable_history: 1 = key rows at positions below a request's first
   // query position may be read before PdlWait.
   int stable_history;
-  // Builds with -DLAZYRAG_ATTN_TRACE: the trace buffer (0 or 1) of a decode launch and its
-  // split merge; 0 otherwise.
-  int trace_slot;
 };
 
 // ---------------------------------------------------------------------------------------

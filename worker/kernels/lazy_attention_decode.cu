@@ -18,18 +18,12 @@
 // page-table round trip sits on the path after it (batch 1 on the H200: 16.1 -> 15.6 us).
 #include "common/status.h"
 #include "worker/kernels/attention_internal.cuh"
-#include "worker/kernels/attention_trace.cuh"
 #include "worker/kernels/decode_tma_slice.cuh"
 #include "worker/kernels/lazy_attention.h"
 
 namespace lazyrag::kernels {
 namespace detail {
 namespace {
-
-#ifdef LAZYRAG_ATTN_TRACE
-__device__ AttentionTrace g_trace[2];  // AttentionKernelParams::trace_slot
-std::atomic<int> g_trace_launches{0};
-#endif
 
 template <int D>
 struct DecodeConfig {
@@ -77,7 +71,6 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   const uint32_t bars =
       ((SmemAddr(plan + 1) + 7u) & ~7u) + uint32_t((tid / 32) * kStages * 8);
 
-  LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 0);
   PdlLaunchDependents();
   // Three rounds of dependent loads before the first K/V request: (q_indptr, seg_indptr),
   // (q_pos, the request's segment metadata, 32 segments per lane round), the first tiles'
@@ -98,8 +91,6 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     MbarInitFence();
   }
   __syncthreads();
-  LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 2);
-  LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 3);
 
   TileCursor<kBlockN> cons;
   cons.Init(plan, v);
@@ -167,7 +158,6 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     if (ids_prod.valid) ids_prod.Next(plan, v);
     prefetch(ids_next, ids_prod);
     PdlWait();
-    LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 1);
     // Raw query rows (row r = head kvh * group + r; rows >= group zero). Block tiles: by
     // cp.async, completing with the first K/V tile. Warp pipelines: a warp waits only for its
     // own copies, so the rows are loaded plainly after the K/V copies are issued, before the
@@ -198,7 +188,6 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
       __syncthreads();
     }
   }
-  LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 4);
 
   float o[D / 8][4];
 #pragma unroll
@@ -228,9 +217,6 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     } else {
       __syncthreads();
     }
-#ifdef LAZYRAG_ATTN_TRACE
-    if (stage == 0 && q_seg < 0) LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 5);
-#endif
     issue(loader, (stage + kStages - 1) % kStages);
     loader = ids_next;
     if (ids_prod.valid) ids_prod.Next(plan, v);
@@ -295,7 +281,6 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   }
   CpAsyncWait<0>();
   __syncthreads();  // the tile buffers become the merge buffer
-  LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 6);
 
   // Cross-warp merge: [warp][16 rows][kMergeStride] partial O, then m and l per row.
 #pragma unroll
@@ -356,7 +341,6 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
       if (d == 0) p.lse_partial[split * rows + row_head] = l > 0.f ? m + __log2f(l) : kNegInf;
     }
   }
-  LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 7);
 }
 
 template <int D, bool kRotateKeys, bool kWarpPipes>
@@ -397,12 +381,6 @@ absl::Status LaunchDecodeTma(const AttentionKernelParams& kp, const TmaMaps& map
 
 }  // namespace
 
-#ifdef LAZYRAG_ATTN_TRACE
-int DecodeTraceLaunches() { return g_trace_launches.load(); }
-absl::Status ReadDecodeTrace(int blocks, std::vector<uint64_t>* out, int slot) {
-  return ReadTraceSymbol(g_trace, blocks, out, slot);
-}
-#endif
 }  // namespace detail
 
 absl::Status DecodeSplitMergeResidency(bool* fits, std::string* report) {
@@ -470,9 +448,6 @@ absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t
                                            /*min_split_keys=*/128, &kp));
   kp.q_rows_per_block = 1;
   kp.q_blocks = 1;
-#ifdef LAZYRAG_ATTN_TRACE
-  kp.trace_slot = detail::g_trace_launches.fetch_add(1) & 1;
-#endif
   const bool rotate_keys = params.key_layout == KeyLayout::kUnrotated;
   const int b = static_cast<int>(blocks);
   switch (params.shape.head_dim) {

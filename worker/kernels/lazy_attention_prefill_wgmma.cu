@@ -32,17 +32,12 @@
 // softmax can overlap the other's matrix work. Launch bounds 256 threads, 1 block per SM.
 #include "common/status.h"
 #include "worker/kernels/attention_internal.cuh"
-#include "worker/kernels/attention_trace.cuh"
 #include "worker/kernels/lazy_attention.h"
 #include "worker/kernels/wgmma.cuh"
 #include "worker/kernels/wgmma_tile.cuh"
 
 namespace lazyrag::kernels::detail {
 namespace {
-
-#ifdef LAZYRAG_ATTN_TRACE
-__device__ AttentionTrace g_trace;
-#endif
 
 template <int kBlockN_>
 struct WgmmaPrefillConfig {
@@ -77,7 +72,6 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int t = lane & 3;
   const SegmentView& v = p.view;
-  LAZYRAG_TRACE_POINT(g_trace, 0);
   PdlLaunchDependents();
   // Everything up to the first K/V page ids reads only the step's segment view and inv_freq
   // (uploaded or written before the previous kernel started), so it runs before PdlWait,
@@ -104,7 +98,6 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
   StoreRowPositions<Cfg::kBlockM>(v, blk, group, tid, pos_smem, max_smem);
   for (int i = tid; i < D / 2; i += kThreads) freq_smem[i] = p.inv_freq[i];
   __syncthreads();
-  LAZYRAG_TRACE_POINT(g_trace, 2);
   if (warp == 0) {
     int max_pos = max_smem[0];
 #pragma unroll
@@ -112,7 +105,6 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
     PlanSplit<kBlockN>(v, s_first, s_end, max_pos, split, p.num_splits, plan, lane);
   }
   __syncthreads();
-  LAZYRAG_TRACE_POINT(g_trace, 3);
 
   using Loader = KvTileLoader<D, kBlockN, kThreads, /*kSw128=*/true>;
   TileCursor<kBlockN> cons;
@@ -129,7 +121,6 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
       if (prod.valid) prod.Next(plan, v);
     }
     PdlWait();
-    LAZYRAG_TRACE_POINT(g_trace, 1);
     // Raw query tile (TileOffset layout, read by BuildRotatedQ); its cp.async group completes
     // with the first K/V tile.
     for (int it = tid; it < Cfg::kBlockM * (D / 8); it += kThreads) {
@@ -148,7 +139,6 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
     }
   }
   loader.Prefetch(prod, v, tid);
-  LAZYRAG_TRACE_POINT(g_trace, 4);
 
   const int r_lo = warp * 16 + (lane >> 2);  // this thread's packed rows: r_lo, r_lo + 8
   const int pos_lo = pos_smem[r_lo], pos_hi = pos_smem[r_lo + 8];
@@ -171,9 +161,6 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
     CpAsyncWait<kStages - 2>();
     FenceProxyAsyncShared();  // this thread's landed cp.async bytes, for the wgmma reads
     __syncthreads();          // tile `stage` landed for all; everyone is done with the previous one
-#ifdef LAZYRAG_ATTN_TRACE
-    if (q_seg < 0) LAZYRAG_TRACE_POINT(g_trace, 5);
-#endif
     loader.Issue(k_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes,
                  v_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes, p.k_cache, p.v_cache,
                  token_stride, head_off, tid);
@@ -223,10 +210,8 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
     stage = (stage + 1) % kStages;
   }
   CpAsyncWait<0>();  // nothing may land in shared memory after the block exits
-  LAZYRAG_TRACE_POINT(g_trace, 6);
 
   StoreRows<128>(p, o, rows, r_lo, qi0, q_begin, nq, packed_rows, kvh, split, t);
-  LAZYRAG_TRACE_POINT(g_trace, 7);
 #else
   // Built for a target without wgmma: the launcher never selects this kernel there
   // (WgmmaPrefillSupported), so reaching this is a bug.
@@ -281,11 +266,5 @@ absl::Status LaunchPrefillWgmma128(const AttentionKernelParams& kp, int blocks, 
   return LaunchPdlKernel(LazyPrefillWgmmaKernel<128>, grid, Cfg::kThreads, Cfg::kSmemBytes,
                          &configured, stream, kp);
 }
-
-#ifdef LAZYRAG_ATTN_TRACE
-absl::Status ReadPrefillWgmmaTrace(int blocks, std::vector<uint64_t>* out) {
-  return ReadTraceSymbol(g_trace, blocks, out);
-}
-#endif
 
 }  // namespace lazyrag::kernels::detail
