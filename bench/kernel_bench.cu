@@ -4,8 +4,9 @@
 //     a vectorized copy kernel, a read-only kernel);
 //   * decode, batch 1/16/64/128, 10,240-token context (5 documents of 2,040 tokens + the
 //     request's own 40), LAZY vs all-zero deltas vs the key-rotating (MEPIC) variant, beside
-//     the block-tile kernel (lazy_block_tiles) and every K/V read after the PDL wait
-//     (lazy_wait_all); batch 1 also without overlap between launches (*_isolated);
+//     the warp pipes with cp.async copies (lazy_cp_async: num_pages unknown) and every K/V
+//     read after the PDL wait (lazy_wait_all); batch 1 also without overlap between launches
+//     (*_isolated), and with --decode-b1 against forced split counts;
 //   * 32-token query block, batch 1 and 16, against the same 10,240 cached tokens, with the
 //     launcher's kernel (variant lazy: wgmma on sm_90a) and the mma.sync kernel forced
 //     (lazy_mma);
@@ -21,9 +22,10 @@
 // pages (shuffled page order) so bytes are not shared through L2. Prints a table, writes
 // JSON with --out PATH.
 //
-// Usage: kernel_bench [--out PATH] [--iters N] [--prefill-kernel auto|mma]
+// Usage: kernel_bench [--out PATH] [--iters N] [--prefill-kernel auto|mma] [--decode-b1]
 // (--prefill-kernel mma: every prefill row that would take the launcher's choice runs the
-// mma.sync kernel instead; a fallback for when the wgmma kernel is broken.)
+// mma.sync kernel instead; a fallback for when the wgmma kernel is broken. --decode-b1: only the
+// decode rows of batches 1-8 and batch 1's forced split counts, for quick A/B runs.)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -52,23 +54,9 @@ constexpr int kDocs = 5, kDocLen = 2040, kOwnLen = 40;  // 10,240 tokens of cont
 
 // The prefill kernel of rows that do not force one (--prefill-kernel).
 PrefillKernel g_default_prefill_kernel = PrefillKernel::kAuto;
-DecodeKernel g_default_decode_kernel = DecodeKernel::kAuto;  // --decode-kernel
 
 const char* VariantName(PrefillKernel kernel) {
-  switch (kernel) {
-    case PrefillKernel::kMmaSync:
-      return "lazy_mma";
-    case PrefillKernel::kWgmmaKeys64:
-      return "lazy_k64";
-    case PrefillKernel::kWgmmaKeys128:
-      return "lazy_k128";
-    case PrefillKernel::kWgmmaWs:
-      return "lazy_ws";
-    case PrefillKernel::kWgmmaWsPingPong:
-      return "lazy_ws_pingpong";
-    default:
-      return "lazy";
-  }
+  return kernel == PrefillKernel::kMmaSync ? "lazy_mma" : "lazy";
 }
 
 __global__ void FillRandomBf16(uint16_t* x, size_t n, uint32_t seed) {
@@ -281,7 +269,6 @@ struct AttentionSetup {
     p.workspace = workspace;
     p.workspace_bytes = workspace_bytes;
     p.prefill_kernel = g_default_prefill_kernel;
-    p.decode_kernel = g_default_decode_kernel;
     p.num_pages = num_pages;
     // As the engine: nothing before a launch writes the cached keys (the previous launch
     // writes only `out` and the split scratch).
@@ -556,13 +543,6 @@ int Main(int argc, char** argv) {
       out_path = argv[++i];
     } else if (!std::strcmp(argv[i], "--decode-b1")) {
       decode_b1 = true;
-    } else if (!std::strcmp(argv[i], "--decode-kernel") && i + 1 < argc &&
-               (!std::strcmp(argv[i + 1], "auto") || !std::strcmp(argv[i + 1], "tma") ||
-                !std::strcmp(argv[i + 1], "cp_async"))) {
-      ++i;
-      g_default_decode_kernel = !std::strcmp(argv[i], "tma")        ? DecodeKernel::kWarpPipesTma
-                                : !std::strcmp(argv[i], "cp_async") ? DecodeKernel::kWarpPipes
-                                                                    : DecodeKernel::kAuto;
     } else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) {
       iters = std::max(1, std::atoi(argv[++i]));
     } else if (!std::strcmp(argv[i], "--prefill-kernel") && i + 1 < argc &&
@@ -572,7 +552,7 @@ int Main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--out PATH] [--iters N] [--prefill-kernel auto|mma] "
-                   "[--decode-b1] [--decode-kernel auto|tma|cp_async]\n",
+                   "[--decode-b1]\n",
                    argv[0]);
       return 2;
     }
@@ -639,13 +619,10 @@ int Main(int argc, char** argv) {
       results.push_back({"decode_b" + std::to_string(batch), "decode", batch, 1, s.kv_len, name,
                          v_ms, s.KvBytes(), 4.0 * batch * kHeads * kHeadDim * double(s.kv_len)});
     };
-    // The block-tile decode kernel beside the default (per-warp pipelines with TMA copies), the
-    // warp pipes with cp.async copies, and the default with every K/V read after PdlWait
-    // (stable_history off).
-    time_variant("lazy_block_tiles",
-                 [](LazyAttentionParams& p) { p.decode_kernel = DecodeKernel::kBlockTiles; });
-    time_variant("lazy_cp_async",
-                 [](LazyAttentionParams& p) { p.decode_kernel = DecodeKernel::kWarpPipes; });
+    // Beside the default (per-warp pipelines with TMA copies): the warp pipes with cp.async
+    // copies (the launcher's choice without num_pages, which the TMA maps need), and the
+    // default with every K/V read after PdlWait (stable_history off).
+    time_variant("lazy_cp_async", [](LazyAttentionParams& p) { p.num_pages = 0; });
     time_variant("lazy_wait_all", [](LazyAttentionParams& p) { p.stable_history = false; });
     // Batch 1 without the overlap between consecutive launches: an empty kernel launched
     // without the programmatic attribute before every call, so a launch starts only after the
@@ -701,16 +678,14 @@ int Main(int argc, char** argv) {
       results.push_back({"prefill_q32_b" + std::to_string(batch), "prefill", batch, 32, s.kv_len,
                          var.name, ms, s.KvBytes(), flops});
     }
-    for (PrefillKernel kernel :
-         {PrefillKernel::kMmaSync, PrefillKernel::kWgmmaKeys64, PrefillKernel::kWgmmaKeys128,
-          PrefillKernel::kWgmmaWs, PrefillKernel::kWgmmaWsPingPong}) {
+    {
       const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
         LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
-        p.prefill_kernel = kernel;
+        p.prefill_kernel = PrefillKernel::kMmaSync;
         BENCH_OK(LazyAttentionPrefill(p, st));
       });
       results.push_back({"prefill_q32_b" + std::to_string(batch), "prefill", batch, 32, s.kv_len,
-                         VariantName(kernel), ms, s.KvBytes(), flops});
+                         VariantName(PrefillKernel::kMmaSync), ms, s.KvBytes(), flops});
     }
     // The launcher's kernel without the overlap between consecutive launches (an empty kernel
     // without the programmatic attribute before every call; its ~0.8 us included).
@@ -732,9 +707,7 @@ int Main(int argc, char** argv) {
     double pairs = 0;
     for (int i = 0; i < kChunk; ++i) pairs += kDocs * kDocLen + i + 1;
     const double flops = 4.0 * batch * kHeads * kHeadDim * pairs;
-    for (PrefillKernel kernel :
-         {g_default_prefill_kernel, PrefillKernel::kMmaSync, PrefillKernel::kWgmmaKeys64,
-          PrefillKernel::kWgmmaKeys128, PrefillKernel::kWgmmaWs, PrefillKernel::kWgmmaWsPingPong}) {
+    for (PrefillKernel kernel : {g_default_prefill_kernel, PrefillKernel::kMmaSync}) {
       const double ms = TimeMedianMs(2, std::max(5, iters / 5), [&](int i, cudaStream_t st) {
         LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
         p.prefill_kernel = kernel;
@@ -749,23 +722,17 @@ int Main(int argc, char** argv) {
   {
     AttentionSetup d(1, 1, prop.l2CacheSize, rng);
     for (int splits : {8, 16, 24, 32, 48, 64, 96, 128}) {
-      for (DecodeKernel kernel : {DecodeKernel::kAuto, DecodeKernel::kBlockTiles}) {
-        if (kernel == DecodeKernel::kBlockTiles && splits > 64) continue;
-        const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
-          LazyAttentionParams p = d.Params(i % d.copies, false, KeyLayout::kRotatedLocal);
-          p.num_splits = splits;
-          p.decode_kernel = kernel;
-          BENCH_OK(LazyAttentionDecode(p, st));
-        });
-        const char* prefix = kernel == DecodeKernel::kBlockTiles ? "block_s" : "lazy_s";
-        results.push_back({"decode_b1_splits", "decode", 1, 1, d.kv_len,
-                           prefix + std::to_string(splits), ms, d.KvBytes(),
-                           4.0 * kHeads * kHeadDim * double(d.kv_len)});
-      }
+      const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+        LazyAttentionParams p = d.Params(i % d.copies, false, KeyLayout::kRotatedLocal);
+        p.num_splits = splits;
+        BENCH_OK(LazyAttentionDecode(p, st));
+      });
+      results.push_back({"decode_b1_splits", "decode", 1, 1, d.kv_len,
+                         "lazy_s" + std::to_string(splits), ms, d.KvBytes(),
+                         4.0 * kHeads * kHeadDim * double(d.kv_len)});
     }
     AttentionSetup q(1, 32, prop.l2CacheSize, rng);
-    for (PrefillKernel kernel :
-         {g_default_prefill_kernel, PrefillKernel::kMmaSync, PrefillKernel::kWgmmaKeys128}) {
+    for (PrefillKernel kernel : {g_default_prefill_kernel, PrefillKernel::kMmaSync}) {
       for (int splits : {4, 8, 12, 16, 24, 32}) {
         const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
           LazyAttentionParams p = q.Params(i % q.copies, false, KeyLayout::kRotatedLocal);
@@ -773,12 +740,10 @@ int Main(int argc, char** argv) {
           p.prefill_kernel = kernel;
           BENCH_OK(LazyAttentionPrefill(p, st));
         });
-        results.push_back({"prefill_q32_b1_splits", "prefill", 1, 32, q.kv_len,
-                           std::string(kernel == PrefillKernel::kMmaSync        ? "mma_s"
-                                       : kernel == PrefillKernel::kWgmmaKeys128 ? "k128_s"
-                                                                                : "lazy_s") +
-                               std::to_string(splits),
-                           ms, q.KvBytes(), 4.0 * 32 * kHeads * kHeadDim * double(q.kv_len)});
+        results.push_back(
+            {"prefill_q32_b1_splits", "prefill", 1, 32, q.kv_len,
+             (kernel == PrefillKernel::kMmaSync ? "mma_s" : "lazy_s") + std::to_string(splits), ms,
+             q.KvBytes(), 4.0 * 32 * kHeads * kHeadDim * double(q.kv_len)});
       }
     }
   }

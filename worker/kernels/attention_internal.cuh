@@ -1,6 +1,7 @@
 // Internal to worker/kernels: device building blocks shared by the prefill, decode and
 // materialize kernels (PTX wrappers, RoPE sine/cosine, the swizzled shared-memory tile
-// layout, the segment walk and the paged K/V tile loader), and the host-side CUDA checks (cuda_check.h).
+// layout, the segment walk and the paged K/V tile loader), and the host-side CUDA checks
+// (cuda_check.h).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -37,8 +38,8 @@ struct AttentionKernelParams {
   // Prefill only: query rows per block (kBlockM / group) and query blocks per request.
   int q_rows_per_block;
   int q_blocks;
-  // Warp-specialized prefill only: 1 = the consumer warpgroups ping-pong (PrefillKernel::
-  // kWgmmaWsPingPong).
+  // Warp-specialized prefill only: 1 = the consumer warpgroups ping-pong (the launcher's
+  // choice when the KV is split).
   int ws_pingpong;
   // LazyAttentionParams::stable_history: 1 = key rows at positions below a request's first
   // query position may be read before PdlWait.

@@ -36,44 +36,19 @@ typedef struct CUstream_st* cudaStream_t;
 
 namespace lazyrag::kernels {
 
-// Which prefill kernel runs (A/B benchmarking and tests; serving leaves kAuto).
+// Which prefill kernel runs. Serving leaves kAuto.
 enum class PrefillKernel {
-  // wgmma where it applies (head_dim 128, kRotatedLocal, sm_90a): the warp-specialized TMA
-  // kernel when LazyAttentionPrefillUsesWs (num_pages known, page size 8-64; its consumer
-  // warpgroups ping-pong when the launch splits the KV), else the all-warps cp.async kernel;
-  // mma.sync elsewhere.
+  // wgmma where it applies (head dim 128, kRotatedLocal, an sm_90a build on a compute
+  // capability 9.0 device): the warp-specialized TMA kernel where LazyAttentionPrefillUsesWs
+  // (its consumer warpgroups ping-pong when the launch splits the KV), else the all-warps
+  // cp.async kernel (64-key tiles when the launch splits the KV, 128-key tiles otherwise);
+  // the mma.sync kernel elsewhere.
   kAuto,
-  kMmaSync,  // always the mma.sync kernel
-  kWgmma,    // same as kAuto
-  // The all-warps cp.async wgmma kernel with a forced K/V tile (A/B benchmarking; without the
-  // TMA kernel kAuto takes 64-key tiles when the launcher splits the KV, i.e. few long blocks,
-  // and 128-key tiles otherwise).
-  kWgmmaKeys64,
-  kWgmmaKeys128,
-  // The warp-specialized wgmma kernel (a TMA producer warp, two consumer warpgroups on
-  // mbarriers, 128-key tiles) where LazyAttentionPrefillUsesWs, never ping-pong; else as kAuto.
-  kWgmmaWs,
-  // As kWgmmaWs with the consumer warpgroups always taking turns on the tensor cores (FA3's
-  // ping-pong).
-  kWgmmaWsPingPong,
-};
-
-// Which decode kernel runs (A/B benchmarking and tests; serving leaves kAuto).
-enum class DecodeKernel {
-  // Warp pipelines where they apply (head dim 128, LAZY layout), with TMA copies where those
-  // apply (page sizes that are powers of two >= 16; on an H200, 2026-11-30: b1 13.7 us vs 15.6
-  // with cp.async and 17.1 with block tiles, b128 1.189 vs 1.195 and 1.252 ms), block tiles
-  // elsewhere.
-  kAuto,
-  kBlockTiles,  // 64-key tiles loaded by the whole block, one block barrier per tile
-  // Head dim 128, LAZY layout (else as kBlockTiles): each warp loads and consumes only its own
-  // 16 keys of every tile in its own cp.async ring, so the loop has no block barrier and the
-  // four warps drift apart instead of waiting for the slowest. Bit-identical to kBlockTiles.
-  kWarpPipes,
-  // kWarpPipes with each warp's 16 rows copied by TMA (lane 0, four boxes, one mbarrier per
-  // stage) instead of 32 lanes of cp.async, where page_size is a power of two >= 16 (else
-  // kWarpPipes). Bit-identical to kBlockTiles.
-  kWarpPipesTma,
+  // Test and benchmark hook: the mma.sync kernel at every shape. kAuto runs it for head dim
+  // 64, for the un-rotated layout and where the wgmma kernels are not built or not supported;
+  // this forces it on the shapes the wgmma kernels take on an sm_90a device, so that tests can
+  // compare the two there.
+  kMmaSync,
 };
 
 struct LazyAttentionParams {
@@ -102,8 +77,6 @@ struct LazyAttentionParams {
   int num_splits = 0;
   // Prefill only; decode ignores it.
   PrefillKernel prefill_kernel = PrefillKernel::kAuto;
-  // Decode only; prefill ignores it.
-  DecodeKernel decode_kernel = DecodeKernel::kAuto;
   // Pages in the K and V pools (the extent of the TMA tensor maps of the warp-specialized
   // kernel); 0: unknown, that kernel is not used.
   int num_pages = 0;
@@ -139,8 +112,8 @@ absl::Status LazyAttentionPrefill(const LazyAttentionParams& params, cudaStream_
 // current device; false when it cannot be queried.
 bool LazyAttentionPrefillUsesWgmma(const LazyAttentionParams& params);
 
-// Whether it runs the warp-specialized kernel: prefill_kernel kAuto, kWgmma or kWgmmaWs, the
-// wgmma kernel applies, num_pages > 0, page_size in {8, 16, 32, 64} and 16-byte aligned pools.
+// Whether it runs the warp-specialized kernel: the wgmma kernel applies, num_pages > 0,
+// page_size in {8, 16, 32, 64}, num_pages * page_size < 2^31 and 16-byte aligned pools.
 bool LazyAttentionPrefillUsesWs(const LazyAttentionParams& params);
 
 // Decode: exactly one query row per request (REQUIRES view.num_q == view.num_requests).

@@ -1,5 +1,5 @@
 // TMA gathers of paged K/V tiles for the warp-specialized wgmma prefill kernel
-// (lazy_attention_prefill_ws.cu, PrefillKernel::kWgmmaWs).
+// (lazy_attention_prefill_ws.cu).
 //
 // A tile is (kBlockN / page_size) pages x 2 column halves x {K, V} box copies of page_size
 // rows x 128 bytes, spread over kWarps issuers (the op index o = issuer + i * kWarps; the ws
@@ -156,8 +156,8 @@ __device__ __forceinline__ void ZeroTileTail(char* tile, int valid_rows, int tid
 // (REQUIRES params.num_pages > 0, box_tokens a divisor of page_size, page_size in {8, 16, 32,
 // 64} for the prefill and a power of two >= 16 for the decode, 16-byte aligned pools:
 // LazyAttentionPrefillUsesWs, the decode's TMA warp pipes).
-absl::Status EncodeKvTmaMaps(const LazyAttentionParams& params, TmaMaps* maps,
-                             int box_tokens = 0, bool l2_promotion = true);
+absl::Status EncodeKvTmaMaps(const LazyAttentionParams& params, TmaMaps* maps, int box_tokens = 0,
+                             bool l2_promotion = true);
 // Launches the warp-specialized prefill kernel (one block per SM, 384 threads).
 absl::Status LaunchPrefillWs(const AttentionKernelParams& kp, const TmaMaps& maps, int blocks,
                              cudaStream_t stream);
