@@ -21,7 +21,7 @@ constexpr int kMergeThreads = 128;
 // 32 splits is thus ~2 L2 round trips (1 with kPreload), not one per 8 splits as with one warp
 // per row. kPreload: the first of this thread's partial outputs are requested together with the
 // lse, so both arrive in one L2 round trip; for merges of at most one block per SM (a batch-1
-// decode: 2.1 -> 1.7 us chained on the H200); more rows keep the lighter kernel (registers).
+// decode, where it measured faster on the H200); more rows keep the lighter kernel (registers).
 template <int D, bool kPreload>
 __device__ __forceinline__ void MergeSplitsBody(const AttentionKernelParams& p, int rows) {
   static_assert(kMaxKvSplits <= 4 * 32, "lse per lane");

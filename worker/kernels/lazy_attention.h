@@ -77,8 +77,9 @@ struct LazyAttentionParams {
   int num_splits = 0;
   // Prefill only; decode ignores it.
   PrefillKernel prefill_kernel = PrefillKernel::kAuto;
-  // Pages in the K and V pools (the extent of the TMA tensor maps of the warp-specialized
-  // kernel); 0: unknown, that kernel is not used.
+  // Pages in the K and V pools: the extent of the TMA tensor maps of the warp-specialized
+  // prefill and of the decode's TMA warp pipes. 0: unknown; then neither runs (their cp.async
+  // counterparts do).
   int num_pages = 0;
   // The caller's promise that every key row at a position below its request's first query
   // position (its query positions increase) was written before the kernel that precedes this
@@ -87,9 +88,8 @@ struct LazyAttentionParams {
   // are finished; the QKV scatter writes the step's rows). The decode kernel with warp
   // pipelines then starts gathering K/V tiles before waiting for the preceding kernel
   // (programmatic dependent launch), overlapping its tail; tiles holding the query's own row
-  // are read after the wait. false: every K/V read waits. (The warp-specialized prefill's
-  // producer did the same on 2026-11-30 and was measured no faster in the chain and slower
-  // alone: not kept; prefill ignores the flag.)
+  // are read after the wait. false: every K/V read waits. Prefill ignores the flag (early
+  // reads in its producer measured no faster on the H200; see bench/README.md).
   bool stable_history = false;
 };
 
@@ -104,7 +104,7 @@ size_t LazyAttentionWorkspaceBytes(int num_q, int num_heads, int head_dim,
 // tiles of 128 packed (query row x group head) rows against key tiles gathered from pages:
 // for head_dim 128 with the LAZY layout on sm_90a, wgmma (two warpgroups), fed by a TMA
 // producer warp when num_pages is given (LazyAttentionPrefillUsesWs), else by cp.async from
-// all threads; mma.sync otherwise (params.prefill_kernel).
+// all threads; mma.sync otherwise (and with params.prefill_kernel kMmaSync).
 absl::Status LazyAttentionPrefill(const LazyAttentionParams& params, cudaStream_t stream);
 
 // Whether LazyAttentionPrefill(params) runs the wgmma kernel (head_dim 128, kRotatedLocal,
@@ -118,16 +118,18 @@ bool LazyAttentionPrefillUsesWs(const LazyAttentionParams& params);
 
 // Decode: exactly one query row per request (REQUIRES view.num_q == view.num_requests).
 // Flash-decoding: the KV of each (request, KV head) is split so that the grid fills the GPU,
-// then a merge kernel combines the partial results.
+// then a merge kernel combines the partial results. Head dim 128 with the LAZY layout runs warp
+// pipelines (each warp loads its own keys of every tile), copying by TMA where page_size is a
+// power of two >= 16 and num_pages > 0, by cp.async otherwise (bit-identical results); other
+// shapes and layouts run block tiles (the whole block loads each tile).
 absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t stream);
 
 // Whether a block of the batch-1 split merge kernel fits on a multiprocessor of the current
 // device beside two blocks of each warp-pipe decode kernel (head dim 128; TMA, which batch 1
 // runs, and cp.async): registers (at the allocation granularity), shared memory, warps. It
-// must: the merge blocks are then resident, waiting for the decode grid, before it ends;
-// without room for them each chained decode b1 launch took 18.3 instead of 16.1 us on an H200
-// (2026-11-30, bench/README v14). `report` says what each side uses and what the
-// multiprocessor has.
+// must: the merge blocks are then resident, waiting for the decode grid, before it ends
+// (without room for them each chained batch-1 decode measured slower on the H200; see
+// bench/README.md). `report` says what each side uses and what the multiprocessor has.
 absl::Status DecodeSplitMergeResidency(bool* fits, std::string* report);
 
 // Checks the parameters as the launchers do (no device access). INVALID_ARGUMENT on error.

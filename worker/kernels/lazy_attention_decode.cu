@@ -133,8 +133,8 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     // Warp pipelines with stable_history: the leading prologue stages whose rows (this warp's
     // 16 of the tile) all sit at positions below the query's are copied before PdlWait, in
     // order (one commit group per stage either way), at most kMaxEarly of them: with TMA one
-    // (batch 1 on the H200: 13.9 us with one, 14.3 with two, 15.5 with none; the copies
-    // before the wait compete with the previous kernels' tail).
+    // (the copies before the wait compete with the previous kernels' tail; one measured faster
+    // on the H200 than two or none, bench/README.md).
     constexpr int kMaxEarly = kTma ? 1 : kStages - 1;
     int early = 0;
     bool stable = kWarpPipes && p.stable_history != 0;
@@ -459,7 +459,7 @@ absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t
         RETURN_IF_ERROR((detail::LaunchDecode<128, true>(kp, b, stream)));
       } else if (DecodeUsesTma(params)) {
         detail::TmaMaps maps;
-        // No L2 promotion: batch 1 14.0 vs 14.3 us with 256-byte promotion on the H200.
+        // No L2 promotion: measured faster than 256-byte promotion on the H200 (batch 1).
         RETURN_IF_ERROR(detail::EncodeKvTmaMaps(params, &maps, detail::kSliceRows,
                                                 /*l2_promotion=*/false));
         RETURN_IF_ERROR(detail::LaunchDecodeTma(kp, maps, b, stream));

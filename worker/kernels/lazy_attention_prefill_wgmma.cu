@@ -1,19 +1,22 @@
 // LAZY prefill attention with wgmma (sm_90a), head dim 128, keys stored rotated at their
 // segment-local position (KeyLayout::kRotatedLocal). Same work split, grid, split planner,
 // segment walk, masking and merge as the mma.sync kernel (lazy_attention_prefill.cu); only the
-// two matrix products and the shared-memory layout of the K/V tiles differ.
+// two matrix products and the shared-memory layout of the K/V tiles differ. The launcher runs
+// it where the warp-specialized kernel (lazy_attention_prefill_ws.cu) does not apply: num_pages
+// unknown, page sizes outside {8, 16, 32, 64}, pools not 16-byte aligned.
 //
 // Block = 2 consumer warpgroups x 64 rows = 128 packed (query row, group head) rows of one
 // request and one KV head; warp w owns packed rows 16w..16w+15 as in the mma.sync kernel (the
 // wgmma register fragments of a warp's 16 rows are the mma.sync m16n8k16 A and C fragments).
-// Two instantiations by keys per K/V tile, kBlockN (the launcher picks, WgmmaKeyTile):
+// Two instantiations by keys per K/V tile, kBlockN (the launcher picks, WgmmaKeyTile: 64 when
+// the launch splits the KV, 128 otherwise); neither spills (ptxas -v in the build log):
 //  * 64: 4-stage ring; the rotated Q lives in registers as the wgmma A operand
-//    (BuildRotatedQ once per segment); 234 registers.
+//    (BuildRotatedQ once per segment).
 //  * 128: 2-stage ring (the same 128 KiB in flight); S needs 64 accumulator registers, so the
 //    rotated Q is written once per segment into shared memory in the 128-byte-swizzle layout
 //    (RotateQRowsSw128, each warpgroup its own 64 rows behind a named barrier) and read by
 //    the S wgmma through a descriptor; half the tiles, hence half the per-tile barriers, waits
-//    and softmax row reductions; 249 registers, no spills.
+//    and softmax row reductions.
 // Per tile, each warpgroup:
 //   S[64 x kBlockN] = Q[64 x 128] K^T  wgmma m64n{64,128}k16 x 8, K [kBlockN keys x 128]
 //                                      K-major from shared memory (128-byte swizzle) as B;
@@ -26,10 +29,10 @@
 // 128-byte rows, 16-byte chunks XOR-swizzled by row % 8; every tile base is 1024-byte
 // aligned. No producer warp and no mbarriers: the ring advances on one block barrier per tile,
 // as in the mma.sync kernel (cp.async data then crosses to the async proxy through
-// fence.proxy.async before that barrier). Each product waits for its wgmma group at once (a
-// variant that kept P V in flight into the next tile, branch wip/wgmma-pipelined, was not
-// faster); between the per-tile barriers the two warpgroups run independently, so one's
-// softmax can overlap the other's matrix work. Launch bounds 256 threads, 1 block per SM.
+// fence.proxy.async before that barrier). Each product waits for its wgmma group at once
+// (keeping P V in flight into the next tile measured no faster); between the per-tile barriers the
+// two warpgroups run independently, so one's softmax can overlap the other's matrix work. Launch
+// bounds 256 threads, 1 block per SM.
 #include "common/status.h"
 #include "worker/kernels/attention_internal.cuh"
 #include "worker/kernels/lazy_attention.h"

@@ -11,11 +11,9 @@
 // The K and V pools are 3-D tensors [tokens = num_pages x page_size][num_kv_heads][head_dim]
 // (dim 0 innermost); a box is {64 features, 1 head, page_size tokens}. Pages past the valid
 // rows of a tile (the segment's last tile) are not loaded; the kernel zeroes V rows past the
-// valid ones (0 x NaN would poison P V) and masks K's.
-//
-// History: a first use, every warp of the 8-warp wgmma kernel issuing its boxes and then all
-// waiting at the block barrier (branch wip/wgmma-tma), was bit-identical to the cp.async
-// kernel on the H200 but slower (query block 32 b1 36.6 vs 34.8 us).
+// valid ones (0 x NaN would poison P V) and masks K's. (Issuing the boxes from every warp of
+// the all-warps wgmma kernel, all waiting at its block barrier, measured slower than its
+// cp.async gathers: TMA is used by the warp-specialized kernel only.)
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (types only: the encoder comes through the runtime)
