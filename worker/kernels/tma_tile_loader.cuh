@@ -11,9 +11,9 @@
 // The K and V pools are 3-D tensors [tokens = num_pages x page_size][num_kv_heads][head_dim]
 // (dim 0 innermost); a box is {64 features, 1 head, page_size tokens}. Pages past the valid
 // rows of a tile (the segment's last tile) are not loaded; the kernel zeroes V rows past the
-// valid ones (0 x NaN would poison P V) and masks K's. (Issuing the boxes from every warp of
-// the all-warps wgmma kernel, all waiting at its block barrier, measured slower than its
-// cp.async gathers: TMA is used by the warp-specialized kernel only.)
+// valid ones (0 x NaN would poison P V) and masks K's. (Issuing these boxes from every warp of
+// the all-warps wgmma kernel, all waiting at its block barrier, measured slower than that
+// kernel's cp.async gathers, so only the warp-specialized kernel uses this loader.)
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (types only: the encoder comes through the runtime)
