@@ -75,7 +75,7 @@ struct LazyAttentionParams {
   // 0: choose the number of KV splits from the grid size (the default); n > 0: use n
   // (clamped to kMaxKvSplits and to the workspace). Tests force splits with it.
   int num_splits = 0;
-  // Prefill only; decode ignores it.
+  // Test and benchmark hook (see PrefillKernel); serving leaves kAuto. Decode ignores it.
   PrefillKernel prefill_kernel = PrefillKernel::kAuto;
   // Pages in the K and V pools: the extent of the TMA tensor maps of the warp-specialized
   // prefill and of the decode's TMA warp pipes. 0: unknown; then neither runs (their cp.async
