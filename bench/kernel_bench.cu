@@ -4,8 +4,9 @@
 //     a vectorized copy kernel, a read-only kernel);
 //   * decode, batch 1/16/64/128, 10,240-token context (5 documents of 2,040 tokens + the
 //     request's own 40), LAZY vs all-zero deltas vs the key-rotating (MEPIC) variant, beside
-//     the block-tile kernel (lazy_block_tiles) and every K/V read after the PDL wait
-//     (lazy_wait_all); batch 1 also without overlap between launches (*_isolated);
+//     the warp pipes with cp.async copies (lazy_cp_async: num_pages unknown) and every K/V
+//     read after the PDL wait (lazy_wait_all); batch 1 also without overlap between launches
+//     (*_isolated), and with --decode-b1 against forced split counts;
 //   * 32-token query block, batch 1 and 16, against the same 10,240 cached tokens, with the
 //     launcher's kernel (variant lazy: wgmma on sm_90a) and the mma.sync kernel forced
 //     (lazy_mma);
@@ -21,9 +22,10 @@
 // pages (shuffled page order) so bytes are not shared through L2. Prints a table, writes
 // JSON with --out PATH.
 //
-// Usage: kernel_bench [--out PATH] [--iters N] [--prefill-kernel auto|mma]
+// Usage: kernel_bench [--out PATH] [--iters N] [--prefill-kernel auto|mma] [--decode-b1]
 // (--prefill-kernel mma: every prefill row that would take the launcher's choice runs the
-// mma.sync kernel instead; a fallback for when the wgmma kernel is broken.)
+// mma.sync kernel instead; a fallback for when the wgmma kernel is broken. --decode-b1: only the
+// decode rows of batches 1-8 and batch 1's forced split counts, for quick A/B runs.)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -41,7 +43,6 @@
 #include "bench/bench_check.h"
 #include "worker/attention/segment_view.h"
 #include "worker/kernels/attention_internal.cuh"  // diagnostics: the merge kernel alone
-#include "worker/kernels/attention_trace.cuh"
 #include "worker/kernels/lazy_attention.h"
 #include "worker/kernels/materialize.h"
 
@@ -53,23 +54,9 @@ constexpr int kDocs = 5, kDocLen = 2040, kOwnLen = 40;  // 10,240 tokens of cont
 
 // The prefill kernel of rows that do not force one (--prefill-kernel).
 PrefillKernel g_default_prefill_kernel = PrefillKernel::kAuto;
-DecodeKernel g_default_decode_kernel = DecodeKernel::kAuto;  // --decode-kernel
 
 const char* VariantName(PrefillKernel kernel) {
-  switch (kernel) {
-    case PrefillKernel::kMmaSync:
-      return "lazy_mma";
-    case PrefillKernel::kWgmmaKeys64:
-      return "lazy_k64";
-    case PrefillKernel::kWgmmaKeys128:
-      return "lazy_k128";
-    case PrefillKernel::kWgmmaWs:
-      return "lazy_ws";
-    case PrefillKernel::kWgmmaWsPingPong:
-      return "lazy_ws_pingpong";
-    default:
-      return "lazy";
-  }
+  return kernel == PrefillKernel::kMmaSync ? "lazy_mma" : "lazy";
 }
 
 __global__ void FillRandomBf16(uint16_t* x, size_t n, uint32_t seed) {
@@ -282,7 +269,6 @@ struct AttentionSetup {
     p.workspace = workspace;
     p.workspace_bytes = workspace_bytes;
     p.prefill_kernel = g_default_prefill_kernel;
-    p.decode_kernel = g_default_decode_kernel;
     p.num_pages = num_pages;
     // As the engine: nothing before a launch writes the cached keys (the previous launch
     // writes only `out` and the split scratch).
@@ -519,149 +505,6 @@ std::string Json(const std::vector<Result>& rs, const cudaDeviceProp& prop, doub
   return s;
 }
 
-#ifdef LAZYRAG_ATTN_TRACE
-// Phase times of one traced launch (built with -DLAZYRAG_ATTN_TRACE): per trace point, the
-// median and maximum over blocks of the time since the block's entry (cycles converted with
-// the launch's own cycles-per-nanosecond), and where blocks enter and leave on the global
-// timer relative to the first entry.
-void PrintTrace(const char* name, int blocks, const std::vector<uint64_t>& raw) {
-  constexpr int P = detail::kTracePoints, S = detail::kTraceStride;
-  double cyc = 0, ns = 0;
-  uint64_t first_entry = ~uint64_t(0);
-  for (int b = 0; b < blocks; ++b) {
-    const uint64_t* c = &raw[size_t(b) * S];
-    cyc += double(c[P - 1] - c[0]);
-    ns += double(c[2 * P - 1] - c[P]);
-    first_entry = std::min(first_entry, c[P]);
-  }
-  const double ghz = ns > 0 ? cyc / ns : 1.0;
-  std::printf(
-      "\ntrace %s: %d blocks, %.2f cycles/ns\n  point  median_us  max_us (since the block's "
-      "entry)\n",
-      name, blocks, ghz);
-  static const char* kNames[P] = {"entry",     "after PdlWait",   "setup (Q, pos)",
-                                  "plan",      "prologue issued", "first tile landed",
-                                  "loop done", "stores done"};
-  for (int i = 0; i < P; ++i) {
-    std::vector<double> d;
-    for (int b = 0; b < blocks; ++b) {
-      const uint64_t* c = &raw[size_t(b) * S];
-      d.push_back(double(c[i] - c[0]) / ghz / 1000.0);
-    }
-    std::sort(d.begin(), d.end());
-    std::printf("  %-18s %8.2f %8.2f\n", kNames[i], d[d.size() / 2], d.back());
-  }
-  // On the global timer, relative to the first entry: where blocks enter, pass the wait and
-  // leave (deciles), and the slowest blocks' phases with their SM (and what else ran there).
-  auto at = [&](int b, int i) { return double(raw[size_t(b) * S + P + i] - first_entry) / 1000.0; };
-  auto deciles = [&](const char* what, int point) {
-    std::vector<double> d;
-    for (int b = 0; b < blocks; ++b) d.push_back(at(b, point));
-    std::sort(d.begin(), d.end());
-    std::printf("  global %-12s", what);
-    for (int q = 0; q <= 10; ++q)
-      std::printf(" %6.2f", d[std::min<size_t>(d.size() - 1, d.size() * q / 10)]);
-    std::printf("\n");
-  };
-  std::printf("  global deciles (us after the first entry):  p0 .. p100\n");
-  deciles("entry", 0);
-  deciles("after wait", 1);
-  deciles("first tile", 5);
-  deciles("loop done", 6);
-  deciles("exit", P - 1);
-  std::vector<int> order(blocks);
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int a, int b) { return at(a, P - 1) > at(b, P - 1); });
-  std::printf(
-      "  slowest blocks (global us): block sm | entry wait tile loop exit | co-resident blocks' "
-      "exits\n");
-  for (int k = 0; k < std::min(blocks, 8); ++k) {
-    const int b = order[k];
-    const uint64_t sm = raw[size_t(b) * S + 2 * P];
-    std::printf("    %4d %3llu | %6.2f %6.2f %6.2f %6.2f %6.2f |", b, (unsigned long long)sm,
-                at(b, 0), at(b, 1), at(b, 5), at(b, 6), at(b, P - 1));
-    for (int o = 0; o < blocks; ++o) {
-      if (o != b && raw[size_t(o) * S + 2 * P] == sm) std::printf(" %d:%.2f", o, at(o, P - 1));
-    }
-    std::printf("\n");
-  }
-  std::vector<int> per_sm(1024, 0);
-  int max_per_sm = 0, sms_used = 0;
-  for (int b = 0; b < blocks; ++b) {
-    const uint64_t sm = raw[size_t(b) * S + 2 * P];
-    if (sm < per_sm.size()) {
-      if (per_sm[sm]++ == 0) ++sms_used;
-      max_per_sm = std::max(max_per_sm, per_sm[sm]);
-    }
-  }
-  std::printf("  SMs used %d, at most %d blocks on one SM\n", sms_used, max_per_sm);
-}
-
-// Two consecutive decode b1 launches and the merge between them on one clock (global us
-// after the first launch's first block entry): deciles of the first decode's exits, the
-// merge's entry / PdlWait / weights / done, the second decode's entry and PdlWait.
-void PrintDecodeChain(int decode_blocks, int rows) {
-  constexpr int P = detail::kTracePoints, S = detail::kTraceStride;
-  const int last = (detail::DecodeTraceLaunches() - 1) & 1, prev = last ^ 1;
-  std::vector<uint64_t> first, merge, second;
-  BENCH_OK(detail::ReadDecodeTrace(decode_blocks, &first, prev));
-  BENCH_OK(detail::ReadMergeTrace(rows, &merge, prev));
-  BENCH_OK(detail::ReadDecodeTrace(decode_blocks, &second, last));
-  uint64_t t0 = ~0ull;
-  for (int b = 0; b < decode_blocks; ++b) t0 = std::min(t0, first[size_t(b) * S + P]);
-  const auto row = [&](const char* what, const std::vector<uint64_t>& raw, int blocks, int pt) {
-    std::vector<double> d;
-    for (int b = 0; b < blocks; ++b) {
-      d.push_back(double(int64_t(raw[size_t(b) * S + P + pt] - t0)) / 1000.0);
-    }
-    std::sort(d.begin(), d.end());
-    std::printf("  %-22s", what);
-    for (int q = 0; q <= 10; ++q) std::printf(" %6.2f", d[std::min(blocks - 1, q * blocks / 10)]);
-    std::printf("\n");
-  };
-  std::printf("decode_b1 chain: decode, its merge kernel, the next decode (global us, deciles)\n");
-  row("decode 1 after wait", first, decode_blocks, 1);
-  row("decode 1 exit", first, decode_blocks, P - 1);
-  row("merge entry", merge, rows, 0);
-  row("merge after wait", merge, rows, 1);
-  row("merge weights", merge, rows, 2);
-  row("merge done", merge, rows, 3);
-  row("decode 2 entry", second, decode_blocks, 0);
-  row("decode 2 after wait", second, decode_blocks, 1);
-  row("decode 2 first tile", second, decode_blocks, 5);
-}
-
-int RunTrace(const cudaDeviceProp& prop) {
-  std::mt19937 rng(1234);
-  // Decode b1 (and its chain with the merge kernel), query block 32 b1.
-  for (int q_len : {1, 32}) {
-    AttentionSetup s(1, q_len, prop.l2CacheSize, rng);
-    for (int rep = 0; rep < 5; ++rep) {  // warm-up; the last launch is the traced one
-      LazyAttentionParams p = s.Params(rep % s.copies, false, KeyLayout::kRotatedLocal);
-      // The trace points are in the cp.async wgmma kernel (64-key tiles: the split launch's
-      // choice there), not in the warp-specialized default.
-      p.prefill_kernel = PrefillKernel::kWgmmaKeys64;
-      BENCH_OK(q_len == 1 ? LazyAttentionDecode(p, nullptr) : LazyAttentionPrefill(p, nullptr));
-    }
-    BENCH_CUDA(cudaDeviceSynchronize());
-    const LazyAttentionParams p = s.Params(0, false, KeyLayout::kRotatedLocal);
-    detail::AttentionKernelParams kp;
-    // The launchers' own split choice (decode: 2 blocks per SM, >= 128 keys per split;
-    // prefill: 1 block per SM, >= 256 keys per split; one query block of 32 rows x group 4).
-    BENCH_OK(
-        detail::MakeKernelParams(p, kKvHeads, q_len == 1 ? 2 : 1, q_len == 1 ? 128 : 256, &kp));
-    const int blocks = kKvHeads * kp.num_splits;
-    std::vector<uint64_t> raw;
-    BENCH_OK(q_len == 1 ? detail::ReadDecodeTrace(blocks, &raw,
-                                                  (detail::DecodeTraceLaunches() - 1) & 1)
-                        : detail::ReadPrefillWgmmaTrace(blocks, &raw));
-    PrintTrace(q_len == 1 ? "decode_b1" : "prefill_q32_b1 (wgmma)", blocks, raw);
-    if (q_len == 1) PrintDecodeChain(blocks, kHeads);
-  }
-  return 0;
-}
-#endif
-
 // Prints the results table and writes the JSON (when out_path is set); the exit status.
 int Report(const std::vector<Result>& results, const cudaDeviceProp& prop, double copy_tbs,
            double read_tbs, const std::string& out_path) {
@@ -694,22 +537,12 @@ int Report(const std::vector<Result>& results, const cudaDeviceProp& prop, doubl
 int Main(int argc, char** argv) {
   std::string out_path;
   int iters = 50;
-  bool trace = false;
   bool decode_b1 = false;  // only the decode rows of batches 1-8 (quick A/B runs)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
       out_path = argv[++i];
-    } else if (!std::strcmp(argv[i], "--trace")) {
-      trace = true;
     } else if (!std::strcmp(argv[i], "--decode-b1")) {
       decode_b1 = true;
-    } else if (!std::strcmp(argv[i], "--decode-kernel") && i + 1 < argc &&
-               (!std::strcmp(argv[i + 1], "auto") || !std::strcmp(argv[i + 1], "tma") ||
-                !std::strcmp(argv[i + 1], "cp_async"))) {
-      ++i;
-      g_default_decode_kernel = !std::strcmp(argv[i], "tma")        ? DecodeKernel::kWarpPipesTma
-                                : !std::strcmp(argv[i], "cp_async") ? DecodeKernel::kWarpPipes
-                                                                    : DecodeKernel::kAuto;
     } else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) {
       iters = std::max(1, std::atoi(argv[++i]));
     } else if (!std::strcmp(argv[i], "--prefill-kernel") && i + 1 < argc &&
@@ -718,8 +551,8 @@ int Main(int argc, char** argv) {
           !std::strcmp(argv[++i], "mma") ? PrefillKernel::kMmaSync : PrefillKernel::kAuto;
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--out PATH] [--iters N] [--prefill-kernel auto|mma] [--trace] "
-                   "[--decode-b1] [--decode-kernel auto|tma|cp_async]\n",
+                   "usage: %s [--out PATH] [--iters N] [--prefill-kernel auto|mma] "
+                   "[--decode-b1]\n",
                    argv[0]);
       return 2;
     }
@@ -733,14 +566,6 @@ int Main(int argc, char** argv) {
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize >> 20);
-  if (trace) {
-#ifdef LAZYRAG_ATTN_TRACE
-    return RunTrace(prop);
-#else
-    std::fprintf(stderr, "kernel_bench: --trace needs a build with -DLAZYRAG_ATTN_TRACE\n");
-    return 2;
-#endif
-  }
   std::mt19937 rng(1234);
   std::vector<Result> results;
   PrintClusterCapacity();
@@ -794,13 +619,10 @@ int Main(int argc, char** argv) {
       results.push_back({"decode_b" + std::to_string(batch), "decode", batch, 1, s.kv_len, name,
                          v_ms, s.KvBytes(), 4.0 * batch * kHeads * kHeadDim * double(s.kv_len)});
     };
-    // The block-tile decode kernel beside the default (per-warp pipelines with TMA copies), the
-    // warp pipes with cp.async copies, and the default with every K/V read after PdlWait
-    // (stable_history off).
-    time_variant("lazy_block_tiles",
-                 [](LazyAttentionParams& p) { p.decode_kernel = DecodeKernel::kBlockTiles; });
-    time_variant("lazy_cp_async",
-                 [](LazyAttentionParams& p) { p.decode_kernel = DecodeKernel::kWarpPipes; });
+    // Beside the default (per-warp pipelines with TMA copies): the warp pipes with cp.async
+    // copies (the launcher's choice without num_pages, which the TMA maps need), and the
+    // default with every K/V read after PdlWait (stable_history off).
+    time_variant("lazy_cp_async", [](LazyAttentionParams& p) { p.num_pages = 0; });
     time_variant("lazy_wait_all", [](LazyAttentionParams& p) { p.stable_history = false; });
     // Batch 1 without the overlap between consecutive launches: an empty kernel launched
     // without the programmatic attribute before every call, so a launch starts only after the
@@ -856,16 +678,14 @@ int Main(int argc, char** argv) {
       results.push_back({"prefill_q32_b" + std::to_string(batch), "prefill", batch, 32, s.kv_len,
                          var.name, ms, s.KvBytes(), flops});
     }
-    for (PrefillKernel kernel :
-         {PrefillKernel::kMmaSync, PrefillKernel::kWgmmaKeys64, PrefillKernel::kWgmmaKeys128,
-          PrefillKernel::kWgmmaWs, PrefillKernel::kWgmmaWsPingPong}) {
+    {
       const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
         LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
-        p.prefill_kernel = kernel;
+        p.prefill_kernel = PrefillKernel::kMmaSync;
         BENCH_OK(LazyAttentionPrefill(p, st));
       });
       results.push_back({"prefill_q32_b" + std::to_string(batch), "prefill", batch, 32, s.kv_len,
-                         VariantName(kernel), ms, s.KvBytes(), flops});
+                         VariantName(PrefillKernel::kMmaSync), ms, s.KvBytes(), flops});
     }
     // The launcher's kernel without the overlap between consecutive launches (an empty kernel
     // without the programmatic attribute before every call; its ~0.8 us included).
@@ -887,9 +707,7 @@ int Main(int argc, char** argv) {
     double pairs = 0;
     for (int i = 0; i < kChunk; ++i) pairs += kDocs * kDocLen + i + 1;
     const double flops = 4.0 * batch * kHeads * kHeadDim * pairs;
-    for (PrefillKernel kernel :
-         {g_default_prefill_kernel, PrefillKernel::kMmaSync, PrefillKernel::kWgmmaKeys64,
-          PrefillKernel::kWgmmaKeys128, PrefillKernel::kWgmmaWs, PrefillKernel::kWgmmaWsPingPong}) {
+    for (PrefillKernel kernel : {g_default_prefill_kernel, PrefillKernel::kMmaSync}) {
       const double ms = TimeMedianMs(2, std::max(5, iters / 5), [&](int i, cudaStream_t st) {
         LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
         p.prefill_kernel = kernel;
@@ -904,23 +722,17 @@ int Main(int argc, char** argv) {
   {
     AttentionSetup d(1, 1, prop.l2CacheSize, rng);
     for (int splits : {8, 16, 24, 32, 48, 64, 96, 128}) {
-      for (DecodeKernel kernel : {DecodeKernel::kAuto, DecodeKernel::kBlockTiles}) {
-        if (kernel == DecodeKernel::kBlockTiles && splits > 64) continue;
-        const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
-          LazyAttentionParams p = d.Params(i % d.copies, false, KeyLayout::kRotatedLocal);
-          p.num_splits = splits;
-          p.decode_kernel = kernel;
-          BENCH_OK(LazyAttentionDecode(p, st));
-        });
-        const char* prefix = kernel == DecodeKernel::kBlockTiles ? "block_s" : "lazy_s";
-        results.push_back({"decode_b1_splits", "decode", 1, 1, d.kv_len,
-                           prefix + std::to_string(splits), ms, d.KvBytes(),
-                           4.0 * kHeads * kHeadDim * double(d.kv_len)});
-      }
+      const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+        LazyAttentionParams p = d.Params(i % d.copies, false, KeyLayout::kRotatedLocal);
+        p.num_splits = splits;
+        BENCH_OK(LazyAttentionDecode(p, st));
+      });
+      results.push_back({"decode_b1_splits", "decode", 1, 1, d.kv_len,
+                         "lazy_s" + std::to_string(splits), ms, d.KvBytes(),
+                         4.0 * kHeads * kHeadDim * double(d.kv_len)});
     }
     AttentionSetup q(1, 32, prop.l2CacheSize, rng);
-    for (PrefillKernel kernel :
-         {g_default_prefill_kernel, PrefillKernel::kMmaSync, PrefillKernel::kWgmmaKeys128}) {
+    for (PrefillKernel kernel : {g_default_prefill_kernel, PrefillKernel::kMmaSync}) {
       for (int splits : {4, 8, 12, 16, 24, 32}) {
         const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
           LazyAttentionParams p = q.Params(i % q.copies, false, KeyLayout::kRotatedLocal);
@@ -928,12 +740,10 @@ int Main(int argc, char** argv) {
           p.prefill_kernel = kernel;
           BENCH_OK(LazyAttentionPrefill(p, st));
         });
-        results.push_back({"prefill_q32_b1_splits", "prefill", 1, 32, q.kv_len,
-                           std::string(kernel == PrefillKernel::kMmaSync        ? "mma_s"
-                                       : kernel == PrefillKernel::kWgmmaKeys128 ? "k128_s"
-                                                                                : "lazy_s") +
-                               std::to_string(splits),
-                           ms, q.KvBytes(), 4.0 * 32 * kHeads * kHeadDim * double(q.kv_len)});
+        results.push_back(
+            {"prefill_q32_b1_splits", "prefill", 1, 32, q.kv_len,
+             (kernel == PrefillKernel::kMmaSync ? "mma_s" : "lazy_s") + std::to_string(splits), ms,
+             q.KvBytes(), 4.0 * 32 * kHeads * kHeadDim * double(q.kv_len)});
       }
     }
   }

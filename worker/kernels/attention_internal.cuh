@@ -1,6 +1,9 @@
-// Internal to worker/kernels: device building blocks shared by the prefill, decode and
-// materialize kernels (PTX wrappers, RoPE sine/cosine, the swizzled shared-memory tile
-// layout, the segment walk and the paged K/V tile loader), and the host-side CUDA checks (cuda_check.h).
+// Internal to worker/kernels: what the prefill, decode and materialize kernels share: the
+// kernel-side attention parameters, a prefill block's rows, the online softmax on mma
+// fragments and the epilogue (device side), and the launch helpers (host side). The device
+// building blocks live in device_ptx.cuh (PTX wrappers), kv_tiles.cuh (tile layouts, split
+// planning, the tile walk and loader) and rope_device.cuh (RoPE); the CUDA status checks in
+// cuda_check.h.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -13,6 +16,9 @@
 #include "common/status.h"
 #include "worker/attention/segment_view.h"
 #include "worker/kernels/cuda_check.h"
+#include "worker/kernels/device_ptx.cuh"
+#include "worker/kernels/kv_tiles.cuh"
+#include "worker/kernels/rope_device.cuh"
 
 namespace lazyrag::kernels::detail {
 
@@ -37,148 +43,13 @@ struct AttentionKernelParams {
   // Prefill only: query rows per block (kBlockM / group) and query blocks per request.
   int q_rows_per_block;
   int q_blocks;
-  // Warp-specialized prefill only: 1 = the consumer warpgroups ping-pong (PrefillKernel::
-  // kWgmmaWsPingPong).
+  // Warp-specialized prefill only: 1 = the consumer warpgroups ping-pong (the launcher's
+  // choice when the KV is split).
   int ws_pingpong;
   // LazyAttentionParams::stable_history: 1 = key rows at positions below a request's first
   // query position may be read before PdlWait.
   int stable_history;
-  // Builds with -DLAZYRAG_ATTN_TRACE: the trace buffer (0 or 1) of a decode launch and its
-  // split merge; 0 otherwise.
-  int trace_slot;
 };
-
-// ---------------------------------------------------------------------------------------
-// PTX wrappers.
-
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte async copy global -> shared; zero-fills the destination when !valid.
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
-  const int n = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
-// Asks L2 to fetch `bytes` (a multiple of 16) at a 16-byte-aligned global address; no data
-// comes back to the SM (sm_90's bulk prefetch; a no-op before sm_90). L2 is the point of
-// coherence, so this may run before PdlWait on bytes the previous kernel is still writing.
-__device__ __forceinline__ void L2PrefetchBulk(const void* src, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-#endif
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// D += A * B, m16n8k16, bf16 inputs, fp32 accumulators.
-__device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                        uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ float Exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-__device__ __forceinline__ float2 UnpackBf16(uint32_t v) {
-  return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&v));
-}
-
-// ---------------------------------------------------------------------------------------
-// RoPE angle pos * inv_freq as sine and cosine, accurate for |pos| < 2^24: the fp32 product's
-// rounding error is kept (fma), the angle is reduced by 2*pi in two exact-ish steps
-// (Cody-Waite), and the hardware sine/cosine runs on [-pi, pi] where its absolute error is
-// ~4e-7. Total absolute error ~1e-6 rad, against ~2e-3 for sincosf(float(pos) * f) at 32k.
-__device__ __forceinline__ void RopeSinCos(int pos, float inv_freq, float* s, float* c) {
-  const float x = static_cast<float>(pos);
-  const float a = x * inv_freq;
-  const float a_err = fmaf(x, inv_freq, -a);
-  const float k = rintf(a * 0.159154943091895336f);
-  float r = fmaf(-k, 6.28318548202514648f, a);  // float(2 pi) = 2 pi + 1.7484555e-7
-  r = fmaf(k, 1.74845553146951720e-7f, r);
-  r += a_err;
-  __sincosf(r, s, c);
-}
-
-// ---------------------------------------------------------------------------------------
-// Shared-memory tiles: rows of D bf16 (D / 8 chunks of 16 bytes); chunk c of row r is stored
-// at chunk c ^ (r & 7), so the 8 rows an ldmatrix reads at one column hit 8 different bank
-// groups and the 16-byte cp.async stores of a warp do not collide either.
-template <int D>
-__device__ __forceinline__ uint32_t TileOffset(int row, int chunk) {
-  return static_cast<uint32_t>(row * (D * 2) + ((chunk ^ (row & 7)) << 4));
-}
-
-// K/V tiles for wgmma (lazy_attention_prefill_wgmma.cu): the tile's kRows x 128 bf16 split
-// into two column halves of 64 (128 bytes per row), each half [kRows][128 B] with row stride
-// 128 B and chunk c of row r at chunk c ^ (r & 7): the 128-byte-swizzle canonical layout that
-// a wgmma descriptor reads both K-major (K as the B operand of Q K^T) and MN-major (V as the B
-// operand of P V). REQUIRES: the tile base 1024-byte aligned.
-template <int kRows>
-__device__ __forceinline__ uint32_t Sw128Offset(int row, int chunk) {
-  return static_cast<uint32_t>((chunk >> 3) * (kRows * 128) + row * 128 +
-                               (((chunk & 7) ^ (row & 7)) << 4));
-}
-
-// Builds the mma A fragments of a warp's 16 query rows, rotated by RoPE: rows r_lo and
-// r_lo + 8 of the raw (un-rotated) bf16 tile at q_smem, rotated by pos_lo / pos_hi.
-// The rotate-half partner of column c (c < D/2) is c + D/2, which lands in the same register
-// of k-block kb + D/32: each thread rotates its own fragment pairs.
-template <int D>
-__device__ __forceinline__ void BuildRotatedQ(uint32_t (&qf)[D / 16][4], const char* q_smem,
-                                              int r_lo, int pos_lo, int pos_hi,
-                                              const float* inv_freq_smem, int lane) {
-  const int t = lane & 3;
-#pragma unroll
-  for (int kb = 0; kb < D / 32; ++kb) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int c = kb * 16 + half * 8 + 2 * t;  // first of two columns, c < D/2
-      const float f0 = inv_freq_smem[c], f1 = inv_freq_smem[c + 1];
-#pragma unroll
-      for (int hi_row = 0; hi_row < 2; ++hi_row) {
-        const int row = r_lo + hi_row * 8;
-        const int pos = hi_row ? pos_hi : pos_lo;
-        const uint32_t x0_bits =
-            *reinterpret_cast<const uint32_t*>(q_smem + TileOffset<D>(row, c / 8) + (c % 8) * 2);
-        const uint32_t x1_bits = *reinterpret_cast<const uint32_t*>(
-            q_smem + TileOffset<D>(row, (c + D / 2) / 8) + (c % 8) * 2);
-        const float2 x0 = UnpackBf16(x0_bits), x1 = UnpackBf16(x1_bits);
-        float s0, c0, s1, c1;
-        RopeSinCos(pos, f0, &s0, &c0);
-        RopeSinCos(pos, f1, &s1, &c1);
-        const int reg = half * 2 + hi_row;
-        qf[kb][reg] = PackBf16(x0.x * c0 - x1.x * s0, x0.y * c1 - x1.y * s1);
-        qf[kb + D / 32][reg] = PackBf16(x1.x * c0 + x0.x * s0, x1.y * c1 + x0.y * s1);
-      }
-    }
-  }
-}
 
 // Which (request b, KV head, query block, KV split) a prefill block computes (grid: x =
 // requests x KV heads x query blocks, y = splits) and its query rows: queries qi0 .. of the
@@ -237,154 +108,6 @@ __device__ __forceinline__ void CopyQueryTile(const AttentionKernelParams& p,
                  chunk * 8
            : p.q;
     CpAsync16(SmemAddr(q_smem) + TileOffset<D>(row, chunk), src, ok);
-  }
-}
-
-// Rotates by RoPE to `pos` the eight rotate-half pairs held in one 16-byte chunk pair of a
-// bf16 row: lo holds columns 8cp..8cp+7, hi their partners D/2 further (the same products and
-// roundings as BuildRotatedQ).
-__device__ __forceinline__ void RotateChunkPair(uint4* lo, uint4* hi, int pos,
-                                                const float* inv_freq_smem, int cp) {
-  uint32_t* lw = reinterpret_cast<uint32_t*>(lo);
-  uint32_t* hw = reinterpret_cast<uint32_t*>(hi);
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const float2 x0 = UnpackBf16(lw[e]), x1 = UnpackBf16(hw[e]);
-    float s0, c0, s1, c1;
-    RopeSinCos(pos, inv_freq_smem[cp * 8 + 2 * e], &s0, &c0);
-    RopeSinCos(pos, inv_freq_smem[cp * 8 + 2 * e + 1], &s1, &c1);
-    lw[e] = PackBf16(x0.x * c0 - x1.x * s0, x0.y * c1 - x1.y * s1);
-    hw[e] = PackBf16(x1.x * c0 + x0.x * s0, x1.y * c1 + x0.y * s1);
-  }
-}
-
-// Rotates every key row of a K tile in shared memory in place: row r at position
-// pos0 + r (MEPIC variant; zero-filled rows stay zero). All threads of the block.
-template <int D, int kRows, int kThreads>
-__device__ __forceinline__ void RotateKeyTile(char* k_smem, int pos0, const float* inv_freq_smem,
-                                              int tid) {
-  constexpr int kPairs = D / 16;  // 16-byte chunk pairs (c, c + D/16) per row
-#pragma unroll
-  for (int it = tid; it < kRows * kPairs; it += kThreads) {
-    const int row = it / kPairs, cp = it % kPairs;
-    uint4* lo_ptr = reinterpret_cast<uint4*>(k_smem + TileOffset<D>(row, cp));
-    uint4* hi_ptr = reinterpret_cast<uint4*>(k_smem + TileOffset<D>(row, cp + kPairs));
-    uint4 lo = *lo_ptr, hi = *hi_ptr;
-    RotateChunkPair(&lo, &hi, pos0 + row, inv_freq_smem, cp);
-    *lo_ptr = lo;
-    *hi_ptr = hi;
-  }
-}
-
-// ---------------------------------------------------------------------------------------
-// Programmatic dependent launch (PDL). Every attention kernel is launched as a programmatic
-// dependent of the previous kernel on the stream: its blocks may become resident while that
-// kernel drains, and PdlWait() holds them until it has finished and its writes are visible.
-// Before PdlWait a kernel may read only what was written before the previous kernel started
-// (the step's segment view, uploaded by a copy earlier on the stream; inv_freq): the decode
-// and wgmma prefill kernels plan their split and fetch their first page ids there; the query,
-// the K/V bytes and every write come after it (except, with stable_history, the decode kernel's
-// first K/V tiles below the query position). PdlLaunchDependents() lets the next kernel
-// (the split merge) be scheduled early; it still waits for this grid to complete.
-__device__ __forceinline__ void PdlWait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-__device__ __forceinline__ void PdlLaunchDependents() {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-
-__device__ __forceinline__ int WarpSum(int x) {
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);
-  return x;
-}
-__device__ __forceinline__ int WarpInclusiveScan(int x, int lane) {
-#pragma unroll
-  for (int off = 1; off < 32; off *= 2) {
-    const int y = __shfl_up_sync(0xffffffffu, x, off);
-    if (lane >= off) x += y;
-  }
-  return x;
-}
-
-// ---------------------------------------------------------------------------------------
-// Split planning and the key-tile walk.
-//
-// A block walks the key tiles of one request. Segment s (in request order) contributes
-// ceil(vis_s / kBlockN) tiles, vis_s = clamp(min(len_s, max_pos - start_s + 1), 0, len_s) being
-// its keys visible to the block's largest query position (causality). Tiles never cross
-// segments (the query rotation is per segment). The request's tiles are numbered in order;
-// KV split k of S owns tiles [k T / S, (k + 1) T / S): splits are balanced in tiles, so one
-// that straddles a segment boundary does not pay a whole extra tile for two partial ones.
-//
-// Warp 0 plans (PlanSplit) into shared memory, reading the request's segment metadata 32
-// segments per load round (the old serial walk cost one dependent global load per segment
-// before the first K/V byte was requested); the first kSegCache segments stay cached there
-// for the walk, later ones are read from global memory as the walk reaches them.
-inline constexpr int kSegCache = 32;
-
-struct SegEntry {
-  int start, vis, page_base;
-};
-
-struct SplitPlan {          // shared memory
-  SegEntry seg[kSegCache];  // segments s_first .. s_first + kSegCache - 1 of the request
-  int s_first, s_end;       // the request's segments
-  int max_pos;              // the block's largest query position
-  int s, t_seg;             // first segment of the split, request tile index of its first tile
-  int t_begin, t_end;       // the split's tiles
-};
-
-__device__ __forceinline__ int VisibleKeys(int start, int len, int max_pos) {
-  return max(0, min(len, max_pos - start + 1));
-}
-
-// Warp 0 only (all 32 lanes); the caller syncs the block before reading `plan`.
-template <int kBlockN>
-__device__ __forceinline__ void PlanSplit(const SegmentView& v, int s_first, int s_end, int max_pos,
-                                          int split, int num_splits, SplitPlan* plan, int lane) {
-  int total = 0;
-  for (int c = s_first; c < s_end; c += 32) {
-    const int s = c + lane;
-    int tiles = 0;
-    if (s < s_end) {
-      const int start = v.seg_start[s], len = v.seg_len[s], pb = v.page_indptr[s];
-      const int vis = VisibleKeys(start, len, max_pos);
-      tiles = (vis + kBlockN - 1) / kBlockN;
-      if (s - s_first < kSegCache) plan->seg[s - s_first] = {start, vis, pb};
-    }
-    total += WarpSum(tiles);
-  }
-  const int t_begin = static_cast<int>(int64_t(split) * total / num_splits);
-  const int t_end = static_cast<int>(int64_t(split + 1) * total / num_splits);
-  // The split's first segment: the first whose tiles end past t_begin. Each lane re-reads
-  // the cache entries it wrote itself (no barrier needed); segments past the cache come again
-  // from global memory (requests with more than kSegCache segments only).
-  int s_found = s_end, t_found = total, t_base = 0;
-  for (int c = s_first; c < s_end && t_begin < total; c += 32) {
-    const int s = c + lane;
-    int tiles = 0;
-    if (s < s_end) {
-      const int vis = s - s_first < kSegCache ? plan->seg[s - s_first].vis
-                                              : VisibleKeys(v.seg_start[s], v.seg_len[s], max_pos);
-      tiles = (vis + kBlockN - 1) / kBlockN;
-    }
-    const int incl = WarpInclusiveScan(tiles, lane);
-    const unsigned hit = __ballot_sync(0xffffffffu, s < s_end && t_base + incl > t_begin);
-    if (hit != 0) {
-      const int l = __ffs(hit) - 1;
-      s_found = c + l;
-      t_found = t_base + __shfl_sync(0xffffffffu, incl - tiles, l);
-      break;
-    }
-    t_base += __shfl_sync(0xffffffffu, incl, 31);
-  }
-  if (lane == 0) {
-    plan->s_first = s_first;
-    plan->s_end = s_end;
-    plan->max_pos = max_pos;
-    plan->s = s_found;
-    plan->t_seg = t_found;
-    plan->t_begin = t_begin;
-    plan->t_end = t_end;
   }
 }
 
@@ -502,125 +225,6 @@ __device__ __forceinline__ void StoreRows(const AttentionKernelParams& p,
     }
   }
 }
-
-// The walk over a split's tiles. Every thread of a block walks the same cursor (uniform
-// control flow); the producer (loads) runs kStages - 1 tiles ahead of the consumer (math).
-template <int kBlockN>
-struct TileCursor {
-  int s;          // current segment (global index)
-  int t_seg;      // request tile index of segment s's first tile
-  int start;      // seg_start[s]: rope delta / logical position of key 0
-  int page_base;  // page_indptr[s]
-  int tiles;      // tiles of segment s
-  int j;          // first local key of the current tile
-  int j_end;      // one past the last loadable local key of the current run of tiles
-  bool valid;
-
-  // `plan` is the block's shared-memory plan, passed on every call rather than kept in the
-  // cursor (the prefill kernel runs at the register cap).
-  __device__ __forceinline__ void Init(const SplitPlan* plan, const SegmentView& v) {
-    s = plan->s;
-    t_seg = plan->t_seg;
-    Seek(plan, v);
-  }
-  // Moves to the first segment at or after s with tiles inside the split.
-  __device__ __forceinline__ void Seek(const SplitPlan* plan, const SegmentView& v) {
-    valid = false;
-    const int s_end = plan->s_end, t_begin = plan->t_begin, t_end = plan->t_end;
-    for (; s < s_end && t_seg < t_end; ++s) {
-      const int i = s - plan->s_first;
-      int vis;
-      if (i < kSegCache) {
-        const SegEntry e = plan->seg[i];
-        start = e.start;
-        vis = e.vis;
-        page_base = e.page_base;
-      } else {
-        start = v.seg_start[s];
-        vis = VisibleKeys(start, v.seg_len[s], plan->max_pos);
-        page_base = v.page_indptr[s];
-      }
-      tiles = (vis + kBlockN - 1) / kBlockN;
-      const int lo = max(0, t_begin - t_seg), hi = min(tiles, t_end - t_seg);
-      if (lo < hi) {
-        j = lo * kBlockN;
-        j_end = min(vis, hi * kBlockN);
-        valid = true;
-        return;
-      }
-      t_seg += tiles;
-    }
-  }
-  __device__ __forceinline__ void Next(const SplitPlan* plan, const SegmentView& v) {
-    j += kBlockN;
-    if (j >= j_end) {
-      t_seg += tiles;
-      ++s;
-      Seek(plan, v);
-    }
-  }
-};
-
-// Gathers one K tile and one V tile (kBlockN key rows of one KV head) from the page pool
-// into shared memory with 16-byte cp.async. Thread `tid` moves chunk tid % (D/8) of rows
-// tid / (D/8) + i * kRowsPerPass. The page ids of a tile are fetched (Prefetch) ahead of its
-// copy (Issue), so their latency hides behind math (the decode kernel: two tiles ahead).
-// kSw128: store in the wgmma layout (Sw128Offset, D = 128 only) instead of TileOffset.
-template <int D, int kBlockN, int kThreads, bool kSw128 = false>
-struct KvTileLoader {
-  static constexpr int kChunks = D / 8;
-  static constexpr int kRowsPerPass = kThreads / kChunks;
-  static constexpr int kPasses = kBlockN / kRowsPerPass;
-  static_assert(kThreads % kChunks == 0 && kBlockN % kRowsPerPass == 0, "tile shape");
-  static_assert(!kSw128 || D == 128, "the 128-byte-swizzle layout is for head dim 128");
-
-  // Pool token index (page * page_size + slot) of each row this thread moves, -1 = not
-  // loadable (zero-fill). One register per row: the prefill kernel runs at the register cap.
-  int tok[kPasses];
-  bool any;  // the prefetched tile exists
-
-  // `c` may walk wider tiles than this loader moves (the decode kernel's warp pipelines: each
-  // warp moves 16 rows of a 64-key tile, c.j shifted to its first row).
-  template <int kCursorN>
-  __device__ __forceinline__ void Prefetch(const TileCursor<kCursorN>& c, const SegmentView& v,
-                                           int tid) {
-    any = c.valid;
-    const int row0 = tid / kChunks;
-    int jj = c.j + row0;
-    // Page sizes are powers of two in practice (16, 64): a shift instead of an integer
-    // division in every tile.
-    const int ps = v.page_size;
-    int pg = (ps & (ps - 1)) == 0 ? jj >> (__ffs(ps) - 1) : jj / ps;
-    int sl = jj - pg * ps;
-#pragma unroll
-    for (int p = 0; p < kPasses; ++p) {
-      const bool ok = c.valid && jj < c.j_end;
-      tok[p] = ok ? v.page_indices[c.page_base + pg] * v.page_size + sl : -1;
-      jj += kRowsPerPass;
-      sl += kRowsPerPass;
-      while (sl >= v.page_size) {
-        sl -= v.page_size;
-        ++pg;
-      }
-    }
-  }
-
-  __device__ __forceinline__ void Issue(char* k_smem, char* v_smem, const __nv_bfloat16* k_cache,
-                                        const __nv_bfloat16* v_cache, int64_t token_stride,
-                                        int head_offset, int tid) const {
-    if (!any) return;
-    const int row0 = tid / kChunks, chunk = tid % kChunks;
-#pragma unroll
-    for (int p = 0; p < kPasses; ++p) {
-      const int row = row0 + p * kRowsPerPass;
-      const bool ok = tok[p] >= 0;
-      const int64_t off = ok ? int64_t(tok[p]) * token_stride + head_offset + chunk * 8 : 0;
-      const uint32_t dst = kSw128 ? Sw128Offset<kBlockN>(row, chunk) : TileOffset<D>(row, chunk);
-      CpAsync16(SmemAddr(k_smem) + dst, k_cache + off, ok);
-      CpAsync16(SmemAddr(v_smem) + dst, v_cache + off, ok);
-    }
-  }
-};
 
 }  // namespace lazyrag::kernels::detail
 

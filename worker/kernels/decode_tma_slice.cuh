@@ -1,4 +1,5 @@
-// TMA copies for the decode kernel's warp pipelines (DecodeKernel::kWarpPipesTma).
+// TMA copies for the decode kernel's warp pipelines (the default where page_size is a power of
+// two >= 16 and num_pages is known; lazy_attention_decode.cu).
 //
 // A warp's slice of a 64-key tile is its 16 keys: 16 consecutive rows of one page (page sizes
 // that are multiples of 16, so a slice never crosses a page). Instead of 32 lanes x 16

@@ -1,9 +1,9 @@
 // Every CUDA kernel of worker/kernels against the CPU reference (attention_cpu.h) on fresh
-// random bf16 inputs: document lengths that are not page multiples, page sizes 16 and 64,
-// shuffled page order, NaN in every unused pool slot, GQA groups 1/3/4/8, head dims 64/128,
-// 1 to 256 requests, contexts up to 32k, forced and automatic KV splits, both key layouts.
-// Outputs and workspaces are poisoned (NaN) before each run. Tests that need a GPU skip
-// when there is none; the argument checks run everywhere.
+// random bf16 inputs: document lengths that are not page multiples, page sizes 16 and 64 (and
+// 24, a page size the decode's TMA copies do not take), shuffled page order, NaN in every unused
+// pool slot, GQA groups 1/3/4/8, head dims 64/128, 1 to 256 requests, contexts up to 32k, forced
+// and automatic KV splits, both key layouts. Outputs and workspaces are poisoned (NaN) before each
+// run. Tests that need a GPU skip when there is none; the argument checks run everywhere.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -63,10 +63,10 @@ bool HaveGpu() {
 
 // Every GPU test starts with it: skip without a device, then a fresh random seed (printed
 // with any failure) for the test's generator `rng`.
-#define GPU_TEST_SETUP(rng)                      \
-  SKIP_WITHOUT_GPU();                            \
-  const uint32_t seed = FreshSeed();             \
-  SCOPED_TRACE(absl::StrCat("seed ", seed));     \
+#define GPU_TEST_SETUP(rng)                  \
+  SKIP_WITHOUT_GPU();                        \
+  const uint32_t seed = FreshSeed();         \
+  SCOPED_TRACE(absl::StrCat("seed ", seed)); \
   std::mt19937 rng(seed)
 
 #define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << cudaGetErrorString(cudaGetLastError())
@@ -281,11 +281,12 @@ Problem MakeRagBatch(const Sizes& s, KvPool& pool, const std::vector<Doc>& docs,
 
 int PagesFor(int tokens, int page_size) { return (tokens + page_size - 1) / page_size; }
 
-// Head dim 128, 2 KV heads, pages 16 and 64 x GQA groups 4 and 8: `body(s, pool, docs)` with a
-// pool holding eight documents of 1 .. max_doc tokens and `extra_pages` pages more.
+// Head dim 128, 2 KV heads, the given page sizes x GQA groups 4 and 8: `body(s, pool, docs)`
+// with a pool holding eight documents of 1 .. max_doc tokens and `extra_pages` pages more.
 template <typename Body>
-void ForPageSizesAndGroups(std::mt19937& rng, int max_doc, int extra_pages, Body&& body) {
-  for (int ps : {16, 64}) {
+void ForPageSizesAndGroups(std::mt19937& rng, const std::vector<int>& page_sizes, int max_doc,
+                           int extra_pages, Body&& body) {
+  for (int ps : page_sizes) {
     for (int group : {4, 8}) {
       SCOPED_TRACE(absl::StrCat("ps=", ps, " group=", group));
       const Sizes s{/*head_dim=*/128, group, /*num_kv_heads=*/2, ps};
@@ -316,7 +317,9 @@ struct GpuRun {
   // Calls on the same (not re-poisoned) workspace and output; the last output is returned.
   int repeats = 1;
   PrefillKernel prefill_kernel = PrefillKernel::kAuto;
-  DecodeKernel decode_kernel = DecodeKernel::kAuto;
+  // false: LazyAttentionParams::num_pages 0 (unknown), which keeps the TMA kernels out: the
+  // launchers then run the cp.async wgmma prefill and the cp.async decode warp pipes.
+  bool num_pages_known = true;
   bool stable_history = false;
   // Rows left NaN in the uploaded pool and written by a kernel launched just before the
   // attention kernel, which lets the attention kernel start at once and writes only after
@@ -370,11 +373,10 @@ std::vector<float> RunGpu(const Problem& p, const KvPool& pool, const GpuRun& ru
   DeviceArray<float> inv_freq(p.inv_freq);
   DeviceView view(p.view);
   DeviceArray<uint16_t> out(p.q.size(), 0xff);  // NaN poison
-  const size_t ws_bytes =
-      run.workspace_bytes != 0
-          ? run.workspace_bytes
-          : LazyAttentionWorkspaceBytes(int(p.view.q_pos.size()), p.shape.num_heads,
-                                        p.shape.head_dim);
+  const size_t ws_bytes = run.workspace_bytes != 0
+                              ? run.workspace_bytes
+                              : LazyAttentionWorkspaceBytes(int(p.view.q_pos.size()),
+                                                            p.shape.num_heads, p.shape.head_dim);
   DeviceArray<uint8_t> ws(ws_bytes, 0xff);
   LazyAttentionParams prm;
   prm.shape = p.shape;
@@ -391,8 +393,7 @@ std::vector<float> RunGpu(const Problem& p, const KvPool& pool, const GpuRun& ru
   prm.workspace_bytes = ws_bytes;
   prm.num_splits = run.num_splits;
   prm.prefill_kernel = run.prefill_kernel;
-  prm.decode_kernel = run.decode_kernel;
-  prm.num_pages = pool.pages;
+  prm.num_pages = run.num_pages_known ? pool.pages : 0;
   prm.stable_history = run.stable_history;
   if (!late.empty()) {
     EXPECT_TRUE(testing::LaunchDelayedRowWrite(k.get(), v.get(), late_offsets.get(), k_late_d.get(),
@@ -638,23 +639,17 @@ TEST(LazyAttention, Batch1LongContextAutoSplits) {
         s.group = group;
         s.page_size = ps;
         s.num_kv_heads = 8;
-        KvPool pool(ps, s.num_kv_heads, d,
-                    PagesFor(5 * 2047, ps) + 5 + 2 * PagesFor(200, ps), rng);
+        KvPool pool(ps, s.num_kv_heads, d, PagesFor(5 * 2047, ps) + 5 + 2 * PagesFor(200, ps), rng);
         const std::vector<Doc> docs = MakeDocs(pool, 5, 1990, 2047, rng);
         Problem pre = EmptyProblem(s);
         Problem dec = pre;
-        AddRequest(pre, pool, docs, {3, 0, 4, 1, 2}, 9, group == 4 ? 32 : 64,
-                   rng);
+        AddRequest(pre, pool, docs, {3, 0, 4, 1, 2}, 9, group == 4 ? 32 : 64, rng);
         AddRequest(dec, pool, docs, {1, 4, 2, 0, 3}, 41, 1, rng);
-        for (KeyLayout layout :
-             {KeyLayout::kRotatedLocal, KeyLayout::kUnrotated}) {
-          if (layout == KeyLayout::kUnrotated && (ps != 16 || group != 4))
-            continue;
-          ExpectClose(RunGpu(pre, pool, {false, layout, 0}),
-                      RunCpu(pre, pool, layout),
+        for (KeyLayout layout : {KeyLayout::kRotatedLocal, KeyLayout::kUnrotated}) {
+          if (layout == KeyLayout::kUnrotated && (ps != 16 || group != 4)) continue;
+          ExpectClose(RunGpu(pre, pool, {false, layout, 0}), RunCpu(pre, pool, layout),
                       "prefill " + LayoutName(layout));
-          ExpectClose(RunGpu(dec, pool, {true, layout, 0}),
-                      RunCpu(dec, pool, layout),
+          ExpectClose(RunGpu(dec, pool, {true, layout, 0}), RunCpu(dec, pool, layout),
                       "decode " + LayoutName(layout));
         }
       }
@@ -662,16 +657,18 @@ TEST(LazyAttention, Batch1LongContextAutoSplits) {
   }
 }
 
-// The decode kernel with per-warp pipelines (DecodeKernel::kWarpPipes: each warp loads its own
-// 16 keys of every tile, no block barrier in the loop) does the block-tile kernel's arithmetic
-// in the same order: bit for bit, and against the CPU; batch 1 over 5 long documents and a
-// batch of 5 requests, pages 16 and 64, groups 4 and 8, automatic and forced splits. The same
-// for the TMA warp pipes (DecodeKernel::kWarpPipesTma), whose slices past a segment's end hold
-// the pool's NaN (unwritten slots) and must be masked and zeroed.
-TEST(LazyAttention, DecodeWarpPipesMatchBlockTiles) {
+// The decode warp pipes (head dim 128, LAZY layout: each warp loads its own 16 keys of every
+// tile, no block barrier in the loop) with TMA copies (the launcher's choice where page_size is
+// a power of two >= 16 and num_pages is known) and with cp.async copies (num_pages unknown, or
+// page size 24) against the CPU and, at one shape, bit for bit against each other (the same
+// arithmetic in the same order; the TMA slices past a segment's end hold the pool's NaN and must
+// be masked and zeroed): batch 1 over 5 long documents and a batch of 5 requests, groups 4 and
+// 8, automatic and forced splits.
+TEST(LazyAttention, DecodeTmaPipesMatchCpAsyncPipes) {
   GPU_TEST_SETUP(rng);
   ForPageSizesAndGroups(
-      rng, 1500, 40 * 8, [&](const Sizes& s, KvPool& pool, const std::vector<Doc>& docs) {
+      rng, {16, 64, 24}, 1500, 40 * 8,
+      [&](const Sizes& s, KvPool& pool, const std::vector<Doc>& docs) {
         Problem b1 = EmptyProblem(s);
         AddRequest(b1, pool, docs, {5, 2, 7, 0, 3}, 41, 1, rng);
         const Problem b5 = MakeRagBatch(s, pool, docs, 5, 4, 40, 1, rng);
@@ -681,24 +678,21 @@ TEST(LazyAttention, DecodeWarpPipesMatchBlockTiles) {
           for (int splits : {0, 1, 3, 16}) {
             const std::string what = absl::StrCat(name, " splits=", splits);
             GpuRun run{true, KeyLayout::kRotatedLocal, splits};
-            run.decode_kernel = DecodeKernel::kBlockTiles;
-            const std::vector<float> block = RunGpu(*prob, pool, run);
-            run.decode_kernel = DecodeKernel::kWarpPipes;
-            const std::vector<float> warp = RunGpu(*prob, pool, run);
-            ExpectClose(warp, ref, "warp pipelines " + what);
-            EXPECT_EQ(warp, block) << "warp pipelines vs block tiles " << what;
-            run.decode_kernel = DecodeKernel::kWarpPipesTma;
             const std::vector<float> tma = RunGpu(*prob, pool, run);
-            EXPECT_EQ(tma, block) << "TMA warp pipelines vs block tiles " << what;
+            run.num_pages_known = false;
+            const std::vector<float> cp_async = RunGpu(*prob, pool, run);
+            ExpectClose(tma, ref, "warp pipes, num_pages known " + what);
+            ExpectClose(cp_async, ref, "cp.async warp pipes " + what);
+            EXPECT_EQ(tma, cp_async) << "TMA vs cp.async warp pipes " << what;
           }
         }
       });
 }
 
 // The batch-1 split merge's blocks must fit beside two decode blocks on a multiprocessor, so
-// that they are resident and waiting before the decode grid ends (2.1 us per chained launch on
-// an H200 when they were not): a guard against the decode kernel growing its registers or
-// shared memory past the room it leaves.
+// that they are resident and waiting before the decode grid ends (each chained launch measured
+// slower on the H200 when they were not; see bench/README.md): a guard against the decode
+// kernel growing its registers or shared memory past the room it leaves.
 TEST(LazyAttention, DecodeLeavesRoomForTheSplitMerge) {
   SKIP_WITHOUT_GPU();
   bool fits = false;
@@ -711,10 +705,10 @@ TEST(LazyAttention, DecodeLeavesRoomForTheSplitMerge) {
 
 // stable_history: the decode kernel copies its first K/V tiles before waiting for the kernel
 // launched just before it, except those holding the query's own key. Here that kernel writes
-// the queries' own K/V rows (NaN until then) 20 us after letting the decode start, as the
-// model's QKV scatter does: the output must still match the CPU on the written rows, for the
-// launcher's split and forced ones (the split holding the query's row waits, the others
-// start early).
+// the queries' own K/V rows (NaN until then) GpuRun::late_delay_ns after letting the decode
+// start, as the model's QKV scatter does: the output must still match the CPU on the written
+// rows, for the launcher's split and forced ones (the split holding the query's row waits, the
+// others start early), with the TMA and with the cp.async warp pipes.
 TEST(LazyAttention, DecodeStableHistoryWaitsForTheStepsRows) {
   GPU_TEST_SETUP(rng);
   for (int ps : {16, 64}) {
@@ -729,15 +723,14 @@ TEST(LazyAttention, DecodeStableHistoryWaitsForTheStepsRows) {
     for (const auto& [name, prob] : problems) {
       const std::vector<float> ref = RunCpu(*prob, pool, KeyLayout::kRotatedLocal);
       for (int splits : {0, 1, 7, 40}) {
-        // kAuto runs the TMA pipes on these pages; kWarpPipes the cp.async ones.
-        for (DecodeKernel kernel : {DecodeKernel::kAuto, DecodeKernel::kWarpPipes}) {
+        // These pages run the TMA pipes with num_pages known, the cp.async ones without.
+        for (bool num_pages_known : {true, false}) {
           GpuRun run{true, KeyLayout::kRotatedLocal, splits};
           run.stable_history = true;
           run.late_rows = GpuRun::LateRows::kStepRows;
-          run.decode_kernel = kernel;
+          run.num_pages_known = num_pages_known;
           ExpectClose(RunGpu(*prob, pool, run), ref,
-                      absl::StrCat(name, " splits=", splits, " cp.async=",
-                                   kernel == DecodeKernel::kWarpPipes));
+                      absl::StrCat(name, " splits=", splits, " cp.async=", !num_pages_known));
         }
       }
     }
@@ -780,27 +773,20 @@ TEST(LazyAttention, DecodeSplitMergeWorkspace) {
   Sizes s;
   s.group = 4;
   s.num_kv_heads = 4;
-  KvPool pool(s.page_size, s.num_kv_heads, s.head_dim,
-              PagesFor(6 * 900, 16) + 40 * 4, rng);
+  KvPool pool(s.page_size, s.num_kv_heads, s.head_dim, PagesFor(6 * 900, 16) + 40 * 4, rng);
   const std::vector<Doc> docs = MakeDocs(pool, 6, 300, 900, rng);
   const Problem p = MakeRagBatch(s, pool, docs, 37, 4, 40, 1, rng);
   const std::vector<float> ref = RunCpu(p, pool, KeyLayout::kRotatedLocal);
-  const size_t per_split =
-      LazyAttentionWorkspaceBytes(37, s.num_kv_heads * s.group, s.head_dim, 1);
+  const size_t per_split = LazyAttentionWorkspaceBytes(37, s.num_kv_heads * s.group, s.head_dim, 1);
   for (int repeats : {1, 3}) {
     for (int splits : {2, 7, 64}) {
-      const std::string what =
-          absl::StrCat("splits=", splits, " repeats=", repeats);
+      const std::string what = absl::StrCat("splits=", splits, " repeats=", repeats);
+      ExpectClose(RunGpu(p, pool, {true, KeyLayout::kRotatedLocal, splits, 0, repeats}), ref,
+                  "all splits " + what);
       ExpectClose(
-          RunGpu(p, pool, {true, KeyLayout::kRotatedLocal, splits, 0, repeats}),
-          ref, "all splits " + what);
-      ExpectClose(RunGpu(p, pool,
-                         {true, KeyLayout::kRotatedLocal, splits,
-                          2 * per_split + 100, repeats}),
-                  ref, "2 splits " + what);
-      ExpectClose(RunGpu(p, pool,
-                         {true, KeyLayout::kRotatedLocal, splits, 3 * per_split,
-                          repeats}),
+          RunGpu(p, pool, {true, KeyLayout::kRotatedLocal, splits, 2 * per_split + 100, repeats}),
+          ref, "2 splits " + what);
+      ExpectClose(RunGpu(p, pool, {true, KeyLayout::kRotatedLocal, splits, 3 * per_split, repeats}),
                   ref, "3 splits " + what);
     }
   }
@@ -873,23 +859,27 @@ TEST(LazyAttention, FullCausalDocumentEncoding) {
 }
 
 // ---------------------------------------------------------------------------------------
-// The wgmma prefill kernel (head dim 128, LAZY; the default where it applies, 128-key tiles;
-// and with 64-key tiles), the warp-specialized kernel (TMA producer; bit for bit the 128-key
-// kernel) and the mma.sync kernel forced on the same inputs, each against the CPU reference and
-// against each other: a batch-1 query block over odd-length documents, a batch of 16 query blocks,
-// and chunked causal prefill of the requests' own tokens (several query blocks per request, uneven
-// rows), page sizes 16 and 64, groups 4 and 8, automatic and forced splits.
+// The wgmma prefill kernels (head dim 128, LAZY) as the launcher chooses them, and the mma.sync
+// kernel forced (PrefillKernel::kMmaSync) on the same inputs, each against the CPU reference
+// and against each other. With num_pages known the launcher runs the warp-specialized kernel
+// (TMA producer; its consumer warpgroups ping-pong when the KV is split), without it the
+// all-warps cp.async kernel (64-key tiles when the KV is split, 128-key tiles otherwise); with
+// one split both do the same arithmetic on the same 128-key tiles: bit for bit. Inputs: a
+// batch-1 query block over odd-length documents, a batch of 16 query blocks, and chunked causal
+// prefill of the requests' own tokens (several query blocks per request, uneven rows), page
+// sizes 16 and 64, groups 4 and 8, automatic and forced splits.
 TEST(LazyAttention, PrefillWgmmaMatchesCpuAndMmaSync) {
   GPU_TEST_SETUP(rng);
-  // KERNELS_TEST_WS_ONLY=1: only the warp-specialized kernel against the CPU (a short run for
-  // compute-sanitizer's racecheck).
+  // KERNELS_TEST_WS_ONLY=1: only the warp-specialized kernel against the CPU, both schedules
+  // (a short run for compute-sanitizer's racecheck).
   const char* ws_env = std::getenv("KERNELS_TEST_WS_ONLY");
   const bool ws_only = ws_env != nullptr && std::string(ws_env) == "1";
   int major = 0, minor = 0;
   ASSERT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
   ASSERT_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
   ForPageSizesAndGroups(
-      rng, 1200, 40 * 16, [&](const Sizes& s, KvPool& pool, const std::vector<Doc>& docs) {
+      rng, {16, 64}, 1200, 40 * 16,
+      [&](const Sizes& s, KvPool& pool, const std::vector<Doc>& docs) {
         Problem b1 = EmptyProblem(s);
         Problem causal = b1;
         AddRequest(b1, pool, docs, {5, 2, 7, 0, 3}, 9, 32, rng);
@@ -899,15 +889,16 @@ TEST(LazyAttention, PrefillWgmmaMatchesCpuAndMmaSync) {
         LazyAttentionParams probe;
         probe.shape = b1.shape;
         const bool wgmma = LazyAttentionPrefillUsesWgmma(probe);
-        probe.prefill_kernel = PrefillKernel::kWgmmaWs;
         probe.num_pages = pool.pages;
         probe.view.page_size = s.page_size;
         probe.k_cache = probe.v_cache = reinterpret_cast<const uint16_t*>(uintptr_t(256));
         EXPECT_EQ(LazyAttentionPrefillUsesWs(probe), wgmma) << "ps " << s.page_size;
+        probe.num_pages = 0;
+        EXPECT_FALSE(LazyAttentionPrefillUsesWs(probe)) << "num_pages 0";
         if (major == 9 && minor == 0) {
           EXPECT_TRUE(wgmma) << "compute capability 9.0 device but no wgmma kernel";
         }
-        if (!wgmma) std::printf("note: wgmma prefill kernel unavailable; mma.sync twice\n");
+        if (!wgmma) std::printf("note: wgmma prefill kernels unavailable; mma.sync throughout\n");
         const std::pair<const char*, const Problem*> problems[] = {
             {"b1", &b1}, {"b16", &b16}, {"causal", &causal}};
         for (const auto& [name, prob] : problems) {
@@ -915,34 +906,21 @@ TEST(LazyAttention, PrefillWgmmaMatchesCpuAndMmaSync) {
           for (int splits : {0, 1, 3}) {
             const std::string what = absl::StrCat(name, " splits=", splits);
             GpuRun run{false, KeyLayout::kRotatedLocal, splits};
-            if (ws_only) {  // the warp-specialized kernel alone (for racecheck, ~4x faster)
-              for (PrefillKernel k : {PrefillKernel::kWgmmaWs, PrefillKernel::kWgmmaWsPingPong}) {
-                run.prefill_kernel = k;
-                ExpectClose(RunGpu(*prob, pool, run), ref, "warp-specialized " + what);
-              }
-              continue;
-            }
-            run.prefill_kernel = PrefillKernel::kWgmmaKeys128;
-            const std::vector<float> got = RunGpu(*prob, pool, run);
-            run.prefill_kernel = PrefillKernel::kWgmmaKeys64;
-            const std::vector<float> k64 = RunGpu(*prob, pool, run);
-            // The warp-specialized kernel does the same arithmetic on the same 128-key tiles
-            // (only the loads and the stage hand-off differ): bit for bit.
-            run.prefill_kernel = PrefillKernel::kWgmmaWs;
             const std::vector<float> ws = RunGpu(*prob, pool, run);
-            run.prefill_kernel = PrefillKernel::kWgmmaWsPingPong;
-            const std::vector<float> ping = RunGpu(*prob, pool, run);
-            if (wgmma) {
-              EXPECT_EQ(ws, got) << "warp-specialized vs 128-key tiles " << what;
-              EXPECT_EQ(ping, got) << "warp-specialized ping-pong vs 128-key tiles " << what;
+            ExpectClose(ws, ref, "warp-specialized " + what);
+            if (ws_only) continue;  // the warp-specialized kernel alone (racecheck, ~4x faster)
+            run.num_pages_known = false;
+            const std::vector<float> cp_async = RunGpu(*prob, pool, run);
+            ExpectClose(cp_async, ref, "cp.async wgmma " + what);
+            if (wgmma && splits == 1) {
+              EXPECT_EQ(ws, cp_async) << "warp-specialized vs cp.async 128-key tiles " << what;
             }
+            run.num_pages_known = true;
             run.prefill_kernel = PrefillKernel::kMmaSync;
             const std::vector<float> old = RunGpu(*prob, pool, run);
-            ExpectClose(got, ref, "wgmma 128-key tiles " + what);
-            ExpectClose(k64, ref, "wgmma 64-key tiles " + what);
             ExpectClose(old, ref, "mma.sync " + what);
-            ExpectClose(got, old, "wgmma 128-key tiles vs mma.sync " + what, 2e-3f, 1e-2f);
-            ExpectClose(k64, old, "wgmma 64-key tiles vs mma.sync " + what, 2e-3f, 1e-2f);
+            ExpectClose(ws, old, "warp-specialized vs mma.sync " + what, 2e-3f, 1e-2f);
+            ExpectClose(cp_async, old, "cp.async wgmma vs mma.sync " + what, 2e-3f, 1e-2f);
           }
         }
       });

@@ -5,7 +5,6 @@
 
 #include "common/status.h"
 #include "worker/kernels/attention_internal.cuh"
-#include "worker/kernels/attention_trace.cuh"
 #include "worker/kernels/lazy_attention.h"
 
 namespace lazyrag::kernels {
@@ -13,11 +12,6 @@ namespace detail {
 namespace {
 
 constexpr int kMergeThreads = 128;
-
-#ifdef LAZYRAG_ATTN_TRACE
-// Points 0 entry, 1 after PdlWait, 2 weights, 3 done; AttentionKernelParams::trace_slot.
-__device__ AttentionTrace g_merge_trace[2];
-#endif
 
 // One block per (query row, head): out = sum_s w_s O_s / sum_s w_s, w_s = 2^(lse_s - max lse).
 // Every warp reads all the splits' lse (4 per lane covers kMaxKvSplits) and computes the
@@ -27,7 +21,7 @@ __device__ AttentionTrace g_merge_trace[2];
 // 32 splits is thus ~2 L2 round trips (1 with kPreload), not one per 8 splits as with one warp
 // per row. kPreload: the first of this thread's partial outputs are requested together with the
 // lse, so both arrive in one L2 round trip; for merges of at most one block per SM (a batch-1
-// decode: 2.1 -> 1.7 us chained on the H200); more rows keep the lighter kernel (registers).
+// decode, where it measured faster on the H200); more rows keep the lighter kernel (registers).
 template <int D, bool kPreload>
 __device__ __forceinline__ void MergeSplitsBody(const AttentionKernelParams& p, int rows) {
   static_assert(kMaxKvSplits <= 4 * 32, "lse per lane");
@@ -71,7 +65,6 @@ __device__ __forceinline__ void MergeSplitsBody(const AttentionKernelParams& p, 
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) l += __shfl_xor_sync(0xffffffffu, l, off);
   __syncwarp();
-  LAZYRAG_TRACE_POINT(g_merge_trace[p.trace_slot], 2);
 
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   const auto add = [&](int s, const float4& o) {
@@ -114,21 +107,12 @@ __device__ __forceinline__ void MergeSplitsBody(const AttentionKernelParams& p, 
 template <int D, bool kPreload>
 __global__ void __launch_bounds__(kMergeThreads)
     MergeSplitsKernel(const __grid_constant__ AttentionKernelParams p, int rows) {
-  LAZYRAG_TRACE_POINT(g_merge_trace[p.trace_slot], 0);
   PdlLaunchDependents();
   PdlWait();
-  LAZYRAG_TRACE_POINT(g_merge_trace[p.trace_slot], 1);
   MergeSplitsBody<D, kPreload>(p, rows);
-  LAZYRAG_TRACE_POINT(g_merge_trace[p.trace_slot], 3);
 }
 
 }  // namespace
-
-#ifdef LAZYRAG_ATTN_TRACE
-absl::Status ReadMergeTrace(int blocks, std::vector<uint64_t>* out, int slot) {
-  return ReadTraceSymbol(g_merge_trace, blocks, out, slot);
-}
-#endif
 
 absl::Status DeviceSmCount(int* sms) {
   constexpr int kMaxDevices = 64;
@@ -196,7 +180,6 @@ absl::Status MakeKernelParams(const LazyAttentionParams& params, int base_blocks
   kp->num_splits = splits;
   kp->ws_pingpong = 0;
   kp->stable_history = params.stable_history ? 1 : 0;
-  kp->trace_slot = 0;
   kp->o_partial = nullptr;
   kp->lse_partial = nullptr;
   if (splits > 1) {

@@ -36,44 +36,19 @@ typedef struct CUstream_st* cudaStream_t;
 
 namespace lazyrag::kernels {
 
-// Which prefill kernel runs (A/B benchmarking and tests; serving leaves kAuto).
+// Which prefill kernel runs. Serving leaves kAuto.
 enum class PrefillKernel {
-  // wgmma where it applies (head_dim 128, kRotatedLocal, sm_90a): the warp-specialized TMA
-  // kernel when LazyAttentionPrefillUsesWs (num_pages known, page size 8-64; its consumer
-  // warpgroups ping-pong when the launch splits the KV), else the all-warps cp.async kernel;
-  // mma.sync elsewhere.
+  // wgmma where it applies (head dim 128, kRotatedLocal, an sm_90a build on a compute
+  // capability 9.0 device): the warp-specialized TMA kernel where LazyAttentionPrefillUsesWs
+  // (its consumer warpgroups ping-pong when the launch splits the KV), else the all-warps
+  // cp.async kernel (64-key tiles when the launch splits the KV, 128-key tiles otherwise);
+  // the mma.sync kernel elsewhere.
   kAuto,
-  kMmaSync,  // always the mma.sync kernel
-  kWgmma,    // same as kAuto
-  // The all-warps cp.async wgmma kernel with a forced K/V tile (A/B benchmarking; without the
-  // TMA kernel kAuto takes 64-key tiles when the launcher splits the KV, i.e. few long blocks,
-  // and 128-key tiles otherwise).
-  kWgmmaKeys64,
-  kWgmmaKeys128,
-  // The warp-specialized wgmma kernel (a TMA producer warp, two consumer warpgroups on
-  // mbarriers, 128-key tiles) where LazyAttentionPrefillUsesWs, never ping-pong; else as kAuto.
-  kWgmmaWs,
-  // As kWgmmaWs with the consumer warpgroups always taking turns on the tensor cores (FA3's
-  // ping-pong).
-  kWgmmaWsPingPong,
-};
-
-// Which decode kernel runs (A/B benchmarking and tests; serving leaves kAuto).
-enum class DecodeKernel {
-  // Warp pipelines where they apply (head dim 128, LAZY layout), with TMA copies where those
-  // apply (page sizes that are powers of two >= 16; on an H200, 2026-11-30: b1 13.7 us vs 15.6
-  // with cp.async and 17.1 with block tiles, b128 1.189 vs 1.195 and 1.252 ms), block tiles
-  // elsewhere.
-  kAuto,
-  kBlockTiles,  // 64-key tiles loaded by the whole block, one block barrier per tile
-  // Head dim 128, LAZY layout (else as kBlockTiles): each warp loads and consumes only its own
-  // 16 keys of every tile in its own cp.async ring, so the loop has no block barrier and the
-  // four warps drift apart instead of waiting for the slowest. Bit-identical to kBlockTiles.
-  kWarpPipes,
-  // kWarpPipes with each warp's 16 rows copied by TMA (lane 0, four boxes, one mbarrier per
-  // stage) instead of 32 lanes of cp.async, where page_size is a power of two >= 16 (else
-  // kWarpPipes). Bit-identical to kBlockTiles.
-  kWarpPipesTma,
+  // Test and benchmark hook: the mma.sync kernel at every shape. kAuto runs it for head dim
+  // 64, for the un-rotated layout and where the wgmma kernels are not built or not supported;
+  // this forces it on the shapes the wgmma kernels take on an sm_90a device, so that tests can
+  // compare the two there.
+  kMmaSync,
 };
 
 struct LazyAttentionParams {
@@ -100,12 +75,11 @@ struct LazyAttentionParams {
   // 0: choose the number of KV splits from the grid size (the default); n > 0: use n
   // (clamped to kMaxKvSplits and to the workspace). Tests force splits with it.
   int num_splits = 0;
-  // Prefill only; decode ignores it.
+  // Test and benchmark hook (see PrefillKernel); serving leaves kAuto. Decode ignores it.
   PrefillKernel prefill_kernel = PrefillKernel::kAuto;
-  // Decode only; prefill ignores it.
-  DecodeKernel decode_kernel = DecodeKernel::kAuto;
-  // Pages in the K and V pools (the extent of the TMA tensor maps of the warp-specialized
-  // kernel); 0: unknown, that kernel is not used.
+  // Pages in the K and V pools: the extent of the TMA tensor maps of the warp-specialized
+  // prefill and of the decode's TMA warp pipes. 0: unknown; then neither runs (their cp.async
+  // counterparts do).
   int num_pages = 0;
   // The caller's promise that every key row at a position below its request's first query
   // position (its query positions increase) was written before the kernel that precedes this
@@ -114,9 +88,8 @@ struct LazyAttentionParams {
   // are finished; the QKV scatter writes the step's rows). The decode kernel with warp
   // pipelines then starts gathering K/V tiles before waiting for the preceding kernel
   // (programmatic dependent launch), overlapping its tail; tiles holding the query's own row
-  // are read after the wait. false: every K/V read waits. (The warp-specialized prefill's
-  // producer did the same on 2026-11-30 and was measured no faster in the chain and slower
-  // alone: not kept; prefill ignores the flag.)
+  // are read after the wait. false: every K/V read waits. Prefill ignores the flag (early
+  // reads in its producer measured no faster on the H200; see bench/README.md).
   bool stable_history = false;
 };
 
@@ -131,7 +104,7 @@ size_t LazyAttentionWorkspaceBytes(int num_q, int num_heads, int head_dim,
 // tiles of 128 packed (query row x group head) rows against key tiles gathered from pages:
 // for head_dim 128 with the LAZY layout on sm_90a, wgmma (two warpgroups), fed by a TMA
 // producer warp when num_pages is given (LazyAttentionPrefillUsesWs), else by cp.async from
-// all threads; mma.sync otherwise (params.prefill_kernel).
+// all threads; mma.sync otherwise (and with params.prefill_kernel kMmaSync).
 absl::Status LazyAttentionPrefill(const LazyAttentionParams& params, cudaStream_t stream);
 
 // Whether LazyAttentionPrefill(params) runs the wgmma kernel (head_dim 128, kRotatedLocal,
@@ -139,22 +112,24 @@ absl::Status LazyAttentionPrefill(const LazyAttentionParams& params, cudaStream_
 // current device; false when it cannot be queried.
 bool LazyAttentionPrefillUsesWgmma(const LazyAttentionParams& params);
 
-// Whether it runs the warp-specialized kernel: prefill_kernel kAuto, kWgmma or kWgmmaWs, the
-// wgmma kernel applies, num_pages > 0, page_size in {8, 16, 32, 64} and 16-byte aligned pools.
+// Whether it runs the warp-specialized kernel: the wgmma kernel applies, num_pages > 0,
+// page_size in {8, 16, 32, 64}, num_pages * page_size < 2^31 and 16-byte aligned pools.
 bool LazyAttentionPrefillUsesWs(const LazyAttentionParams& params);
 
 // Decode: exactly one query row per request (REQUIRES view.num_q == view.num_requests).
 // Flash-decoding: the KV of each (request, KV head) is split so that the grid fills the GPU,
-// then a merge kernel combines the partial results.
+// then a merge kernel combines the partial results. Head dim 128 with the LAZY layout runs warp
+// pipelines (each warp loads its own keys of every tile), copying by TMA where page_size is a
+// power of two >= 16 and num_pages > 0, by cp.async otherwise (bit-identical results); other
+// shapes and layouts run block tiles (the whole block loads each tile).
 absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t stream);
 
 // Whether a block of the batch-1 split merge kernel fits on a multiprocessor of the current
 // device beside two blocks of each warp-pipe decode kernel (head dim 128; TMA, which batch 1
 // runs, and cp.async): registers (at the allocation granularity), shared memory, warps. It
-// must: the merge blocks are then resident, waiting for the decode grid, before it ends;
-// without room for them each chained decode b1 launch took 18.3 instead of 16.1 us on an H200
-// (2026-11-30, bench/README v14). `report` says what each side uses and what the
-// multiprocessor has.
+// must: the merge blocks are then resident, waiting for the decode grid, before it ends
+// (without room for them each chained batch-1 decode measured slower on the H200; see
+// bench/README.md). `report` says what each side uses and what the multiprocessor has.
 absl::Status DecodeSplitMergeResidency(bool* fits, std::string* report);
 
 // Checks the parameters as the launchers do (no device access). INVALID_ARGUMENT on error.

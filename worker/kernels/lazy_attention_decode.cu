@@ -2,34 +2,31 @@
 //
 // Block = (request, KV head, KV split), 4 warps. The group's query heads (<= 16) form the 16
 // rows of one mma A fragment, so all heads of the group share every K/V byte loaded. K/V
-// tiles of 64 keys are gathered from the pages with 16-byte cp.async, 3-4 stages deep (64-96
-// KiB in flight per block, two blocks per multiprocessor); each warp takes 16 keys of every
-// tile (mma.sync m16n8k16; the tensor cores make the math free next to the bytes) with its
-// own online softmax, and the 4 warps' partial results are merged through shared memory at
-// the end. Splits (chosen so that the grid fills the GPU) are merged by the merge kernel.
-// DecodeKernel::kWarpPipes (head dim 128, LAZY layout): each warp gathers only its own 16 keys
-// of every tile into its own ring, so the loop needs a __syncwarp instead of a block barrier
-// and a warp never waits for the others; same arithmetic in the same order (bit-identical).
-// DecodeKernel::kWarpPipesTma, the default where it applies (page sizes that are powers of two
-// >= 16): the same pipes with each warp's rows copied by TMA (decode_tma_slice.cuh; batch 1 on
-// the H200: 13.7 us vs 15.6 with cp.async). With LazyAttentionParams::stable_history the pipes
-// also issue the copies of their first tiles below the query's position before the PDL wait.
-// Page ids are requested two tiles ahead of their copies, the first ones before the wait, so no
-// page-table round trip sits on the path after it (batch 1 on the H200: 16.1 -> 15.6 us).
+// tiles of 64 keys are gathered from the pages, 3-4 stages deep (64-96 KiB in flight per
+// block, two blocks per multiprocessor); each warp takes 16 keys of every tile (mma.sync m16n8k16;
+// the tensor cores make the math free next to the bytes) with its own online softmax, and the 4
+// warps' partial results are merged through shared memory at the end. Splits (chosen so that the
+// grid fills the GPU) are merged by the merge kernel. Three ways to load the tiles, one per shape:
+//  * block tiles (head dim 64, and the un-rotated layout, whose key rotation works on whole
+//    tiles): the whole block gathers each tile with 16-byte cp.async, one block barrier per
+//    tile;
+//  * warp pipes (head dim 128, LAZY layout): each warp gathers only its own 16 keys of every
+//    tile into its own ring, so the loop needs a __syncwarp instead of a block barrier and a
+//    warp never waits for the others; same arithmetic in the same order. Copies by TMA
+//    (decode_tma_slice.cuh) where page_size is a power of two >= 16 and num_pages is known,
+//    by cp.async otherwise: bit-identical, TMA measured faster (bench/README.md).
+// With LazyAttentionParams::stable_history the warp pipes also issue the copies of their first
+// tiles below the query's position before the PDL wait. Page ids are requested two tiles ahead
+// of their copies, the first ones before the wait, so no page-table round trip sits on the
+// path after it.
 #include "common/status.h"
 #include "worker/kernels/attention_internal.cuh"
-#include "worker/kernels/attention_trace.cuh"
 #include "worker/kernels/decode_tma_slice.cuh"
 #include "worker/kernels/lazy_attention.h"
 
 namespace lazyrag::kernels {
 namespace detail {
 namespace {
-
-#ifdef LAZYRAG_ATTN_TRACE
-__device__ AttentionTrace g_trace[2];  // AttentionKernelParams::trace_slot
-std::atomic<int> g_trace_launches{0};
-#endif
 
 template <int D>
 struct DecodeConfig {
@@ -66,18 +63,15 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   const int group = p.group, H = p.num_heads;
 
   // kTma: the K/V stages 1024-byte aligned (Q is 4 KiB in front of them).
-  char* smem =
-      kTma ? smem_raw + ((1024u - (SmemAddr(smem_raw) & 1023u)) & 1023u) : smem_raw;
+  char* smem = kTma ? smem_raw + ((1024u - (SmemAddr(smem_raw) & 1023u)) & 1023u) : smem_raw;
   char* q_smem = smem;
   char* k_smem = smem + Cfg::kQBytes;
   char* v_smem = k_smem + kStages * Cfg::kTileBytes;
   float* freq_smem = reinterpret_cast<float*>(v_smem + kStages * Cfg::kTileBytes);
   SplitPlan* plan = reinterpret_cast<SplitPlan*>(freq_smem + D / 2);
   // kTma: this warp's mbarrier of stage st at bars + 8 * st (8-byte aligned after the plan).
-  const uint32_t bars =
-      ((SmemAddr(plan + 1) + 7u) & ~7u) + uint32_t((tid / 32) * kStages * 8);
+  const uint32_t bars = ((SmemAddr(plan + 1) + 7u) & ~7u) + uint32_t((tid / 32) * kStages * 8);
 
-  LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 0);
   PdlLaunchDependents();
   // Three rounds of dependent loads before the first K/V request: (q_indptr, seg_indptr),
   // (q_pos, the request's segment metadata, 32 segments per lane round), the first tiles'
@@ -98,8 +92,6 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     MbarInitFence();
   }
   __syncthreads();
-  LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 2);
-  LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 3);
 
   TileCursor<kBlockN> cons;
   cons.Init(plan, v);
@@ -107,8 +99,9 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   const int key0 = warp * 16;  // this warp's keys within every tile
   // Block tiles: all threads move each 64-key tile. Warp pipelines: each warp moves only its
   // own 16 rows of every tile (the rows it consumes), so it needs no other warp's copies.
-  using Loader = std::conditional_t<
-      kTma, DecodeTmaSlice, KvTileLoader<D, kWarpPipes ? 16 : kBlockN, kWarpPipes ? 32 : kThreads>>;
+  using Loader =
+      std::conditional_t<kTma, DecodeTmaSlice,
+                         KvTileLoader<D, kWarpPipes ? 16 : kBlockN, kWarpPipes ? 32 : kThreads>>;
   const int load_tid = kWarpPipes ? lane : tid;
   const int slice = kWarpPipes ? key0 * D * 2 : 0;  // bytes: TileOffset<D>(key0 + r, c)
   const auto prefetch = [&](Loader& l, const TileCursor<kBlockN>& c) {
@@ -140,8 +133,8 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     // Warp pipelines with stable_history: the leading prologue stages whose rows (this warp's
     // 16 of the tile) all sit at positions below the query's are copied before PdlWait, in
     // order (one commit group per stage either way), at most kMaxEarly of them: with TMA one
-    // (batch 1 on the H200: 13.9 us with one, 14.3 with two, 15.5 with none; the copies
-    // before the wait compete with the previous kernels' tail).
+    // (the copies before the wait compete with the previous kernels' tail; one measured faster
+    // on the H200 than two or none, bench/README.md).
     constexpr int kMaxEarly = kTma ? 1 : kStages - 1;
     int early = 0;
     bool stable = kWarpPipes && p.stable_history != 0;
@@ -167,7 +160,6 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     if (ids_prod.valid) ids_prod.Next(plan, v);
     prefetch(ids_next, ids_prod);
     PdlWait();
-    LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 1);
     // Raw query rows (row r = head kvh * group + r; rows >= group zero). Block tiles: by
     // cp.async, completing with the first K/V tile. Warp pipelines: a warp waits only for its
     // own copies, so the rows are loaded plainly after the K/V copies are issued, before the
@@ -198,7 +190,6 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
       __syncthreads();
     }
   }
-  LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 4);
 
   float o[D / 8][4];
 #pragma unroll
@@ -228,9 +219,6 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     } else {
       __syncthreads();
     }
-#ifdef LAZYRAG_ATTN_TRACE
-    if (stage == 0 && q_seg < 0) LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 5);
-#endif
     issue(loader, (stage + kStages - 1) % kStages);
     loader = ids_next;
     if (ids_prod.valid) ids_prod.Next(plan, v);
@@ -270,8 +258,8 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
       uint32_t r[4];
       const int row = (lane & 7) + ((lane >> 4) << 3);  // of the warp's 16
       const int chunk = kb * 2 + ((lane >> 3) & 1);
-      LdMatrixX4(r, kt_addr + (kTma ? slice + SliceOffset(row, chunk)
-                                    : TileOffset<D>(key0 + row, chunk)));
+      LdMatrixX4(
+          r, kt_addr + (kTma ? slice + SliceOffset(row, chunk) : TileOffset<D>(key0 + row, chunk)));
       MmaBf16(s[0], qf[kb], r[0], r[1]);
       MmaBf16(s[1], qf[kb], r[2], r[3]);
     }
@@ -295,7 +283,6 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   }
   CpAsyncWait<0>();
   __syncthreads();  // the tile buffers become the merge buffer
-  LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 6);
 
   // Cross-warp merge: [warp][16 rows][kMergeStride] partial O, then m and l per row.
 #pragma unroll
@@ -356,7 +343,6 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
       if (d == 0) p.lse_partial[split * rows + row_head] = l > 0.f ? m + __log2f(l) : kNegInf;
     }
   }
-  LAZYRAG_TRACE_POINT(g_trace[p.trace_slot], 7);
 }
 
 template <int D, bool kRotateKeys, bool kWarpPipes>
@@ -397,12 +383,6 @@ absl::Status LaunchDecodeTma(const AttentionKernelParams& kp, const TmaMaps& map
 
 }  // namespace
 
-#ifdef LAZYRAG_ATTN_TRACE
-int DecodeTraceLaunches() { return g_trace_launches.load(); }
-absl::Status ReadDecodeTrace(int blocks, std::vector<uint64_t>* out, int slot) {
-  return ReadTraceSymbol(g_trace, blocks, out, slot);
-}
-#endif
 }  // namespace detail
 
 absl::Status DecodeSplitMergeResidency(bool* fits, std::string* report) {
@@ -422,8 +402,7 @@ absl::Status DecodeSplitMergeResidency(bool* fits, std::string* report) {
   // Both warp-pipe kernels (batch 1 runs the TMA one; cp.async where TMA does not apply).
   const std::pair<const void*, int> kernels[] = {
       {reinterpret_cast<const void*>(detail::LazyDecodeTmaKernel), detail::kDecodeTmaSmemBytes},
-      {reinterpret_cast<const void*>(detail::LazyDecodeKernel<128, false, true>),
-       Cfg::kSmemBytes}};
+      {reinterpret_cast<const void*>(detail::LazyDecodeKernel<128, false, true>), Cfg::kSmemBytes}};
   *fits = true;
   report->clear();
   for (const auto& [kernel, dyn_smem] : kernels) {
@@ -449,14 +428,12 @@ absl::Status DecodeSplitMergeResidency(bool* fits, std::string* report) {
 }
 
 namespace {
-// kAuto: the TMA warp pipes wherever they apply (on the H200, 2026-11-30, against the cp.async
-// pipes: b1 13.7 vs 15.6 us, b16 157 vs 161 us, b128 1.189 vs 1.195 ms).
+// Head dim 128, LAZY layout: the TMA warp pipes wherever they apply (measured faster than the
+// cp.async pipes on the H200; see bench/README.md), else the cp.async pipes.
 bool DecodeUsesTma(const LazyAttentionParams& params) {
   const int ps = params.view.page_size;
-  const bool eligible = ps % detail::kSliceRows == 0 && (ps & (ps - 1)) == 0 &&
-                        params.num_pages > 0 && params.key_layout != KeyLayout::kUnrotated;
-  return eligible && (params.decode_kernel == DecodeKernel::kWarpPipesTma ||
-                      params.decode_kernel == DecodeKernel::kAuto);
+  return ps % detail::kSliceRows == 0 && (ps & (ps - 1)) == 0 && params.num_pages > 0 &&
+         params.key_layout != KeyLayout::kUnrotated;
 }
 }  // namespace
 
@@ -470,9 +447,6 @@ absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t
                                            /*min_split_keys=*/128, &kp));
   kp.q_rows_per_block = 1;
   kp.q_blocks = 1;
-#ifdef LAZYRAG_ATTN_TRACE
-  kp.trace_slot = detail::g_trace_launches.fetch_add(1) & 1;
-#endif
   const bool rotate_keys = params.key_layout == KeyLayout::kUnrotated;
   const int b = static_cast<int>(blocks);
   switch (params.shape.head_dim) {
@@ -485,14 +459,12 @@ absl::Status LazyAttentionDecode(const LazyAttentionParams& params, cudaStream_t
         RETURN_IF_ERROR((detail::LaunchDecode<128, true>(kp, b, stream)));
       } else if (DecodeUsesTma(params)) {
         detail::TmaMaps maps;
-        // No L2 promotion: batch 1 14.0 vs 14.3 us with 256-byte promotion on the H200.
+        // No L2 promotion: measured faster than 256-byte promotion on the H200 (batch 1).
         RETURN_IF_ERROR(detail::EncodeKvTmaMaps(params, &maps, detail::kSliceRows,
                                                 /*l2_promotion=*/false));
         RETURN_IF_ERROR(detail::LaunchDecodeTma(kp, maps, b, stream));
-      } else if (params.decode_kernel != DecodeKernel::kBlockTiles) {
-        RETURN_IF_ERROR((detail::LaunchDecode<128, false, true>(kp, b, stream)));
       } else {
-        RETURN_IF_ERROR((detail::LaunchDecode<128, false>(kp, b, stream)));
+        RETURN_IF_ERROR((detail::LaunchDecode<128, false, true>(kp, b, stream)));
       }
       break;
     default:

@@ -11,9 +11,10 @@
 // (request x KV head x query block, KV split), the splits filling one wave of the SMs (batch
 // 1: 8 KV heads x 16 splits); splits are merged by the merge kernel (a merge fused into the
 // last split block would put 128 rows x 16 splits of fp32 partials, ~1 MB, through one SM).
-// For head dim 128 with the LAZY layout on sm_90a the launcher runs the wgmma kernel of
-// lazy_attention_prefill_wgmma.cu instead (same grid and splits); this kernel serves the
-// other shapes and layouts, and PrefillKernel::kMmaSync forces it for A/B comparison.
+// For head dim 128 with the LAZY layout on sm_90a the launcher runs a wgmma kernel instead
+// (lazy_attention_prefill_ws.cu or lazy_attention_prefill_wgmma.cu; same grid and splits);
+// this kernel serves the other shapes, layouts and devices, and PrefillKernel::kMmaSync forces
+// it so that tests can compare it with the wgmma kernels.
 #include "common/status.h"
 #include "worker/kernels/attention_internal.cuh"
 #include "worker/kernels/lazy_attention.h"
@@ -206,20 +207,11 @@ absl::Status LaunchPrefill(const AttentionKernelParams& kp, int blocks, cudaStre
 }  // namespace detail
 
 namespace {
-// Keys per K/V tile of the wgmma kernel. 128-key tiles halve the per-tile barriers, waits and
-// softmax reductions (+10-12% TFLOP/s on 2,048-row chunks and on 16 query blocks, H200), but
-// hold 2 stages instead of 4 and read Q from shared memory; with the KV split into many short
-// ranges (few query blocks, e.g. one 32-token block) the deeper 64-key pipeline is faster.
-int WgmmaKeyTile(const LazyAttentionParams& params, const detail::AttentionKernelParams& kp) {
-  switch (params.prefill_kernel) {
-    case PrefillKernel::kWgmmaKeys64:
-      return 64;
-    case PrefillKernel::kWgmmaKeys128:
-      return 128;
-    default:
-      return kp.num_splits > 1 ? 64 : 128;
-  }
-}
+// Keys per K/V tile of the cp.async wgmma kernel. 128-key tiles halve the per-tile barriers,
+// waits and softmax reductions but hold 2 stages instead of 4 and read Q from shared memory;
+// with the KV split into many short ranges (few query blocks) the deeper 64-key pipeline is
+// faster. Both measured on the H200; see bench/README.md.
+int WgmmaKeyTile(const detail::AttentionKernelParams& kp) { return kp.num_splits > 1 ? 64 : 128; }
 }  // namespace
 
 bool LazyAttentionPrefillUsesWgmma(const LazyAttentionParams& params) {
@@ -230,10 +222,7 @@ bool LazyAttentionPrefillUsesWgmma(const LazyAttentionParams& params) {
 bool LazyAttentionPrefillUsesWs(const LazyAttentionParams& params) {
   const int ps = params.view.page_size;
   const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  const PrefillKernel k = params.prefill_kernel;
-  return (k == PrefillKernel::kAuto || k == PrefillKernel::kWgmma || k == PrefillKernel::kWgmmaWs ||
-          k == PrefillKernel::kWgmmaWsPingPong) &&
-         LazyAttentionPrefillUsesWgmma(params) && params.num_pages > 0 &&
+  return LazyAttentionPrefillUsesWgmma(params) && params.num_pages > 0 &&
          (ps == 8 || ps == 16 || ps == 32 || ps == 64) &&
          int64_t(params.num_pages) * ps < (int64_t(1) << 31) && aligned(params.k_cache) &&
          aligned(params.v_cache);
@@ -257,19 +246,14 @@ absl::Status LazyAttentionPrefill(const LazyAttentionParams& params, cudaStream_
   if (LazyAttentionPrefillUsesWs(params)) {
     detail::TmaMaps maps;
     RETURN_IF_ERROR(detail::EncodeKvTmaMaps(params, &maps));
-    // Ping-pong where the launch splits the KV (few query blocks, e.g. one 32-token query over
-    // 10k cached tokens: 2-3% faster on the H200); the plain schedule for many query blocks.
-    const PrefillKernel k = params.prefill_kernel;
-    kp.ws_pingpong =
-        k == PrefillKernel::kWgmmaWsPingPong ||
-                ((k == PrefillKernel::kAuto || k == PrefillKernel::kWgmma) && kp.num_splits > 1)
-            ? 1
-            : 0;
+    // Ping-pong where the launch splits the KV (few query blocks), where it measured faster on
+    // the H200 (bench/README.md); the plain schedule otherwise.
+    kp.ws_pingpong = kp.num_splits > 1 ? 1 : 0;
     RETURN_IF_ERROR(detail::LaunchPrefillWs(kp, maps, b, stream));
     return detail::LaunchMergeSplits(kp, v.num_q, params.shape.head_dim, stream);
   }
   if (LazyAttentionPrefillUsesWgmma(params)) {
-    RETURN_IF_ERROR(detail::LaunchPrefillWgmma128(kp, b, WgmmaKeyTile(params, kp), stream));
+    RETURN_IF_ERROR(detail::LaunchPrefillWgmma128(kp, b, WgmmaKeyTile(kp), stream));
     return detail::LaunchMergeSplits(kp, v.num_q, params.shape.head_dim, stream);
   }
   switch (params.shape.head_dim) {

@@ -1,19 +1,22 @@
 // LAZY prefill attention with wgmma (sm_90a), head dim 128, keys stored rotated at their
 // segment-local position (KeyLayout::kRotatedLocal). Same work split, grid, split planner,
 // segment walk, masking and merge as the mma.sync kernel (lazy_attention_prefill.cu); only the
-// two matrix products and the shared-memory layout of the K/V tiles differ.
+// two matrix products and the shared-memory layout of the K/V tiles differ. The launcher runs
+// it where the warp-specialized kernel (lazy_attention_prefill_ws.cu) does not apply: num_pages
+// unknown, page sizes outside {8, 16, 32, 64}, pools not 16-byte aligned.
 //
 // Block = 2 consumer warpgroups x 64 rows = 128 packed (query row, group head) rows of one
 // request and one KV head; warp w owns packed rows 16w..16w+15 as in the mma.sync kernel (the
 // wgmma register fragments of a warp's 16 rows are the mma.sync m16n8k16 A and C fragments).
-// Two instantiations by keys per K/V tile, kBlockN (the launcher picks, WgmmaKeyTile):
+// Two instantiations by keys per K/V tile, kBlockN (the launcher picks, WgmmaKeyTile: 64 when
+// the launch splits the KV, 128 otherwise); neither spills (ptxas -v in the build log):
 //  * 64: 4-stage ring; the rotated Q lives in registers as the wgmma A operand
-//    (BuildRotatedQ once per segment); 234 registers.
+//    (BuildRotatedQ once per segment).
 //  * 128: 2-stage ring (the same 128 KiB in flight); S needs 64 accumulator registers, so the
 //    rotated Q is written once per segment into shared memory in the 128-byte-swizzle layout
 //    (RotateQRowsSw128, each warpgroup its own 64 rows behind a named barrier) and read by
 //    the S wgmma through a descriptor; half the tiles, hence half the per-tile barriers, waits
-//    and softmax row reductions; 249 registers, no spills.
+//    and softmax row reductions.
 // Per tile, each warpgroup:
 //   S[64 x kBlockN] = Q[64 x 128] K^T  wgmma m64n{64,128}k16 x 8, K [kBlockN keys x 128]
 //                                      K-major from shared memory (128-byte swizzle) as B;
@@ -26,23 +29,18 @@
 // 128-byte rows, 16-byte chunks XOR-swizzled by row % 8; every tile base is 1024-byte
 // aligned. No producer warp and no mbarriers: the ring advances on one block barrier per tile,
 // as in the mma.sync kernel (cp.async data then crosses to the async proxy through
-// fence.proxy.async before that barrier). Each product waits for its wgmma group at once (a
-// variant that kept P V in flight into the next tile, branch wip/wgmma-pipelined, was not
-// faster); between the per-tile barriers the two warpgroups run independently, so one's
-// softmax can overlap the other's matrix work. Launch bounds 256 threads, 1 block per SM.
+// fence.proxy.async before that barrier). Each product waits for its wgmma group at once
+// (keeping P V in flight into the next tile measured no faster); between the per-tile barriers the
+// two warpgroups run independently, so one's softmax can overlap the other's matrix work. Launch
+// bounds 256 threads, 1 block per SM.
 #include "common/status.h"
 #include "worker/kernels/attention_internal.cuh"
-#include "worker/kernels/attention_trace.cuh"
 #include "worker/kernels/lazy_attention.h"
 #include "worker/kernels/wgmma.cuh"
 #include "worker/kernels/wgmma_tile.cuh"
 
 namespace lazyrag::kernels::detail {
 namespace {
-
-#ifdef LAZYRAG_ATTN_TRACE
-__device__ AttentionTrace g_trace;
-#endif
 
 template <int kBlockN_>
 struct WgmmaPrefillConfig {
@@ -77,7 +75,6 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int t = lane & 3;
   const SegmentView& v = p.view;
-  LAZYRAG_TRACE_POINT(g_trace, 0);
   PdlLaunchDependents();
   // Everything up to the first K/V page ids reads only the step's segment view and inv_freq
   // (uploaded or written before the previous kernel started), so it runs before PdlWait,
@@ -104,7 +101,6 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
   StoreRowPositions<Cfg::kBlockM>(v, blk, group, tid, pos_smem, max_smem);
   for (int i = tid; i < D / 2; i += kThreads) freq_smem[i] = p.inv_freq[i];
   __syncthreads();
-  LAZYRAG_TRACE_POINT(g_trace, 2);
   if (warp == 0) {
     int max_pos = max_smem[0];
 #pragma unroll
@@ -112,7 +108,6 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
     PlanSplit<kBlockN>(v, s_first, s_end, max_pos, split, p.num_splits, plan, lane);
   }
   __syncthreads();
-  LAZYRAG_TRACE_POINT(g_trace, 3);
 
   using Loader = KvTileLoader<D, kBlockN, kThreads, /*kSw128=*/true>;
   TileCursor<kBlockN> cons;
@@ -129,7 +124,6 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
       if (prod.valid) prod.Next(plan, v);
     }
     PdlWait();
-    LAZYRAG_TRACE_POINT(g_trace, 1);
     // Raw query tile (TileOffset layout, read by BuildRotatedQ); its cp.async group completes
     // with the first K/V tile.
     for (int it = tid; it < Cfg::kBlockM * (D / 8); it += kThreads) {
@@ -148,7 +142,6 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
     }
   }
   loader.Prefetch(prod, v, tid);
-  LAZYRAG_TRACE_POINT(g_trace, 4);
 
   const int r_lo = warp * 16 + (lane >> 2);  // this thread's packed rows: r_lo, r_lo + 8
   const int pos_lo = pos_smem[r_lo], pos_hi = pos_smem[r_lo + 8];
@@ -171,9 +164,6 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
     CpAsyncWait<kStages - 2>();
     FenceProxyAsyncShared();  // this thread's landed cp.async bytes, for the wgmma reads
     __syncthreads();          // tile `stage` landed for all; everyone is done with the previous one
-#ifdef LAZYRAG_ATTN_TRACE
-    if (q_seg < 0) LAZYRAG_TRACE_POINT(g_trace, 5);
-#endif
     loader.Issue(k_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes,
                  v_smem + ((stage + kStages - 1) % kStages) * Cfg::kTileBytes, p.k_cache, p.v_cache,
                  token_stride, head_off, tid);
@@ -223,10 +213,8 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
     stage = (stage + 1) % kStages;
   }
   CpAsyncWait<0>();  // nothing may land in shared memory after the block exits
-  LAZYRAG_TRACE_POINT(g_trace, 6);
 
   StoreRows<128>(p, o, rows, r_lo, qi0, q_begin, nq, packed_rows, kvh, split, t);
-  LAZYRAG_TRACE_POINT(g_trace, 7);
 #else
   // Built for a target without wgmma: the launcher never selects this kernel there
   // (WgmmaPrefillSupported), so reaching this is a bug.
@@ -281,11 +269,5 @@ absl::Status LaunchPrefillWgmma128(const AttentionKernelParams& kp, int blocks, 
   return LaunchPdlKernel(LazyPrefillWgmmaKernel<128>, grid, Cfg::kThreads, Cfg::kSmemBytes,
                          &configured, stream, kp);
 }
-
-#ifdef LAZYRAG_ATTN_TRACE
-absl::Status ReadPrefillWgmmaTrace(int blocks, std::vector<uint64_t>* out) {
-  return ReadTraceSymbol(g_trace, blocks, out);
-}
-#endif
 
 }  // namespace lazyrag::kernels::detail

@@ -1,9 +1,8 @@
 // LAZY prefill attention, warp-specialized (FlashAttention-3's structure) on sm_90a: head dim
 // 128, keys stored rotated at their segment-local position; the default where
-// LazyAttentionPrefillUsesWs (PrefillKernel::kAuto, kWgmmaWs, kWgmmaWsPingPong). Same work
-// split, grid, split planner, segment walk, masking, epilogue and merge as the wgmma kernel
-// (lazy_attention_prefill_wgmma.cu, 128-key tiles); what differs is who loads and how the
-// stages advance:
+// LazyAttentionPrefillUsesWs. Same work split, grid, split planner, segment walk, masking,
+// epilogue and merge as the wgmma kernel (lazy_attention_prefill_wgmma.cu, 128-key tiles);
+// what differs is who loads and how the stages advance:
 //  * warpgroup 0 is the producer: after setmaxnreg.dec its warp 0 alone walks the tiles and
 //    gathers each 128-key K/V tile with the tensor memory accelerator (TmaTileLoader: page
 //    boxes of page_size rows x 128 bytes, 128-byte swizzle, landing in the Sw128 layout the

@@ -1,5 +1,5 @@
 // TMA gathers of paged K/V tiles for the warp-specialized wgmma prefill kernel
-// (lazy_attention_prefill_ws.cu, PrefillKernel::kWgmmaWs).
+// (lazy_attention_prefill_ws.cu).
 //
 // A tile is (kBlockN / page_size) pages x 2 column halves x {K, V} box copies of page_size
 // rows x 128 bytes, spread over kWarps issuers (the op index o = issuer + i * kWarps; the ws
@@ -11,11 +11,9 @@
 // The K and V pools are 3-D tensors [tokens = num_pages x page_size][num_kv_heads][head_dim]
 // (dim 0 innermost); a box is {64 features, 1 head, page_size tokens}. Pages past the valid
 // rows of a tile (the segment's last tile) are not loaded; the kernel zeroes V rows past the
-// valid ones (0 x NaN would poison P V) and masks K's.
-//
-// History: a first use, every warp of the 8-warp wgmma kernel issuing its boxes and then all
-// waiting at the block barrier (branch wip/wgmma-tma), was bit-identical to the cp.async
-// kernel on the H200 but slower (query block 32 b1 36.6 vs 34.8 us).
+// valid ones (0 x NaN would poison P V) and masks K's. (Issuing these boxes from every warp of
+// the all-warps wgmma kernel, all waiting at its block barrier, measured slower than that
+// kernel's cp.async gathers, so only the warp-specialized kernel uses this loader.)
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (types only: the encoder comes through the runtime)
@@ -156,8 +154,8 @@ __device__ __forceinline__ void ZeroTileTail(char* tile, int valid_rows, int tid
 // (REQUIRES params.num_pages > 0, box_tokens a divisor of page_size, page_size in {8, 16, 32,
 // 64} for the prefill and a power of two >= 16 for the decode, 16-byte aligned pools:
 // LazyAttentionPrefillUsesWs, the decode's TMA warp pipes).
-absl::Status EncodeKvTmaMaps(const LazyAttentionParams& params, TmaMaps* maps,
-                             int box_tokens = 0, bool l2_promotion = true);
+absl::Status EncodeKvTmaMaps(const LazyAttentionParams& params, TmaMaps* maps, int box_tokens = 0,
+                             bool l2_promotion = true);
 // Launches the warp-specialized prefill kernel (one block per SM, 384 threads).
 absl::Status LaunchPrefillWs(const AttentionKernelParams& kp, const TmaMaps& maps, int blocks,
                              cudaStream_t stream);
