@@ -52,6 +52,24 @@ Scheduler::Scheduler(Backend *backend, DocumentTable *table, PageAllocator *allo
           wake_ = true;
         });
   }
+  jobs_ = std::make_unique<DocumentJobs>(
+      backend, table, fetcher_.get(), metrics, options.page_size,
+      DocumentJobs::Hooks{
+          .allocate = [this](int n, uint64_t order) { return AllocatePages(n, order); },
+          .fail_request = [this](
+                              ScheduledRequest &r,
+                              const absl::Status &st) { Finish(r, st, FinishReason::kCancelled); },
+          .requests_run_besides =
+              [this](const DocJob &job) {
+                for (const auto &r : running_) {
+                  bool waits_here = false;
+                  for (const auto &w : job.waiters) waits_here |= w.request == r;
+                  if (!r->finished && r->phase == ScheduledRequest::kRun && !waits_here) {
+                    return true;
+                  }
+                }
+                return false;
+              }});
   loop_thread_ = std::thread([this] { Loop(); });
 }
 
@@ -61,6 +79,7 @@ Scheduler::~Scheduler() {
     stop_ = true;
   }
   loop_thread_.join();
+  jobs_.reset();     // frees the pages of unfinished jobs
   fetcher_.reset();  // drops fetches not started, sends the write-backs queued
 }
 
@@ -166,10 +185,6 @@ void Scheduler::Loop() {
   for (auto &r : waiting_) Finish(*r, down, FinishReason::kCancelled);
   running_.clear();
   waiting_.clear();
-  for (auto &[id, job] : jobs_) {
-    if (!job->pages.empty()) table_->FreePages(job->pages);
-  }
-  jobs_.clear();
 }
 
 void Scheduler::Reap(ScheduledRequest &r, absl::Time now) {
@@ -187,8 +202,8 @@ void Scheduler::Reap(ScheduledRequest &r, absl::Time now) {
 void Scheduler::Step(std::vector<FetchedDocument> fetched) {
   preempted_this_step_ = false;
   in_batch_.clear();
-  for (FetchedDocument &f : fetched) HandleFetched(std::move(f));
-  HedgeSlowFetches();
+  for (FetchedDocument &f : fetched) jobs_->HandleFetched(std::move(f));
+  if (fetcher_ != nullptr) jobs_->HedgeSlowFetches();
 
   // 1. Reap cancelled and expired requests, wherever they are.
   const absl::Time now = clock_->Now();
@@ -213,11 +228,11 @@ void Scheduler::Step(std::vector<FetchedDocument> fetched) {
     Admit(r);
   }
   // 4. Jobs waiting for pages (to compute or to import a fetched payload).
-  StartJobPages();
+  jobs_->StartReady();
 
   // 5. Pack one batch and run it.
   std::vector<StepSequence> seqs =
-      planner_.Pack(running_, jobs_, [this](const RequestPtr &r, int64_t tokens) {
+      planner_.Pack(running_, jobs_->jobs(), [this](const RequestPtr &r, int64_t tokens) {
         if (!EnsureOwnPages(r, tokens)) return false;
         in_batch_.push_back(r.get());
         return true;
@@ -256,7 +271,7 @@ void Scheduler::RunStep(StepPlan plan) {
     LOG_ERROR << "forward failed: " << st;
     for (const StepSequence &s : plan.seqs) {
       if (s.job) {
-        FailJob(s.job, st);
+        jobs_->Fail(s.job, st);
       } else {
         Finish(*s.request, st, FinishReason::kCancelled);
       }
@@ -264,7 +279,7 @@ void Scheduler::RunStep(StepPlan plan) {
     return;
   }
   for (const StepSequence &s : plan.seqs) {
-    if (planner_.ApplyFed(s)) CompleteJob(s.job, /*from_store=*/false);
+    if (planner_.ApplyFed(s)) jobs_->Complete(s.job, /*from_store=*/false);
   }
   const int vocab = backend_->config().vocab_size;
   for (size_t k = 0; k < plan.logit_seq.size(); ++k) {
@@ -349,40 +364,11 @@ void Scheduler::Admit(const RequestPtr &r) {
       continue;
     }
     ++r->pending;
-    StartJob(r, int(i));
+    jobs_->Join(r, int(i));
   }
   // An encode's usage says only whether its document was resident at its first admission.
   if (r->encode_only) r->usage_done = true;
   if (r->pending == 0) BlocksReady(r);
-}
-
-void Scheduler::StartJob(const RequestPtr &r, int block) {
-  const Block &blk = r->blocks[block];
-  if (auto it = jobs_.find(blk.id); it != jobs_.end()) {
-    DocJob &job = *it->second;
-    job.waiters.push_back({r, block, r->epoch, false});
-    job.order = std::min(job.order, r->order);
-    return;
-  }
-  auto job = std::make_shared<DocJob>();
-  job->id = blk.id;
-  job->ns = r->opts.cache_namespace;
-  job->tokens = *blk.tokens;
-  job->is_doc = blk.is_doc;
-  job->order = r->order;
-  job->waiters.push_back({r, block, r->epoch, true});
-  jobs_[blk.id] = job;
-  if (fetcher_ == nullptr) {
-    job->state = DocJob::kNeedPages;
-    return;
-  }
-  // A document read on a caller's thread for its tokens (named by id) is not read again.
-  if (auto prefetched = fetcher_->TakePrefetched(job->ns, job->id); prefetched.has_value()) {
-    job->state = DocJob::kFetching;
-    HandleFetched(std::move(*prefetched));
-    return;
-  }
-  QueueFetch(*job);
 }
 
 void Scheduler::BlocksReady(const RequestPtr &r) {
@@ -397,7 +383,7 @@ bool Scheduler::OnlyRequestHoldingPages(const ScheduledRequest &r) const {
   for (const auto &o : running_) {
     if (o.get() != &r && !o->finished && o->phase != ScheduledRequest::kWaiting) return false;
   }
-  return jobs_.empty();
+  return jobs_->empty();
 }
 
 bool Scheduler::Setup(const RequestPtr &rp) {
@@ -575,188 +561,6 @@ void Scheduler::Finish(ScheduledRequest &r, absl::Status status, FinishReason re
   r.ch->usage = r.usage;
   r.ch->usage.completion_tokens = int64_t(r.generated.size());
   r.ch->timings.total_ms = MsBetween(r.arrival, now);
-}
-
-void Scheduler::HedgeSlowFetches() {
-  for (auto &[id, job] : jobs_) {
-    if (job->state != DocJob::kFetching || !fetcher_->GiveUpIfDue(&job->fetch)) continue;
-    job->state = DocJob::kNeedPages;
-    job->hedged = true;
-  }
-}
-
-void Scheduler::QueueFetch(DocJob &job) {
-  job.state = DocJob::kFetching;
-  job.fetch = fetcher_->Queue(job.ns, job.id, int64_t(job.tokens.size()));
-}
-
-void Scheduler::HandleFetched(FetchedDocument f) {
-  auto it = jobs_.find(f.id);
-  if (it == jobs_.end()) {
-    if (f.lease != nullptr) f.lease->Finish(absl::CancelledError("not used"));
-    return;
-  }
-  DocJob &job = *it->second;
-  if (job.state != DocJob::kFetching) {
-    // Hedged: the document went to compute while this fetch ran. Its bytes still serve while
-    // the job waits for pages (imported instead of computed); later they are dropped.
-    const bool usable = job.state == DocJob::kNeedPages && job.pages.empty() && !job.have_payload &&
-                        job.lease == nullptr && f.doc.ok();
-    if (!usable) {
-      if (f.lease != nullptr) f.lease->Finish(absl::CancelledError("not used"));
-      return;
-    }
-  }
-  job.state = DocJob::kNeedPages;
-  job.fetch.hedge_at = absl::InfiniteFuture();
-  job.in_store = f.in_store;
-  if (f.lease != nullptr) {
-    if (f.doc.ok() && f.doc->tokens == job.tokens && !job.lease_failed) {
-      job.lease = std::move(f.lease);
-      job.origin = std::move(f.origin);
-    } else {
-      // Never copies the same document twice by lease; a token mismatch cannot come from a
-      // store that checked the id, but is recomputed all the same.
-      f.lease->Finish(absl::CancelledError("not used"));
-    }
-    return;
-  }
-  if (f.doc.ok() && f.doc->tokens == job.tokens) {
-    job.payload = std::move(f.doc->payload);
-    job.have_payload = true;
-    job.origin = std::move(f.origin);
-  } else if (f.doc.ok()) {
-    LOG_WARNING << "kvstore value for " << f.id << " holds other tokens: recomputing";
-  }
-}
-
-void Scheduler::StartJobPages() {
-  std::vector<std::shared_ptr<DocJob>> ready;
-  for (auto &[id, job] : jobs_) {
-    if (job->state == DocJob::kNeedPages) ready.push_back(job);
-  }
-  std::sort(ready.begin(), ready.end(),
-            [](const auto &a, const auto &b) { return a->order < b->order; });
-  for (auto &job : ready) {
-    const int n = int(job->tokens.size());
-    auto pages = AllocatePages(PagesFor(n, options_.page_size), job->order);
-    if (!pages.ok()) {
-      // Retry next step while other work may free pages; fail when nothing else runs.
-      bool others = false;
-      for (const auto &r : running_) {
-        bool waits_here = false;
-        for (const auto &w : job->waiters) waits_here |= w.request == r;
-        others |= !r->finished && r->phase == ScheduledRequest::kRun && !waits_here;
-      }
-      for (const auto &[id, other] : jobs_)
-        others |= other != job && other->state != DocJob::kNeedPages;
-      if (!others) FailJob(job, pages.status());
-      continue;
-    }
-    job->pages = *pages;
-    if (job->lease != nullptr) {
-      // The fast path: the peer's pages straight into ours, GPU to GPU, on this thread (it
-      // drives the backend). A lease that expired (or a copy that outlived it) is not trusted:
-      // the peer may have reused those pages.
-      std::shared_ptr<DeviceLease> lease = std::move(job->lease);
-      absl::Status st = lease->Valid()
-                            ? backend_->CopyPagesFromPeer(lease->pool(), lease->pages(), job->pages)
-                            : absl::DeadlineExceededError("peer lease expired before the copy");
-      if (st.ok() && !lease->Valid()) {
-        st = absl::DeadlineExceededError("peer lease expired during the copy");
-      }
-      lease->Finish(st);
-      if (st.ok()) {
-        CompleteJob(job, /*from_store=*/true);
-        continue;
-      }
-      // Fall back: fetch again (the store now serves bytes from that peer, else the kvstore),
-      // else compute; like a first fetch, given up for a compute past its hedge time.
-      LOG_WARNING << "device copy of document " << job->id << " from a peer failed (" << st
-                  << "): fetching it again";
-      table_->FreePages(job->pages);
-      job->pages.clear();
-      job->lease_failed = true;
-      job->origin.clear();
-      QueueFetch(*job);
-      continue;
-    }
-    if (job->have_payload) {
-      absl::Status st = backend_->ImportKv(job->pages, n, job->payload);
-      job->payload.clear();
-      if (st.ok()) {
-        CompleteJob(job, /*from_store=*/true);
-        continue;
-      }
-      LOG_WARNING << "importing document " << job->id << " failed (" << st << "): recomputing";
-    }
-    job->state = DocJob::kComputing;
-    job->fed = 0;
-  }
-}
-
-void Scheduler::CompleteJob(const std::shared_ptr<DocJob> &job, bool from_store) {
-  const int64_t n = int64_t(job->tokens.size());
-  // Pinned for the job; the tokens let a peer worker take the document (ExportResidentDocument).
-  table_->Insert(job->id, DocumentRun{job->pages, int32_t(n)}, job->tokens);
-  if (!from_store && metrics_ && job->is_doc) {
-    metrics_->computed->Increment();
-    metrics_->computed_tokens->Increment(double(n));
-  }
-  if (!from_store && job->in_store && metrics_) {
-    metrics_->KvRequests("put", "already_stored").Increment();
-  }
-  // The export copies the document's KV to the host on this thread (268 MB for 2,048 tokens
-  // of an 8B model): only for a write-back that the fetcher accepts and will send.
-  if (!from_store && !job->hedged && !job->in_store && fetcher_ != nullptr &&
-      fetcher_->AcceptWriteBack(backend_->BytesPerPage() * n /
-                                std::max(1, backend_->page_size()))) {
-    std::string payload;
-    absl::Status st = backend_->ExportKv(job->pages, int(n), &payload);
-    if (st.ok()) {
-      fetcher_->QueueWriteBack(job->ns, job->id, job->tokens, std::move(payload));
-    } else {
-      LOG_WARNING << "export of document " << job->id << " failed: " << st;
-    }
-  }
-  job->pages.clear();  // owned by the table entry now
-  for (const auto &w : job->waiters) {
-    ScheduledRequest &r = *w.request;
-    if (r.finished || r.epoch != w.epoch || r.phase != ScheduledRequest::kDocs) continue;
-    auto hit = table_->Acquire(job->id);
-    if (!hit.ok()) continue;  // cannot happen: the job's pin keeps it resident
-    r.pinned.push_back(job->id);
-    Block &blk = r.blocks[w.block];
-    blk.run = *hit;
-    blk.resolved = true;
-    --r.pending;
-    if (r.usage_done) continue;
-    if (w.initiator && !from_store) {
-      r.usage.computed_tokens += n;
-    } else if (job->is_doc) {
-      // "peer": another worker's pool (worker/peer), counted as a store hit in the usage.
-      const char *tier = !w.initiator ? "gpu" : job->origin.empty() ? "store" : "peer";
-      r.usage.cached_document_tokens += n;
-      (w.initiator ? r.usage.store_document_tokens : r.usage.pool_document_tokens) += n;
-      if (metrics_) {
-        metrics_->Hits(tier).Increment();
-        metrics_->HitTokens(tier).Increment(double(n));
-      }
-    }
-  }
-  table_->Release(job->id);
-  jobs_.erase(job->id);
-}
-
-void Scheduler::FailJob(const std::shared_ptr<DocJob> &job, const absl::Status &status) {
-  if (!job->pages.empty()) table_->FreePages(job->pages);
-  job->pages.clear();
-  for (const auto &w : job->waiters) {
-    ScheduledRequest &r = *w.request;
-    if (r.finished || r.epoch != w.epoch) continue;
-    Finish(r, status, FinishReason::kCancelled);
-  }
-  jobs_.erase(job->id);
 }
 
 void Scheduler::UpdateGauges() {

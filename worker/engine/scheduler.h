@@ -40,6 +40,7 @@
 #include "worker/cache/document_table.h"
 #include "worker/engine/clock.h"
 #include "worker/engine/document_fetcher.h"
+#include "worker/engine/document_jobs.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_metrics.h"
 #include "worker/engine/page_budget.h"
@@ -124,18 +125,6 @@ class Scheduler {
   void Deliver(ScheduledRequest &r, int32_t token);
   void UpdateGauges();
 
-  // Document jobs (singleflight).
-  void StartJob(const RequestPtr &r, int block);
-  void HandleFetched(FetchedDocument f);
-  // Documents whose kvstore fetch has run past its hedge time are computed
-  // instead.
-  void HedgeSlowFetches();
-  // Puts `job` in the fetcher's queue (state kFetching).
-  void QueueFetch(DocJob &job);
-  void StartJobPages();
-  void CompleteJob(const std::shared_ptr<DocJob> &job, bool from_store);
-  void FailJob(const std::shared_ptr<DocJob> &job, const absl::Status &status);
-
   Backend *backend_;
   DocumentTable *table_;
   PageAllocator *allocator_;
@@ -146,12 +135,13 @@ class Scheduler {
   StepPlanner planner_;
   // Null without a store.
   std::unique_ptr<DocumentFetcher> fetcher_;
+  // Uses fetcher_: destroyed before it.
+  std::unique_ptr<DocumentJobs> jobs_;
 
   // Scheduler-thread state.
   uint64_t next_order_ = 0;
   std::deque<RequestPtr> waiting_;
   std::vector<RequestPtr> running_;
-  std::map<std::string, std::shared_ptr<DocJob>> jobs_;
   bool busy_ = false;                 // work is runnable without waiting for input
   bool preempted_this_step_ = false;  // no admissions after a preemption in the same step
   std::vector<const ScheduledRequest *> in_batch_;
