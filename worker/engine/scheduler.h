@@ -4,8 +4,8 @@
 // decode token of every running request (oldest first), prefill chunks of
 // documents being computed, and prefill chunks of requests (step_planner.h).
 // Documents are resolved pool -> store -> compute with one job per missing
-// document however many requests wait for it (singleflight); the document
-// fetcher (document_fetcher.h) reads the store and writes computed documents
+// document however many requests wait for it (singleflight, document_jobs.h);
+// the document fetcher (document_fetcher.h) reads the store and writes computed documents
 // back on its own threads, so neither blocks a step.
 //
 // Pages (page_budget.h): a request owns the pages of its own segment (query +
