@@ -70,14 +70,16 @@ class DocumentStore {
   // Stores (or replaces) the document.
   virtual absl::Status Put(const std::string &cache_namespace, const std::string &document_id,
                            const StoredDocument &document) = 0;
-  // Get for a caller that marked this store down after a failure (it skips the
-  // store for a while): a store with cheap tiers in front of the slow one (peer
-  // workers, worker/peer/peer_store.h) still asks those. Default: UNAVAILABLE.
-  virtual absl::StatusOr<StoredDocument> GetWhileDown(const std::string &cache_namespace,
-                                                      const std::string &document_id) {
+  // Get from the tiers in front of the durable store only (peer workers' pools,
+  // worker/peer/peer_store.h), never from the durable store itself. It stays on the store
+  // because only the store knows its tiers; when to skip the durable one (it failed a moment
+  // ago, or recomputing is predicted cheaper than reading it) is the engine's policy
+  // (worker/engine/document_fetcher.h). Default: UNAVAILABLE (no such tier).
+  virtual absl::StatusOr<StoredDocument> GetFromFrontTiers(const std::string &cache_namespace,
+                                                           const std::string &document_id) {
     (void)cache_namespace;
     (void)document_id;
-    return absl::UnavailableError("document store marked down");
+    return absl::UnavailableError("document store: no front tier");
   }
   // Whether the store keeps the document (on every replica), without reading it: the engine
   // asks when it recomputes a document without fetching it (the store predicted slower than
@@ -89,9 +91,10 @@ class DocumentStore {
     (void)document_id;
     return absl::UnimplementedError("document store: no existence check");
   }
-  // false when Put would keep nothing (peers only, no kvstore behind them): the
-  // engine then skips exporting computed documents for write-back.
-  virtual bool accepts_writes() const { return true; }
+  // Whether Put keeps documents: false for a store of peers only (nothing behind them), whose
+  // Put is a no-op. A property of the store; the engine uses it not to export computed
+  // documents for a write-back that would keep nothing.
+  virtual bool durable() const { return true; }
   // Called once by the engine, before any Get, when its backend can copy pages from another
   // worker's pool (Backend::ExportPoolHandle succeeded): `local` is its own pool. From then on
   // a tier that can (peer workers whose pool layout matches) may answer Get with a lease.

@@ -3,21 +3,17 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "common/document_id.h"
 #include "worker/engine/document_codec.h"
 #include "worker/engine/engine_metrics.h"
+#include "worker/engine/request_layout.h"
 #include "worker/engine/scheduler.h"
 
 namespace lazyrag {
-namespace {
-
-int PagesFor(int64_t tokens, int page_size) { return int((tokens + page_size - 1) / page_size); }
-
-}  // namespace
 
 Engine::Engine(std::unique_ptr<Backend> backend, const EngineOptions &options)
     : options_(options), backend_(std::move(backend)) {
+  if (options_.clock == nullptr) options_.clock = RealClock();
   // REQUIRES: InitPool done (Create). Asked here, before the scheduler thread drives the backend.
   pool_handle_ = backend_->ExportPoolHandle();
   if (options.store != nullptr && pool_handle_.ok()) {
@@ -79,7 +75,7 @@ absl::Status Engine::Validate(const TokenPrompt &prompt, const TokenRunOptions &
   bool ok = check(prompt.prefix) && check(prompt.suffix);
   for (const auto &d : prompt.documents) ok = ok && check(d) && !d.empty();
   if (!ok) return absl::InvalidArgumentError("empty document or token id out of the vocabulary");
-  if (absl::Now() >= o.deadline) {
+  if (Now() >= o.deadline) {
     return absl::DeadlineExceededError("the request's deadline has already passed");
   }
   return absl::OkStatus();
@@ -136,15 +132,64 @@ absl::StatusOr<TokenResult> Engine::RunTokens(const TokenPrompt &prompt, const T
 
 absl::StatusOr<std::vector<int32_t>> Engine::FetchDocumentTokens(const std::string &ns,
                                                                  const std::string &id) {
-  if (options_.store == nullptr) return absl::NotFoundError("no kvstore configured");
-  auto got = options_.store->Get(ns, id);
-  if (!got.ok()) return got.status();
-  auto doc = DecodeDocument(*got, config(), backend_->kv_dtype());
-  if (!doc.ok()) return doc.status();
-  if (BlockId(doc->tokens, ns) != id) {
-    return absl::DataLossError("stored document does not hash to its id");
+  return scheduler_->FetchDocumentTokens(ns, id);
+}
+
+absl::StatusOr<std::vector<EncodedDocument>> Engine::EncodeDocuments(
+    const std::vector<std::vector<int32_t>> &documents, const std::string &ns,
+    absl::Time deadline) {
+  const ModelConfig &c = config();
+  for (size_t i = 0; i < documents.size(); ++i) {
+    const std::vector<int32_t> &d = documents[i];
+    if (d.empty()) return absl::InvalidArgumentError(absl::StrCat("document ", i, " is empty"));
+    for (int32_t t : d) {
+      if (t < 0 || t >= c.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("document ", i, ": token id ", t, " out of the vocabulary"));
+      }
+    }
+    if (int64_t(d.size()) > c.max_position) {
+      return absl::InvalidArgumentError(absl::StrCat("document ", i, " (", d.size(),
+                                                     " tokens) exceeds the model context of ",
+                                                     c.max_position, " tokens"));
+    }
+    if (PagesFor(int64_t(d.size()), options_.page_size) + 2 > options_.num_pages) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "document ", i, " needs more KV pages than the pool has (", options_.num_pages, ")"));
+    }
   }
-  return std::move(doc->tokens);
+  if (Now() >= deadline) return absl::DeadlineExceededError("the deadline has already passed");
+  // A few documents in flight at once: their computes share steps, and the
+  // waiting queue stays open to requests.
+  constexpr size_t kInFlight = 8;
+  std::vector<EncodedDocument> out;
+  for (size_t begin = 0; begin < documents.size(); begin += kInFlight) {
+    const size_t end = std::min(documents.size(), begin + kInFlight);
+    std::vector<std::shared_ptr<RequestChannel>> channels;
+    absl::Status failed;
+    for (size_t i = begin; i < end; ++i) {
+      auto ch = scheduler_->SubmitEncode(documents[i], ns, deadline);
+      if (!ch.ok()) {
+        failed = ch.status();
+        break;
+      }
+      channels.push_back(*std::move(ch));
+    }
+    for (size_t k = 0; k < channels.size(); ++k) {
+      RequestChannel &ch = *channels[k];
+      absl::MutexLock l(&ch.mu);
+      ch.mu.Await(absl::Condition(&ch.done));
+      if (!ch.status.ok()) {
+        if (failed.ok()) failed = ch.status;
+        continue;
+      }
+      const std::vector<int32_t> &d = documents[begin + k];
+      out.push_back(EncodedDocument{BlockId(d, ns), int(d.size()),
+                                    /*computed=*/ch.usage.pool_document_tokens == 0});
+    }
+    if (!failed.ok()) return failed;
+  }
+  return out;
 }
 
 absl::StatusOr<StoredDocument> Engine::ExportResidentDocument(const std::string &id) {

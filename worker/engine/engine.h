@@ -25,6 +25,7 @@
 #include "worker/backend/backend.h"
 #include "worker/cache/document_store.h"
 #include "worker/cache/document_table.h"
+#include "worker/engine/clock.h"
 #include "worker/engine/request.h"
 
 namespace lazyrag {
@@ -56,6 +57,9 @@ struct EngineOptions {
   // Optional, not owned, must outlive the engine: where the engine's metrics
   // are exported.
   metrics::Registry *registry = nullptr;
+  // Optional, not owned, must outlive the engine: the time source of deadlines, hedges, the
+  // store's down windows, costs and timings (worker/engine/clock.h). Null: RealClock().
+  Clock *clock = nullptr;
 };
 
 struct TokenRunOptions {
@@ -83,6 +87,13 @@ struct TokenRunOptions {
 // are freed.
 using TokenCallback = std::function<bool(int32_t token)>;
 
+// A document made resident by Engine::EncodeDocuments.
+struct EncodedDocument {
+  std::string id;
+  int num_tokens = 0;
+  bool computed = false;  // false: it was already resident (true: computed or fetched)
+};
+
 struct EngineStats {
   int running = 0;  // admitted requests (computing documents, prefilling or decoding)
   int waiting = 0;  // queued for admission
@@ -109,12 +120,22 @@ class Engine {
   absl::StatusOr<TokenResult> RunTokens(const TokenPrompt &prompt, const TokenRunOptions &options,
                                         const TokenCallback &on_token = {});
 
+  // Encodes documents without a request: each is made resident in the pool (fetched from the
+  // store or computed once, singleflight with requests, and written back like any computed
+  // document) and left unpinned. Blocks until all are done. INVALID_ARGUMENT for an empty
+  // document or a token id out of the vocabulary; RESOURCE_EXHAUSTED for a document larger
+  // than the pool or a full waiting queue; DEADLINE_EXCEEDED past `deadline`.
+  absl::StatusOr<std::vector<EncodedDocument>> EncodeDocuments(
+      const std::vector<std::vector<int32_t>> &documents, const std::string &cache_namespace,
+      absl::Time deadline = absl::InfiniteFuture());
+
   // The id under which a block of tokens is cached (common/document_id.h).
   std::string BlockId(const std::vector<int32_t> &tokens, const std::string &cache_namespace) const;
 
   // The tokens of a document known only by id, read from the store (a document
   // named by id after a restart). NOT_FOUND when there is no store or it does
-  // not hold the id; UNAVAILABLE when the store cannot be reached.
+  // not hold the id; UNAVAILABLE when the store cannot be reached. The document read is kept
+  // for the request that names it next, which imports it instead of reading it again.
   absl::StatusOr<std::vector<int32_t>> FetchDocumentTokens(const std::string &cache_namespace,
                                                            const std::string &id);
 
@@ -152,6 +173,7 @@ class Engine {
  private:
   Engine(std::unique_ptr<Backend> backend, const EngineOptions &options);
   absl::Status Validate(const TokenPrompt &prompt, const TokenRunOptions &options) const;
+  absl::Time Now() const { return options_.clock->Now(); }
 
   EngineOptions options_;
   std::unique_ptr<Backend> backend_;

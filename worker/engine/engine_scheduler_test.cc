@@ -28,7 +28,7 @@ using MemoryStore = MemoryDocumentStore;
 std::unique_ptr<Engine> MakeEngine(
     int num_pages, DocumentStore *store = nullptr, int max_waiting = 256, int max_running = 64,
     const std::function<std::unique_ptr<Backend>(std::unique_ptr<Backend>)> &wrap = nullptr,
-    int64_t max_writeback_bytes = kDefaultMaxWritebackBytes) {
+    int64_t max_writeback_bytes = kDefaultMaxWritebackBytes, Clock *clock = nullptr) {
   auto loaded = LoadModel("synthetic:tiny");
   EXPECT_TRUE(loaded.ok()) << loaded.status();
   auto backend = CreateCpuBackend(std::move(loaded->weights), {});
@@ -44,11 +44,14 @@ std::unique_ptr<Engine> MakeEngine(
   o.fingerprint = loaded->fingerprint;
   o.store = store;
   o.max_writeback_bytes = max_writeback_bytes;
+  o.clock = clock;
   auto e = Engine::Create(std::move(*backend), o);
   EXPECT_TRUE(e.ok()) << e.status();
   return std::move(*e);
 }
 
+using engine_test::ClockedBackend;
+using engine_test::FakeClock;
 using engine_test::Tokens;
 
 TokenPrompt Prompt(const std::vector<int> &docs, int query_seed) {
@@ -109,25 +112,62 @@ TEST(EngineSchedulerTest, ConcurrentRequestsEqualSequentialOnesAndComputeDocumen
   EXPECT_EQ(r->usage.computed_tokens, int64_t(ps[3].suffix.size()));
 }
 
-// A kvstore whose hits take `hit_delay`: far slower than recomputing the tiny model's
-// documents.
+// A kvstore whose hits take `hit_delay` on `clock` (once `clock` is set): far
+// slower than recomputing the tiny model's documents.
 class SlowStore : public MemoryDocumentStore {
  public:
   explicit SlowStore(absl::Duration hit_delay) : hit_delay_(hit_delay) {}
   absl::StatusOr<StoredDocument> Get(const std::string &ns, const std::string &id) override {
     auto r = MemoryDocumentStore::Get(ns, id);
-    if (r.ok()) absl::SleepFor(hit_delay_);
+    if (r.ok() && clock.load() != nullptr) clock.load()->Advance(hit_delay_);
     return r;
   }
+  std::atomic<FakeClock *> clock{nullptr};
 
  private:
   const absl::Duration hit_delay_;
 };
 
-// An engine on `store` that has run one request without documents (so it knows what a
-// forward step costs) and no fetch.
-std::unique_ptr<Engine> WarmReader(DocumentStore *store) {
-  auto reader = MakeEngine(1024, store);
+// A kvstore whose hits wait while `closed` is set (a stalled fetch); counts the
+// hits that reached the gate.
+class GatedGetStore : public MemoryDocumentStore {
+ public:
+  absl::StatusOr<StoredDocument> Get(const std::string &ns, const std::string &id) override {
+    auto r = MemoryDocumentStore::Get(ns, id);
+    if (r.ok()) {
+      absl::MutexLock l(&gate_mu);
+      ++gated_hits;
+      gate_mu.Await(absl::Condition(
+          +[](bool *c) { return !*c; }, &closed));
+    }
+    return r;
+  }
+  int GatedHits() {
+    absl::MutexLock l(&gate_mu);
+    return gated_hits;
+  }
+  void SetClosed(bool c) {
+    absl::MutexLock l(&gate_mu);
+    closed = c;
+  }
+  absl::Mutex gate_mu;
+  bool closed = false;
+  int gated_hits = 0;
+};
+
+// An engine on `store` that has run one request without documents (so it knows
+// what a forward step costs) and no fetch. With `clock`: every forward step
+// takes 5 ms on it.
+std::unique_ptr<Engine> WarmReader(DocumentStore *store, FakeClock *clock = nullptr) {
+  auto reader = clock == nullptr
+                    ? MakeEngine(1024, store)
+                    : MakeEngine(
+                          1024, store, 256, 64,
+                          [&](std::unique_ptr<Backend> inner) -> std::unique_ptr<Backend> {
+                            return std::make_unique<ClockedBackend>(std::move(inner), clock,
+                                                                    absl::Milliseconds(5));
+                          },
+                          kDefaultMaxWritebackBytes, clock);
   TokenPrompt warm;
   warm.suffix = Tokens(77, 64);
   EXPECT_TRUE(reader->RunTokens(warm, Options(1)).ok());
@@ -146,7 +186,10 @@ TEST(EngineSchedulerTest, DocumentsAreRecomputedWhenTheStoreIsSlowerThanComputin
   for (int i = 0; i < 200 && store.Puts() < 6; ++i) absl::SleepFor(absl::Milliseconds(10));
   ASSERT_EQ(store.Puts(), 6);  // five documents and the prefix block
 
-  auto reader = WarmReader(&store);
+  // From here a hit takes 150 ms and a forward step 5 ms, on a fake clock.
+  FakeClock clock;
+  store.clock = &clock;
+  auto reader = WarmReader(&store, &clock);
   const int gets_before = store.Gets();
   const int puts_before = store.Puts();
   std::vector<int64_t> store_tokens;
@@ -173,26 +216,38 @@ TEST(EngineSchedulerTest, DocumentsAreRecomputedWhenTheStoreIsSlowerThanComputin
   }
 }
 
-// A kvstore whose hits take 1.5 s (as one busy with write-backs of large documents was on the
-// H200): once the engine knows what a step costs, a fetch that runs past its hedge time (twice
-// the predicted compute, at least 0.2 s: fetch_cost.h) is given up and the document computed,
-// so the request does not wait for the store; the late hit is dropped.
+// A kvstore whose hits stall (as one busy with write-backs of large documents
+// did on the H200, 1.5 s a hit): once the engine knows what a step costs, a
+// fetch that runs past its hedge time (twice the predicted compute, at least
+// 0.2 s: fetch_cost.h) is given up and the document computed, so the request
+// does not wait for the store; the late hit is dropped. The hedge time passes
+// on a fake clock while the fetch is held.
 TEST(EngineSchedulerTest, AFetchPastItsHedgeTimeIsGivenUpForACompute) {
   const TokenPrompt p = Prompt({2, 4}, 1);
-  SlowStore store(absl::Milliseconds(1500));
+  GatedGetStore store;
   auto writer = MakeEngine(1024, &store);
   auto ref = writer->RunTokens(p, Options(4));
   ASSERT_TRUE(ref.ok()) << ref.status();
   for (int i = 0; i < 200 && store.Puts() < 3; ++i) absl::SleepFor(absl::Milliseconds(10));
   ASSERT_EQ(store.Puts(), 3);  // two documents and the prefix block
 
-  auto reader = WarmReader(&store);
+  FakeClock clock;
+  auto reader = WarmReader(&store, &clock);
+  store.SetClosed(true);
   const int gets_before = store.Gets();
-  auto r = reader->RunTokens(p, Options(4));
+  absl::StatusOr<TokenResult> r;
+  std::thread request([&] { r = reader->RunTokens(p, Options(4)); });
+  // The fetch thread holds the first block's hit; then the hedge time passes.
+  for (int i = 0; i < 500 && store.GatedHits() == 0; ++i) absl::SleepFor(absl::Milliseconds(2));
+  ASSERT_EQ(store.GatedHits(), 1);
+  clock.Advance(absl::Seconds(1));
+  request.join();
+  store.SetClosed(false);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->token_ids, ref->token_ids);
-  // Nothing has been fetched before, so the blocks were fetched (the fetch thread took the
-  // first and then found the others given up) and computed when the first fetch stalled.
+  // Nothing has been fetched before, so the blocks were fetched (the fetch
+  // thread took the first and then found the others given up) and computed when
+  // the first fetch stalled.
   EXPECT_GE(store.Gets() - gets_before, 1);
   EXPECT_EQ(r->usage.store_document_tokens, 0);
   EXPECT_EQ(r->usage.computed_tokens, ref->usage.computed_tokens);
@@ -248,21 +303,27 @@ class CountingBackend final : public engine_test::ForwardingBackend {
   std::atomic<int> exports{0};
 };
 
-// While write-backs are paused (a Put failed less than 2 s ago) a computed document is not
-// copied to the host for a write-back that would only be skipped (268 MB per document on the
-// 8B model, on the scheduler thread).
+// While write-backs are paused (a Put failed less than 2 s ago) a computed
+// document is not copied to the host for a write-back that would only be
+// skipped (268 MB per document on the 8B model, on the scheduler thread). The
+// pause is measured on a fake clock: it lasts until the test moves the clock
+// past it, and then computed documents are exported again.
 TEST(EngineSchedulerTest, NoExportWhileWriteBacksArePaused) {
   SlowPutStore store;
   store.slow_puts = true;
+  FakeClock clock;
   CountingBackend *backend = nullptr;
-  auto engine = MakeEngine(1024, &store, 256, 64, [&](std::unique_ptr<Backend> inner) {
-    auto b = std::make_unique<CountingBackend>(std::move(inner));
-    backend = b.get();
-    return std::unique_ptr<Backend>(std::move(b));
-  });
+  auto engine = MakeEngine(
+      1024, &store, 256, 64,
+      [&](std::unique_ptr<Backend> inner) {
+        auto b = std::make_unique<CountingBackend>(std::move(inner));
+        backend = b.get();
+        return std::unique_ptr<Backend>(std::move(b));
+      },
+      kDefaultMaxWritebackBytes, &clock);
   ASSERT_NE(backend, nullptr);
-  // The first block computed is exported and its Put fails (the documents after it may be
-  // computed within the pause that starts then).
+  // The first block computed is exported and its Put fails (the documents after
+  // it may be computed within the pause that starts then).
   ASSERT_TRUE(engine->RunTokens(Prompt({2, 4}, 1), Options(2)).ok());
   for (int i = 0; i < 200 && store.failed_puts.load() == 0; ++i) {
     absl::SleepFor(absl::Milliseconds(5));
@@ -276,6 +337,16 @@ TEST(EngineSchedulerTest, NoExportWhileWriteBacksArePaused) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_GT(r->usage.computed_tokens, int64_t(Prompt({3}, 2).suffix.size()));
   EXPECT_EQ(backend->exports.load(), exports);
+  // Past the pause, with a store that keeps Puts again: the next new document
+  // is exported and written back.
+  absl::SleepFor(absl::Milliseconds(50));  // the write-back thread has skipped the rest
+  store.slow_puts = false;
+  clock.Advance(absl::Seconds(3));
+  const int puts = store.Puts();
+  ASSERT_TRUE(engine->RunTokens(Prompt({1}, 3), Options(2)).ok());
+  EXPECT_EQ(backend->exports.load(), exports + 1);
+  for (int i = 0; i < 200 && store.Puts() < puts + 1; ++i) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_GE(store.Puts(), puts + 1);
 }
 
 // A kvstore whose Puts wait until `open` is set.
@@ -425,6 +496,70 @@ TEST(EngineSchedulerTest, StoreDownFallsBackToCompute) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->usage.store_document_tokens, 0);
   EXPECT_EQ(r->usage.computed_tokens, Prompt({3, 4}, 1).total_tokens());
+}
+
+// Engine::EncodeDocuments: documents made resident (and written back) without a
+// request, left unpinned; a request then finds them in the pool; encoding them
+// again computes nothing.
+TEST(EngineSchedulerTest, EncodeDocumentsMakesDocumentsResidentWithoutARequest) {
+  MemoryStore store;
+  auto e = MakeEngine(1024, &store);
+  const TokenPrompt p = Prompt({1, 2}, 4);
+  auto encoded = e->EncodeDocuments(p.documents, "");
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  ASSERT_EQ(encoded->size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ((*encoded)[i].id, e->BlockId(p.documents[i], ""));
+    EXPECT_EQ((*encoded)[i].num_tokens, int(p.documents[i].size()));
+    EXPECT_TRUE((*encoded)[i].computed);
+    EXPECT_TRUE(e->documents().Contains((*encoded)[i].id));
+  }
+  EngineStats s = e->Stats();
+  for (int i = 0; i < 200 && s.running > 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+    s = e->Stats();
+  }
+  EXPECT_EQ(s.pages_pinned, 0);
+  EXPECT_EQ(s.running, 0);
+  for (int i = 0; i < 200 && store.Puts() < 2; ++i) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(store.Puts(), 2);  // the documents only: no prefix block, no query
+  auto r = e->RunTokens(p, Options(2));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->usage.pool_document_tokens, r->usage.document_tokens);
+  auto again = e->EncodeDocuments(p.documents, "");
+  ASSERT_TRUE(again.ok()) << again.status();
+  for (const EncodedDocument &d : *again) EXPECT_FALSE(d.computed);
+  EXPECT_EQ(e->EncodeDocuments({{}}, "").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(e->EncodeDocuments({{1, 1 << 30}}, "").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// A document named only by id is read from the store once: FetchDocumentTokens
+// (for its tokens) keeps what it read, and the request that follows imports it
+// (a store hit in its usage) instead of reading it again.
+TEST(EngineSchedulerTest, ADocumentKnownOnlyByIdIsReadFromTheStoreOnce) {
+  MemoryStore store;
+  const TokenPrompt p = Prompt({3}, 5);
+  {
+    auto writer = MakeEngine(1024, &store);
+    ASSERT_TRUE(writer->RunTokens(p, Options(2)).ok());
+    for (int i = 0; i < 200 && store.Puts() < 2; ++i) absl::SleepFor(absl::Milliseconds(5));
+    ASSERT_EQ(store.Puts(), 2);  // the document and the prefix block
+  }
+  auto reader = MakeEngine(1024, &store);
+  const std::string id = reader->BlockId(p.documents[0], "");
+  const int gets_before = store.Gets();
+  auto tokens = reader->FetchDocumentTokens("", id);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_EQ(*tokens, p.documents[0]);
+  EXPECT_EQ(store.Gets() - gets_before, 1);
+  auto r = reader->RunTokens(p, Options(2));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->usage.store_document_tokens, r->usage.document_tokens);
+  EXPECT_EQ(store.Gets() - gets_before, 2);  // and the prefix block
+  std::string other = id;
+  other[0] = id[0] == '0' ? '1' : '0';
+  EXPECT_EQ(reader->FetchDocumentTokens("", other).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

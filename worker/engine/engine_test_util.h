@@ -11,7 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "worker/engine/clock.h"
 #include "worker/engine/engine.h"
 
 namespace lazyrag::engine_test {
@@ -130,6 +133,45 @@ class ForwardingBackend : public Backend {
 
  private:
   std::unique_ptr<Backend> inner_;
+};
+
+// A clock that moves only when told (EngineOptions::clock): hedge times and the
+// store's down windows pass when a test says so, not after a sleep. Starts at
+// the wall clock's now.
+class FakeClock final : public Clock {
+ public:
+  absl::Time Now() const override {
+    absl::MutexLock l(&mu_);
+    return now_;
+  }
+  void Advance(absl::Duration d) {
+    absl::MutexLock l(&mu_);
+    now_ += d;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::Now();
+};
+
+// A backend whose every forward step takes `step` on a FakeClock (what the
+// engine's cost model measures), however long it really takes.
+class ClockedBackend final : public ForwardingBackend {
+ public:
+  ClockedBackend(std::unique_ptr<Backend> inner, FakeClock* clock, absl::Duration step)
+      : ForwardingBackend(std::move(inner)), clock_(clock), step_(step) {}
+  absl::Status Forward(const ForwardBatch& b, std::vector<float>* logits) override {
+    clock_->Advance(step_);
+    return ForwardingBackend::Forward(b, logits);
+  }
+  absl::Status ForwardArgmax(const ForwardBatch& b, std::vector<int32_t>* ids) override {
+    clock_->Advance(step_);
+    return ForwardingBackend::ForwardArgmax(b, ids);
+  }
+
+ private:
+  FakeClock* const clock_;
+  const absl::Duration step_;
 };
 
 }  // namespace lazyrag::engine_test

@@ -172,32 +172,20 @@ absl::StatusOr<GenerateResult> Generator::Generate(const GenerateRequest &r,
 
 absl::StatusOr<std::vector<PreparedDocument>> Generator::PrepareDocuments(
     const std::vector<std::string> &texts, const std::string &cache_namespace) {
-  std::vector<PreparedDocument> out;
-  for (const std::string &text : texts) {
-    GenerateRequest r;
-    r.documents.push_back({text, ""});
-    r.query = "x";
-    r.cache_namespace = cache_namespace;
-    std::vector<std::string> ids;
-    auto prompt = BuildPrompt(r, &ids);
-    if (!prompt.ok()) return prompt.status();
-    PreparedDocument d;
-    d.id = ids[0];
-    d.num_tokens = int(prompt->documents[0].size());
-    d.computed = !engine_->documents().Contains(d.id);
-    if (d.computed) {
-      // Encoding happens as part of a one-token run over the document alone.
-      TokenPrompt only;
-      only.documents.push_back(prompt->documents[0]);
-      only.suffix = prompt->suffix;
-      TokenRunOptions o;
-      o.max_tokens = 1;
-      o.cache_namespace = cache_namespace;
-      auto run = engine_->RunTokens(only, o);
-      if (!run.ok()) return run.status();
+  std::vector<std::vector<int32_t>> documents;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const std::string &text = texts[i];
+    if (text.empty()) return absl::InvalidArgumentError(absl::StrCat("document ", i, " is empty"));
+    if (!IsValidUtf8(text)) {
+      return absl::InvalidArgumentError(absl::StrCat("document ", i, " is not valid UTF-8"));
     }
-    out.push_back(d);
+    documents.push_back(tokenizer_->Encode(template_.Document(text)));
+    Remember(engine_->BlockId(documents.back(), cache_namespace), documents.back());
   }
+  auto encoded = engine_->EncodeDocuments(documents, cache_namespace);
+  if (!encoded.ok()) return encoded.status();
+  std::vector<PreparedDocument> out;
+  for (const EncodedDocument &d : *encoded) out.push_back({d.id, d.num_tokens, d.computed});
   return out;
 }
 

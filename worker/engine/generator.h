@@ -70,7 +70,8 @@ class Generator {
 
   absl::StatusOr<GenerateResult> Generate(const GenerateRequest &request,
                                           const TextCallback &on_delta = {});
-  // Tokenizes and computes documents ahead of requests (pins nothing).
+  // Tokenizes documents and makes them resident ahead of requests (Engine::EncodeDocuments:
+  // fetched or computed, written back; pins nothing).
   absl::StatusOr<std::vector<PreparedDocument>> PrepareDocuments(
       const std::vector<std::string> &texts, const std::string &cache_namespace);
 

@@ -291,15 +291,15 @@ class PeerFirstStore : public DocumentStore {
     return inner_->Get(ns, id);
   }
 
-  absl::StatusOr<StoredDocument> GetWhileDown(const std::string &ns,
-                                              const std::string &id) override {
+  absl::StatusOr<StoredDocument> GetFromFrontTiers(const std::string &ns,
+                                                   const std::string &id) override {
     if (auto hit = FromPeers(ns, id); hit.ok()) return hit;
     return absl::UnavailableError("kvstore marked down and no peer holds the document");
   }
 
   absl::Status Put(const std::string &ns, const std::string &id,
                    const StoredDocument &doc) override {
-    if (inner_ == nullptr) return absl::OkStatus();  // nothing keeps it; accepts_writes() is false
+    if (inner_ == nullptr) return absl::OkStatus();  // nothing keeps it; durable() is false
     return inner_->Put(ns, id, doc);
   }
 
@@ -308,7 +308,7 @@ class PeerFirstStore : public DocumentStore {
     return inner_->Contains(ns, id);
   }
 
-  bool accepts_writes() const override { return inner_ != nullptr && inner_->accepts_writes(); }
+  bool durable() const override { return inner_ != nullptr && inner_->durable(); }
 
   void EnableDeviceLeases(const PeerPoolHandle &local) override {
     if (!options_.device_leases) return;

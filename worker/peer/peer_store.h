@@ -60,7 +60,7 @@ struct PeerStoreOptions {
 };
 
 // `inner`: the store behind the peers (kvstore service or embedded), or null for peers only
-// (then Get ends in NOT_FOUND and accepts_writes() is false). INVALID_ARGUMENT for an empty
+// (then Get ends in NOT_FOUND and durable() is false). INVALID_ARGUMENT for an empty
 // peer list, a malformed HOST:PORT or an empty fingerprint.
 absl::StatusOr<std::unique_ptr<DocumentStore>> OpenPeerFirstStore(
     const PeerStoreOptions &options, std::unique_ptr<DocumentStore> inner);

@@ -140,7 +140,7 @@ TEST(PeerStoreTest, PeerHitNeverReachesTheKvstoreAndIsCheckedChunkByChunk) {
   // Put goes to the kvstore only; a document no peer holds comes from it.
   ASSERT_TRUE(store->Put("ns", "d2", StoredDocument{"m2", "payload", ""}).ok());
   EXPECT_EQ(kv.Puts(), 1);
-  EXPECT_TRUE(store->accepts_writes());
+  EXPECT_TRUE(store->durable());
   got = store->Get("ns", "d2");
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(got->bytes, "payload");
@@ -165,7 +165,7 @@ TEST(PeerStoreTest, EmptyDocumentAndExactChunkMultiples) {
 TEST(PeerStoreTest, PeersOnlyMissIsNotFoundAndKeepsNothing) {
   FakePeer p;
   auto store = PeerStore({p.address()}, nullptr);
-  EXPECT_FALSE(store->accepts_writes());
+  EXPECT_FALSE(store->durable());
   auto got = store->Get("ns", "nope");
   EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(got.status().message().find("no peer holds"), std::string::npos);
@@ -196,15 +196,15 @@ TEST(PeerStoreTest, DownPeerFallsBackToTheKvstoreAndIsSkippedAfterwards) {
   EXPECT_EQ(store->Get("ns", "d").status().code(), absl::StatusCode::kUnavailable);
 }
 
-TEST(PeerStoreTest, GetWhileDownAsksThePeersOnly) {
+TEST(PeerStoreTest, GetFromFrontTiersAsksThePeersOnly) {
   FakePeer p;
   p.Add("d", StoredDocument{"m", "b", ""});
   MemoryStore kv;
   auto store = PeerStore({p.address()}, &kv);
-  auto got = store->GetWhileDown("ns", "d");
+  auto got = store->GetFromFrontTiers("ns", "d");
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->origin, "peer");
-  EXPECT_EQ(store->GetWhileDown("ns", "other").status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(store->GetFromFrontTiers("ns", "other").status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(kv.Gets(), 0);
 }
 

@@ -1,0 +1,231 @@
+#include "worker/engine/document_jobs.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "common/logging.h"
+
+namespace lazyrag {
+
+DocumentJobs::DocumentJobs(Backend *backend, DocumentTable *table, DocumentFetcher *fetcher,
+                           EngineMetrics *metrics, int page_size, Hooks hooks)
+    : backend_(backend),
+      table_(table),
+      fetcher_(fetcher),
+      metrics_(metrics),
+      page_size_(page_size),
+      hooks_(std::move(hooks)) {}
+
+DocumentJobs::~DocumentJobs() {
+  for (auto &[id, job] : jobs_) {
+    if (!job->pages.empty()) table_->FreePages(job->pages);
+  }
+}
+
+void DocumentJobs::Join(const std::shared_ptr<ScheduledRequest> &r, int block) {
+  const Block &blk = r->blocks[block];
+  if (auto it = jobs_.find(blk.id); it != jobs_.end()) {
+    DocJob &job = *it->second;
+    job.waiters.push_back({r, block, r->epoch, false});
+    job.order = std::min(job.order, r->order);
+    return;
+  }
+  auto job = std::make_shared<DocJob>();
+  job->id = blk.id;
+  job->ns = r->opts.cache_namespace;
+  job->tokens = *blk.tokens;
+  job->is_doc = blk.is_doc;
+  job->order = r->order;
+  job->waiters.push_back({r, block, r->epoch, true});
+  jobs_[blk.id] = job;
+  if (fetcher_ == nullptr) {
+    job->state = DocJob::kNeedPages;
+    return;
+  }
+  // A document read on a caller's thread for its tokens (named by id) is not read again.
+  if (auto prefetched = fetcher_->TakePrefetched(job->ns, job->id); prefetched.has_value()) {
+    job->state = DocJob::kFetching;
+    HandleFetched(std::move(*prefetched));
+    return;
+  }
+  QueueFetch(*job);
+}
+
+void DocumentJobs::HedgeSlowFetches() {
+  for (auto &[id, job] : jobs_) {
+    if (job->state != DocJob::kFetching || !fetcher_->GiveUpIfDue(&job->fetch)) continue;
+    job->state = DocJob::kNeedPages;
+    job->hedged = true;
+  }
+}
+
+void DocumentJobs::QueueFetch(DocJob &job) {
+  job.state = DocJob::kFetching;
+  job.fetch = fetcher_->Queue(job.ns, job.id, int64_t(job.tokens.size()));
+}
+
+void DocumentJobs::HandleFetched(FetchedDocument f) {
+  auto it = jobs_.find(f.id);
+  if (it == jobs_.end()) {
+    if (f.lease != nullptr) f.lease->Finish(absl::CancelledError("not used"));
+    return;
+  }
+  DocJob &job = *it->second;
+  if (job.state != DocJob::kFetching) {
+    // Hedged: the document went to compute while this fetch ran. Its bytes still serve while
+    // the job waits for pages (imported instead of computed); later they are dropped.
+    const bool usable = job.state == DocJob::kNeedPages && job.pages.empty() && !job.have_payload &&
+                        job.lease == nullptr && f.doc.ok();
+    if (!usable) {
+      if (f.lease != nullptr) f.lease->Finish(absl::CancelledError("not used"));
+      return;
+    }
+  }
+  job.state = DocJob::kNeedPages;
+  job.fetch.hedge_at = absl::InfiniteFuture();
+  job.in_store = f.in_store;
+  if (f.lease != nullptr) {
+    if (f.doc.ok() && f.doc->tokens == job.tokens && !job.lease_failed) {
+      job.lease = std::move(f.lease);
+      job.origin = std::move(f.origin);
+    } else {
+      // Never copies the same document twice by lease; a token mismatch cannot come from a
+      // store that checked the id, but is recomputed all the same.
+      f.lease->Finish(absl::CancelledError("not used"));
+    }
+    return;
+  }
+  if (f.doc.ok() && f.doc->tokens == job.tokens) {
+    job.payload = std::move(f.doc->payload);
+    job.have_payload = true;
+    job.origin = std::move(f.origin);
+  } else if (f.doc.ok()) {
+    LOG_WARNING << "kvstore value for " << f.id << " holds other tokens: recomputing";
+  }
+}
+
+void DocumentJobs::StartReady() {
+  std::vector<std::shared_ptr<DocJob>> ready;
+  for (auto &[id, job] : jobs_) {
+    if (job->state == DocJob::kNeedPages) ready.push_back(job);
+  }
+  std::sort(ready.begin(), ready.end(),
+            [](const auto &a, const auto &b) { return a->order < b->order; });
+  for (auto &job : ready) {
+    const int n = int(job->tokens.size());
+    auto pages = hooks_.allocate(PagesFor(n, page_size_), job->order);
+    if (!pages.ok()) {
+      // Retry next step while other work may free pages; fail when nothing else runs.
+      bool others = hooks_.requests_run_besides(*job);
+      for (const auto &[id, other] : jobs_)
+        others |= other != job && other->state != DocJob::kNeedPages;
+      if (!others) Fail(job, pages.status());
+      continue;
+    }
+    job->pages = *pages;
+    if (job->lease != nullptr) {
+      // The fast path: the peer's pages straight into ours, GPU to GPU, on this thread (it
+      // drives the backend). A lease that expired (or a copy that outlived it) is not trusted:
+      // the peer may have reused those pages.
+      std::shared_ptr<DeviceLease> lease = std::move(job->lease);
+      absl::Status st = lease->Valid()
+                            ? backend_->CopyPagesFromPeer(lease->pool(), lease->pages(), job->pages)
+                            : absl::DeadlineExceededError("peer lease expired before the copy");
+      if (st.ok() && !lease->Valid()) {
+        st = absl::DeadlineExceededError("peer lease expired during the copy");
+      }
+      lease->Finish(st);
+      if (st.ok()) {
+        Complete(job, /*from_store=*/true);
+        continue;
+      }
+      // Fall back: fetch again (the store now serves bytes from that peer, else the kvstore),
+      // else compute; like a first fetch, given up for a compute past its hedge time.
+      LOG_WARNING << "device copy of document " << job->id << " from a peer failed (" << st
+                  << "): fetching it again";
+      table_->FreePages(job->pages);
+      job->pages.clear();
+      job->lease_failed = true;
+      job->origin.clear();
+      QueueFetch(*job);
+      continue;
+    }
+    if (job->have_payload) {
+      absl::Status st = backend_->ImportKv(job->pages, n, job->payload);
+      job->payload.clear();
+      if (st.ok()) {
+        Complete(job, /*from_store=*/true);
+        continue;
+      }
+      LOG_WARNING << "importing document " << job->id << " failed (" << st << "): recomputing";
+    }
+    job->state = DocJob::kComputing;
+    job->fed = 0;
+  }
+}
+
+void DocumentJobs::Complete(const std::shared_ptr<DocJob> &job, bool from_store) {
+  const int64_t n = int64_t(job->tokens.size());
+  // Pinned for the job; the tokens let a peer worker take the document (ExportResidentDocument).
+  table_->Insert(job->id, DocumentRun{job->pages, int32_t(n)}, job->tokens);
+  if (!from_store && metrics_ && job->is_doc) {
+    metrics_->computed->Increment();
+    metrics_->computed_tokens->Increment(double(n));
+  }
+  if (!from_store && job->in_store && metrics_) {
+    metrics_->KvRequests("put", "already_stored").Increment();
+  }
+  // The export copies the document's KV to the host on this thread (268 MB for 2,048 tokens
+  // of an 8B model): only for a write-back that the fetcher accepts and will send.
+  if (!from_store && !job->hedged && !job->in_store && fetcher_ != nullptr &&
+      fetcher_->AcceptWriteBack(backend_->BytesPerPage() * n /
+                                std::max(1, backend_->page_size()))) {
+    std::string payload;
+    absl::Status st = backend_->ExportKv(job->pages, int(n), &payload);
+    if (st.ok()) {
+      fetcher_->QueueWriteBack(job->ns, job->id, job->tokens, std::move(payload));
+    } else {
+      LOG_WARNING << "export of document " << job->id << " failed: " << st;
+    }
+  }
+  job->pages.clear();  // owned by the table entry now
+  for (const auto &w : job->waiters) {
+    ScheduledRequest &r = *w.request;
+    if (r.finished || r.epoch != w.epoch || r.phase != ScheduledRequest::kDocs) continue;
+    auto hit = table_->Acquire(job->id);
+    if (!hit.ok()) continue;  // cannot happen: the job's pin keeps it resident
+    r.pinned.push_back(job->id);
+    Block &blk = r.blocks[w.block];
+    blk.run = *hit;
+    blk.resolved = true;
+    --r.pending;
+    if (r.usage_done) continue;
+    if (w.initiator && !from_store) {
+      r.usage.computed_tokens += n;
+    } else if (job->is_doc) {
+      // "peer": another worker's pool (worker/peer), counted as a store hit in the usage.
+      const char *tier = !w.initiator ? "gpu" : job->origin.empty() ? "store" : "peer";
+      r.usage.cached_document_tokens += n;
+      (w.initiator ? r.usage.store_document_tokens : r.usage.pool_document_tokens) += n;
+      if (metrics_) {
+        metrics_->Hits(tier).Increment();
+        metrics_->HitTokens(tier).Increment(double(n));
+      }
+    }
+  }
+  table_->Release(job->id);
+  jobs_.erase(job->id);
+}
+
+void DocumentJobs::Fail(const std::shared_ptr<DocJob> &job, const absl::Status &status) {
+  if (!job->pages.empty()) table_->FreePages(job->pages);
+  job->pages.clear();
+  for (const auto &w : job->waiters) {
+    ScheduledRequest &r = *w.request;
+    if (r.finished || r.epoch != w.epoch) continue;
+    hooks_.fail_request(r, status);
+  }
+  jobs_.erase(job->id);
+}
+
+}  // namespace lazyrag
