@@ -22,7 +22,7 @@
 #include "common/json.h"
 #include "common/json_writer.h"
 #include "common/parallel.h"
-#include "worker/engine/runtime.h"
+#include "worker/runtime/runtime.h"
 
 namespace lazyrag {
 namespace {
@@ -103,7 +103,7 @@ int Main(int argc, char** argv) {
   r.mode = AttentionMode::kFull;
   r.max_tokens = 64;
   r.ignore_eos = true;
-  gen.Generate(r);  // warm-up
+  if (!gen.Generate(r).ok()) return 1;  // warm-up
   auto res = gen.Generate(r);
   const double prefill_tps = res->usage.computed_tokens / (res->timings.ttft_ms / 1e3);
   const double decode_tps = (res->usage.completion_tokens - 1) /

@@ -32,7 +32,7 @@
 #include "common/json_writer.h"
 #include "common/tls.h"
 #include "lazyrag/v1/inference.grpc.pb.h"
-#include "worker/engine/runtime.h"
+#include "worker/runtime/runtime.h"
 
 namespace lazyrag {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "lazyrag/v1/inference.grpc.pb.h"
-#include "worker/engine/generator.h"
+#include "worker/runtime/generator.h"
 
 namespace lazyrag {
 

@@ -11,7 +11,7 @@
 #include "absl/time/time.h"
 #include "common/metrics.h"
 #include "common/tls.h"
-#include "worker/engine/runtime.h"
+#include "worker/runtime/runtime.h"
 
 namespace lazyrag {
 

@@ -1,4 +1,4 @@
-#include "worker/engine/runtime.h"
+#include "worker/runtime/runtime.h"
 
 #include "absl/strings/str_cat.h"
 #include "worker/backend/cpu/cpu_backend.h"

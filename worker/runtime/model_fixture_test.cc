@@ -12,7 +12,7 @@
 
 #include "common/json.h"
 #include "gtest/gtest.h"
-#include "worker/engine/runtime.h"
+#include "worker/runtime/runtime.h"
 
 namespace lazyrag {
 namespace {

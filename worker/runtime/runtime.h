@@ -11,7 +11,7 @@
 #include "absl/status/statusor.h"
 #include "worker/cache/document_store.h"
 #include "worker/engine/engine.h"
-#include "worker/engine/generator.h"
+#include "worker/runtime/generator.h"
 #include "worker/model/model_source.h"
 #include "worker/model/tokenizer/tokenizer.h"
 

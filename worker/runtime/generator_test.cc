@@ -1,9 +1,9 @@
-#include "worker/engine/generator.h"
+#include "worker/runtime/generator.h"
 
 #include <cstdlib>
 
 #include "gtest/gtest.h"
-#include "worker/engine/runtime.h"
+#include "worker/runtime/runtime.h"
 
 namespace lazyrag {
 namespace {

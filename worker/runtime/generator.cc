@@ -1,4 +1,4 @@
-#include "worker/engine/generator.h"
+#include "worker/runtime/generator.h"
 
 #include <algorithm>
 
