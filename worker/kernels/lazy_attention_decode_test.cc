@@ -1,0 +1,171 @@
+// The LazyAttention decode kernels (worker/kernels/lazy_attention_decode.cu) against the CPU
+// reference: many requests, the warp pipes with TMA and cp.async copies, the split merge's
+// residency and workspace, and stable_history's early copies. Part of kernels_test.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "worker/kernels/kernels_test_support.h"
+#include "worker/kernels/lazy_attention.h"
+
+namespace lazyrag::kernels::testing {
+namespace {
+
+TEST(LazyAttention, Decode256Requests) {
+  GPU_TEST_SETUP(rng);
+  Sizes s;
+  s.num_kv_heads = 8;
+  s.group = 4;
+  KvPool pool(s.page_size, s.num_kv_heads, s.head_dim, PagesFor(20 * 400, 16) + 256 * 4, rng);
+  const std::vector<Doc> docs = MakeDocs(pool, 20, 1, 400, rng);
+  const Problem p = MakeRagBatch(s, pool, docs, 256, 3, 40, 1, rng);
+  const std::vector<float> ref = RunCpu(p, pool, KeyLayout::kRotatedLocal);
+  ExpectClose(RunGpu(p, pool, {true, KeyLayout::kRotatedLocal, 0}), ref, "decode 256");
+  ExpectClose(RunGpu(p, pool, {true, KeyLayout::kRotatedLocal, 2}), ref, "decode 256 split 2");
+}
+
+// The decode warp pipes (head dim 128, LAZY layout: each warp loads its own 16 keys of every
+// tile, no block barrier in the loop) with TMA copies (the launcher's choice where page_size is
+// a power of two >= 16 and num_pages is known) and with cp.async copies (num_pages unknown, or
+// page size 24) against the CPU and, at one shape, bit for bit against each other (the same
+// arithmetic in the same order; the TMA slices past a segment's end hold the pool's NaN and must
+// be masked and zeroed): batch 1 over 5 long documents and a batch of 5 requests, groups 4 and
+// 8, automatic and forced splits.
+TEST(LazyAttention, DecodeTmaPipesMatchCpAsyncPipes) {
+  GPU_TEST_SETUP(rng);
+  ForPageSizesAndGroups(
+      rng, {16, 64, 24}, 1500, 40 * 8,
+      [&](const Sizes& s, KvPool& pool, const std::vector<Doc>& docs) {
+        Problem b1 = EmptyProblem(s);
+        AddRequest(b1, pool, docs, {5, 2, 7, 0, 3}, 41, 1, rng);
+        const Problem b5 = MakeRagBatch(s, pool, docs, 5, 4, 40, 1, rng);
+        const std::pair<const char*, const Problem*> problems[] = {{"b1", &b1}, {"b5", &b5}};
+        for (const auto& [name, prob] : problems) {
+          const std::vector<float> ref = RunCpu(*prob, pool, KeyLayout::kRotatedLocal);
+          for (int splits : {0, 1, 3, 16}) {
+            const std::string what = absl::StrCat(name, " splits=", splits);
+            GpuRun run{true, KeyLayout::kRotatedLocal, splits};
+            const std::vector<float> tma = RunGpu(*prob, pool, run);
+            run.num_pages_known = false;
+            const std::vector<float> cp_async = RunGpu(*prob, pool, run);
+            ExpectClose(tma, ref, "warp pipes, num_pages known " + what);
+            ExpectClose(cp_async, ref, "cp.async warp pipes " + what);
+            EXPECT_EQ(tma, cp_async) << "TMA vs cp.async warp pipes " << what;
+          }
+        }
+      });
+}
+
+// The batch-1 split merge's blocks must fit beside two decode blocks on a multiprocessor, so
+// that they are resident and waiting before the decode grid ends (each chained launch measured
+// slower on the H200 when they were not; see bench/README.md): a guard against the decode
+// kernel growing its registers or shared memory past the room it leaves.
+TEST(LazyAttention, DecodeLeavesRoomForTheSplitMerge) {
+  SKIP_WITHOUT_GPU();
+  bool fits = false;
+  std::string report;
+  const absl::Status st = DecodeSplitMergeResidency(&fits, &report);
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_TRUE(fits) << report;
+  std::printf("%s\n", report.c_str());
+}
+
+// stable_history: the decode kernel copies its first K/V tiles before waiting for the kernel
+// launched just before it, except those holding the query's own key. Here that kernel writes
+// the queries' own K/V rows (NaN until then) GpuRun::late_delay_ns after letting the decode
+// start, as the model's QKV scatter does: the output must still match the CPU on the written
+// rows, for the launcher's split and forced ones (the split holding the query's row waits, the
+// others start early), with the TMA and with the cp.async warp pipes.
+TEST(LazyAttention, DecodeStableHistoryWaitsForTheStepsRows) {
+  GPU_TEST_SETUP(rng);
+  for (int ps : {16, 64}) {
+    SCOPED_TRACE(absl::StrCat("ps=", ps));
+    const Sizes s{/*head_dim=*/128, /*group=*/4, /*num_kv_heads=*/2, ps};
+    KvPool pool(ps, s.num_kv_heads, s.head_dim, PagesFor(6 * 1500, ps) + 40 * 6, rng);
+    const std::vector<Doc> docs = MakeDocs(pool, 6, 1, 1500, rng);
+    Problem b1 = EmptyProblem(s);
+    AddRequest(b1, pool, docs, {4, 1, 5, 0}, 37, 1, rng);
+    const Problem b6 = MakeRagBatch(s, pool, docs, 6, 4, 40, 1, rng);
+    const std::pair<const char*, const Problem*> problems[] = {{"b1", &b1}, {"b6", &b6}};
+    for (const auto& [name, prob] : problems) {
+      const std::vector<float> ref = RunCpu(*prob, pool, KeyLayout::kRotatedLocal);
+      for (int splits : {0, 1, 7, 40}) {
+        // These pages run the TMA pipes with num_pages known, the cp.async ones without.
+        for (bool num_pages_known : {true, false}) {
+          GpuRun run{true, KeyLayout::kRotatedLocal, splits};
+          run.stable_history = true;
+          run.late_rows = GpuRun::LateRows::kStepRows;
+          run.num_pages_known = num_pages_known;
+          ExpectClose(RunGpu(*prob, pool, run), ref,
+                      absl::StrCat(name, " splits=", splits, " cp.async=", !num_pages_known));
+        }
+      }
+    }
+  }
+}
+
+// The probe that the test above can fail: with the promise broken (every request's FIRST key
+// written late), the early copies read the NaN rows. Timing-dependent, so only on request
+// (KERNELS_TEST_PROBE_EARLY_READS=1), to check on a GPU that the early copies happen.
+TEST(LazyAttention, DecodeStableHistoryProbeEarlyReads) {
+  GPU_TEST_SETUP(rng);
+  if (std::getenv("KERNELS_TEST_PROBE_EARLY_READS") == nullptr) {
+    GTEST_SKIP() << "set KERNELS_TEST_PROBE_EARLY_READS=1 to run";
+  }
+  const Sizes s{/*head_dim=*/128, /*group=*/4, /*num_kv_heads=*/2, 16};
+  KvPool pool(16, s.num_kv_heads, s.head_dim, PagesFor(4 * 1500, 16) + 40, rng);
+  const std::vector<Doc> docs = MakeDocs(pool, 4, 1000, 1500, rng);
+  Problem b1 = EmptyProblem(s);
+  AddRequest(b1, pool, docs, {2, 0, 3, 1}, 37, 1, rng);
+  for (bool stable : {true, false}) {
+    GpuRun run{true, KeyLayout::kRotatedLocal, 8};
+    run.stable_history = stable;
+    run.late_rows = GpuRun::LateRows::kFirstKeys;
+    const std::vector<float> out = RunGpu(b1, pool, run);
+    const size_t nans =
+        std::count_if(out.begin(), out.end(), [](float x) { return std::isnan(x); });
+    if (stable) {
+      EXPECT_GT(nans, 0u) << "early copies did not see the late rows";
+    } else {
+      EXPECT_EQ(nans, 0u) << "without stable_history every read waits";
+    }
+  }
+}
+
+// Decode split merge against the workspace size: room for all forced splits,
+// for 2, for 3 (the launcher clamps the split count to what fits), on a
+// workspace that is poisoned once and then reused as the previous call left it.
+TEST(LazyAttention, DecodeSplitMergeWorkspace) {
+  GPU_TEST_SETUP(rng);
+  Sizes s;
+  s.group = 4;
+  s.num_kv_heads = 4;
+  KvPool pool(s.page_size, s.num_kv_heads, s.head_dim, PagesFor(6 * 900, 16) + 40 * 4, rng);
+  const std::vector<Doc> docs = MakeDocs(pool, 6, 300, 900, rng);
+  const Problem p = MakeRagBatch(s, pool, docs, 37, 4, 40, 1, rng);
+  const std::vector<float> ref = RunCpu(p, pool, KeyLayout::kRotatedLocal);
+  const size_t per_split = LazyAttentionWorkspaceBytes(37, s.num_kv_heads * s.group, s.head_dim, 1);
+  for (int repeats : {1, 3}) {
+    for (int splits : {2, 7, 64}) {
+      const std::string what = absl::StrCat("splits=", splits, " repeats=", repeats);
+      ExpectClose(RunGpu(p, pool, {true, KeyLayout::kRotatedLocal, splits, 0, repeats}), ref,
+                  "all splits " + what);
+      ExpectClose(
+          RunGpu(p, pool, {true, KeyLayout::kRotatedLocal, splits, 2 * per_split + 100, repeats}),
+          ref, "2 splits " + what);
+      ExpectClose(RunGpu(p, pool, {true, KeyLayout::kRotatedLocal, splits, 3 * per_split, repeats}),
+                  ref, "3 splits " + what);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lazyrag::kernels::testing
