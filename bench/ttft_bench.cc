@@ -15,6 +15,7 @@
 //                   [--decode_steps N] [--cuda_graphs 0|1] [--step_times 0|1]
 //                   [--idle_ms N] [--early_kv 0|1] [--profile] [--out PATH]
 #include <cuda_profiler_api.h>
+#include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
@@ -262,6 +263,7 @@ int Main(int argc, char** argv) {
   // One cached document's KV to the host and back (Backend::ExportKv / ImportKv: what a
   // kvstore write-back costs the scheduler thread, and a fetch's import), its own pages.
   Stats export_kv, import_kv;
+  Stats to_host, from_host, bus_d2h, bus_h2d;  // the host tier's path and the bus ceiling
   double doc_kv_bytes = 0;
   {
     const std::string id = engine.BlockId(prompt.documents[0], "warm");
@@ -288,6 +290,44 @@ int Main(int argc, char** argv) {
       if (!in.ok()) return Fail(in, "ImportKv");
     }
     doc_kv_bytes = double(kv.size());
+
+    // The host tier's path (StartKvToHost / StartKvFromHost into pinned memory, checksummed on
+    // the GPU), beside the bus ceiling of the same bytes (cudaMemcpy device <-> pinned).
+    auto host = engine.backend().AllocateHostMemory(int64_t(kv.size()));
+    if (!host.ok()) return Fail(host.status(), "AllocateHostMemory");
+    void* dev = nullptr;
+    if (cudaMalloc(&dev, kv.size()) != cudaSuccess) return Fail(absl::InternalError("cudaMalloc"), "bus ceiling");
+    for (int i = 0; i < 5; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto out = engine.backend().StartKvToHost(pinned->pages, pinned->num_tokens, (*host)->data());
+      if (!out.ok()) return Fail(out.status(), "StartKvToHost");
+      auto out_sum = engine.backend().WaitKvTransfer(*out);
+      if (!out_sum.ok()) return Fail(out_sum.status(), "KvToHost");
+      const auto t1 = std::chrono::steady_clock::now();
+      auto in = engine.backend().StartKvFromHost(pinned->pages, pinned->num_tokens, (*host)->data());
+      if (!in.ok()) return Fail(in.status(), "StartKvFromHost");
+      auto in_sum = engine.backend().WaitKvTransfer(*in);
+      if (!in_sum.ok()) return Fail(in_sum.status(), "KvFromHost");
+      const auto t2 = std::chrono::steady_clock::now();
+      if (*in_sum != *out_sum) return Fail(absl::DataLossError("checksums differ"), "host tier");
+      if (i == 0 && std::memcmp((*host)->data(), kv.data(), kv.size()) != 0) {
+        return Fail(absl::DataLossError("host bytes differ from ExportKv's"), "host tier");
+      }
+      to_host.ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      from_host.ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+      const auto t3 = std::chrono::steady_clock::now();
+      if (cudaMemcpy((*host)->data(), dev, kv.size(), cudaMemcpyDeviceToHost) != cudaSuccess) {
+        return Fail(absl::InternalError("cudaMemcpy D2H"), "bus ceiling");
+      }
+      const auto t4 = std::chrono::steady_clock::now();
+      if (cudaMemcpy(dev, (*host)->data(), kv.size(), cudaMemcpyHostToDevice) != cudaSuccess) {
+        return Fail(absl::InternalError("cudaMemcpy H2D"), "bus ceiling");
+      }
+      const auto t5 = std::chrono::steady_clock::now();
+      bus_d2h.ms.push_back(std::chrono::duration<double, std::milli>(t4 - t3).count());
+      bus_h2d.ms.push_back(std::chrono::duration<double, std::milli>(t5 - t4).count());
+    }
+    cudaFree(dev);
     engine.UnpinDocument(id);
   }
 
@@ -316,6 +356,14 @@ int Main(int argc, char** argv) {
   std::printf("%-36s %10.2f %10.2f %10.2f   (%.2f GB/s)\n", "and back into its pages",
               import_kv.Median(), import_kv.Min(), import_kv.Max(),
               doc_kv_bytes / 1e6 / import_kv.Median());
+  const auto bus_row = [&](const char* name, const Stats& s) {
+    std::printf("%-36s %10.2f %10.2f %10.2f   (%.2f GB/s)\n", name, s.Median(), s.Min(), s.Max(),
+                doc_kv_bytes / 1e6 / s.Median());
+  };
+  bus_row("host tier: to pinned host memory", to_host);
+  bus_row("host tier: back into its pages", from_host);
+  bus_row("bus ceiling: cudaMemcpy to pinned", bus_d2h);
+  bus_row("bus ceiling: cudaMemcpy from pinned", bus_h2d);
   if (!steps.empty()) {
     std::printf(
         "\nwhere one LAZY request's time goes (TTFT %.2f ms), ms per forward step:\n"
@@ -355,7 +403,11 @@ int Main(int argc, char** argv) {
       << "  \"decode_step_ms\": " << decode.Json() << ",\n"
       << "  \"doc_kv_bytes\": " << doc_kv_bytes << ",\n"
       << "  \"export_kv_ms\": " << export_kv.Json() << ",\n"
-      << "  \"import_kv_ms\": " << import_kv.Json() << ",\n";
+      << "  \"import_kv_ms\": " << import_kv.Json() << ",\n"
+      << "  \"host_tier_to_host_ms\": " << to_host.Json() << ",\n"
+      << "  \"host_tier_from_host_ms\": " << from_host.Json() << ",\n"
+      << "  \"bus_d2h_pinned_ms\": " << bus_d2h.Json() << ",\n"
+      << "  \"bus_h2d_pinned_ms\": " << bus_h2d.Json() << ",\n";
     if (!lazy_gpu.ms.empty()) {
       f << "  \"lazy_step_gpu_ms\": " << lazy_gpu.Json() << ",\n"
         << "  \"lazy_ttft_minus_gpu_ms\": " << lazy_host.Json() << ",\n";

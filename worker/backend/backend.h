@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,6 +31,18 @@ struct ForwardBatch {
 };
 
 enum class KvDtype { kFloat32 = 0, kBFloat16 = 1 };
+
+// Host memory a backend copies document KV to and from at bus speed (pinned and mapped for the
+// CUDA backend, the heap for the CPU one). Owned by the caller; freed on destruction.
+class HostMemory {
+ public:
+  virtual ~HostMemory() = default;
+  virtual char* data() = 0;  // 256-byte aligned
+  virtual int64_t size() const = 0;
+};
+
+// A copy between the KV pool and host memory queued by StartKvToHost / StartKvFromHost.
+using KvTransferId = uint64_t;
 
 // A worker's KV pool as it lends it to the other workers of its host (issue 9, the peer tier's
 // fast path): an opaque handle another process can map (CUDA IPC of the pool allocation) and
@@ -96,6 +110,40 @@ class Backend {
   virtual absl::Status ImportKv(const std::vector<int32_t>& pages, int num_tokens,
                                 std::string_view data) = 0;
 
+  // Bytes of the transport form (ExportKv) of num_tokens tokens: layers x {K, V} x tokens x
+  // kv_dim elements of kv_dtype().
+  int64_t KvBytes(int64_t num_tokens) const {
+    const ModelConfig& c = config();
+    return int64_t(2) * c.num_layers * num_tokens * c.kv_dim() *
+           (kv_dtype() == KvDtype::kFloat32 ? 4 : 2);
+  }
+
+  // The host tier's data path (worker/cache/host_tier.h). The defaults below are synchronous
+  // (ExportKv / ImportKv through a copy and common/kv_checksum.h on the host: the CPU backend's
+  // pool is host memory already, and test backends); the CUDA backend queues kernels that read
+  // and write pinned host memory directly on a stream of their own, checksum included.
+  //
+  // Host memory of `bytes` (> 0) for StartKvToHost / StartKvFromHost. RESOURCE_EXHAUSTED when it
+  // cannot be allocated.
+  virtual absl::StatusOr<std::unique_ptr<HostMemory>> AllocateHostMemory(int64_t bytes);
+  // Queues the copy of tokens [0, num_tokens) of the page run into `dst` (ExportKv's layout,
+  // KvBytes(num_tokens) bytes, inside memory from AllocateHostMemory, valid until the transfer
+  // is done), computing KvChecksum of the bytes copied. The pages may be freed and rewritten as
+  // soon as this returns: later calls that write them are ordered after the copy.
+  // INVALID_ARGUMENT for a bad run; FAILED_PRECONDITION before InitPool.
+  virtual absl::StatusOr<KvTransferId> StartKvToHost(const std::vector<int32_t>& pages,
+                                                     int num_tokens, char* dst);
+  // Queues the copy of KvBytes(num_tokens) bytes at `src` (ExportKv's layout, valid until the
+  // transfer is done) into the run's pages, computing KvChecksum of the bytes read. REQUIRES:
+  // the pages are not read (Forward, ExportKv, ...) until PollKvTransfer reports it done.
+  virtual absl::StatusOr<KvTransferId> StartKvFromHost(const std::vector<int32_t>& pages,
+                                                       int num_tokens, const char* src);
+  // Non-blocking: nullopt while the transfer runs; once it is done, the checksum of the bytes it
+  // moved (the id is then forgotten). NOT_FOUND for an unknown id; INTERNAL when it failed.
+  virtual absl::StatusOr<std::optional<uint64_t>> PollKvTransfer(KvTransferId id);
+  // Blocks until the transfer is done; as PollKvTransfer otherwise.
+  virtual absl::StatusOr<uint64_t> WaitKvTransfer(KvTransferId id);
+
   // Device-to-device document transfer between workers of one host (issue 9). Backends that
   // cannot share their pool with another process keep these defaults (UNIMPLEMENTED); the
   // engine then takes documents from peers in transport form (ExportKv / ImportKv).
@@ -114,6 +162,11 @@ class Backend {
     (void)own_pages;
     return absl::UnimplementedError(name() + " backend: no pool sharing between processes");
   }
+
+ private:
+  // The synchronous defaults' finished transfers: id -> checksum, until polled.
+  std::map<KvTransferId, uint64_t> done_transfers_;
+  KvTransferId next_transfer_ = 1;
 };
 
 }  // namespace lazyrag

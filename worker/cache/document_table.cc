@@ -50,7 +50,8 @@ DocumentRun DocumentTable::Insert(const std::string& id, DocumentRun run,
   return e.run;
 }
 
-absl::StatusOr<std::vector<int32_t>> DocumentTable::AllocatePages(int n) {
+absl::StatusOr<std::vector<int32_t>> DocumentTable::AllocatePages(int n,
+                                                                  std::vector<Evicted>* evicted) {
   for (;;) {
     auto pages = allocator_->Allocate(n);
     if (pages.ok()) return pages;
@@ -59,6 +60,9 @@ absl::StatusOr<std::vector<int32_t>> DocumentTable::AllocatePages(int n) {
     auto it = entries_.find(lru_.front());
     lru_.pop_front();
     allocator_->Free(it->second.run.pages);
+    if (evicted != nullptr) {
+      evicted->push_back({it->first, std::move(it->second.run), std::move(it->second.tokens)});
+    }
     entries_.erase(it);
     ++evictions_;
   }

@@ -46,8 +46,16 @@ class DocumentTable {
   // returns it. `tokens`: the block's token ids, kept for Acquire(id, tokens) (documents and
   // prefix blocks; empty for PREFIX-mode pages).
   DocumentRun Insert(const std::string& id, DocumentRun run, std::vector<int32_t> tokens = {});
-  // Allocates pages, evicting unreferenced entries least recently used first.
-  absl::StatusOr<std::vector<int32_t>> AllocatePages(int n);
+  // An entry evicted by AllocatePages: its pages are already back in the allocator (their
+  // contents stay until they are written again).
+  struct Evicted {
+    std::string id;
+    DocumentRun run;
+    std::vector<int32_t> tokens;
+  };
+  // Allocates pages, evicting unreferenced entries least recently used first; appends the
+  // entries it evicted to `evicted` when given.
+  absl::StatusOr<std::vector<int32_t>> AllocatePages(int n, std::vector<Evicted>* evicted = nullptr);
   void FreePages(const std::vector<int32_t>& pages) { allocator_->Free(pages); }
   bool Contains(const std::string& id) const;
   DocumentTableStats Stats() const;

@@ -20,7 +20,7 @@ uint64_t DocumentPayloadBytes(const ModelConfig &c, KvDtype dtype, int64_t num_t
 }
 
 StoredDocument EncodeDocument(const ModelConfig &c, KvDtype dtype,
-                              const std::vector<int32_t> &tokens, const std::string &payload) {
+                              const std::vector<int32_t> &tokens, std::string_view payload) {
   StoredDocument doc;
   doc.bytes.reserve(tokens.size() * sizeof(int32_t) + payload.size());  // one allocation
   doc.bytes.resize(tokens.size() * sizeof(int32_t));

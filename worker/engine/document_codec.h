@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -38,7 +39,7 @@ struct DocumentKvHeader {
 uint64_t DocumentPayloadBytes(const ModelConfig &config, KvDtype dtype, int64_t num_tokens);
 
 StoredDocument EncodeDocument(const ModelConfig &config, KvDtype dtype,
-                              const std::vector<int32_t> &tokens, const std::string &payload);
+                              const std::vector<int32_t> &tokens, std::string_view payload);
 
 struct DecodedDocument {
   DocumentKvHeader header;

@@ -251,7 +251,16 @@ void DocumentFetcher::QueueWriteBack(std::string ns, std::string id, std::vector
   absl::MutexLock l(&wb_mu_);
   wb_pending_bytes_ += int64_t(payload.size());
   wb_queue_.push_back(
-      WriteBack{std::move(ns), std::move(id), std::move(tokens), std::move(payload)});
+      WriteBack{std::move(ns), std::move(id), std::move(tokens), std::move(payload), {}, nullptr, {}});
+}
+
+void DocumentFetcher::QueueWriteBack(std::string ns, std::string id, std::vector<int32_t> tokens,
+                                     std::string_view payload, std::shared_ptr<const void> hold,
+                                     std::function<bool()> check) {
+  absl::MutexLock l(&wb_mu_);
+  wb_pending_bytes_ += int64_t(payload.size());
+  wb_queue_.push_back(WriteBack{std::move(ns), std::move(id), std::move(tokens), std::string(),
+                                payload, std::move(hold), std::move(check)});
 }
 
 void DocumentFetcher::WriteBackLoop() {
@@ -267,6 +276,7 @@ void DocumentFetcher::WriteBackLoop() {
       wb = std::move(wb_queue_.front());
       wb_queue_.pop_front();
     }
+    if (wb.hold == nullptr) wb.payload = wb.owned;  // a view into a string is not moved with it
     // Pending until sent (or skipped): the payload and its encoded copy live
     // until then.
     const int64_t bytes = int64_t(wb.payload.size());
@@ -276,6 +286,11 @@ void DocumentFetcher::WriteBackLoop() {
     };
     if (WritesPaused()) {
       if (metrics_) metrics_->KvRequests("put", "skipped").Increment();
+      continue;
+    }
+    if (wb.check && !wb.check()) {
+      LOG_WARNING << "write-back of " << wb.id << " skipped: its host copy is corrupt";
+      if (metrics_) metrics_->KvRequests("put", "corrupt").Increment();
       continue;
     }
     // Encoded here (a copy and a checksum of the whole payload: ~0.27 GB for a

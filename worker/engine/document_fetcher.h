@@ -29,6 +29,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -110,6 +111,13 @@ class DocumentFetcher {
   bool AcceptWriteBack(int64_t bytes);
   void QueueWriteBack(std::string cache_namespace, std::string id, std::vector<int32_t> tokens,
                       std::string payload);
+  // The same for a payload the caller keeps: `payload` stays valid while `hold` (not null) lives;
+  // the write-back drops it once sent or skipped, on the write-back thread. `check` runs there
+  // first; false skips the put (counted as result "corrupt"). For a document's copy in the host
+  // tier, pinned there, whose checksum `check` verifies.
+  void QueueWriteBack(std::string cache_namespace, std::string id, std::vector<int32_t> tokens,
+                      std::string_view payload, std::shared_ptr<const void> hold,
+                      std::function<bool()> check);
 
   // The tokens of a document known only by id, read from the store on the
   // caller's thread (checked to hash to `id`); the document itself is kept for
@@ -133,7 +141,10 @@ class DocumentFetcher {
   struct WriteBack {
     std::string ns, id;
     std::vector<int32_t> tokens;
-    std::string payload;
+    std::string owned;         // the payload, or empty when `hold` keeps it
+    std::string_view payload;  // what `hold` keeps (set from `owned` when dequeued)
+    std::shared_ptr<const void> hold;
+    std::function<bool()> check;
   };
 
   void FetchLoop();

@@ -8,18 +8,38 @@
 namespace lazyrag {
 
 DocumentJobs::DocumentJobs(Backend *backend, DocumentTable *table, DocumentFetcher *fetcher,
-                           EngineMetrics *metrics, int page_size, Hooks hooks)
+                           HostTier *host, HostCopies *host_copies, EngineMetrics *metrics,
+                           Clock *clock, int page_size, Hooks hooks)
     : backend_(backend),
       table_(table),
       fetcher_(fetcher),
+      host_(host),
+      host_copies_(host_copies),
       metrics_(metrics),
+      clock_(clock),
       page_size_(page_size),
       hooks_(std::move(hooks)) {}
 
 DocumentJobs::~DocumentJobs() {
   for (auto &[id, job] : jobs_) {
+    // A copy into the pages still in flight finishes before they go back to the allocator.
+    if (job->state == DocJob::kPromoting) (void)backend_->WaitKvTransfer(job->transfer);
+    ReleaseHost(*job);
     if (!job->pages.empty()) table_->FreePages(job->pages);
   }
+}
+
+void DocumentJobs::ReleaseHost(DocJob &job) {
+  if (!job.host.has_value()) return;
+  host_->Release(job.id);
+  job.host.reset();
+}
+
+bool DocumentJobs::promoting() const {
+  for (const auto &[id, job] : jobs_) {
+    if (job->state == DocJob::kPromoting) return true;
+  }
+  return false;
 }
 
 void DocumentJobs::Join(const std::shared_ptr<ScheduledRequest> &r, int block) {
@@ -38,6 +58,16 @@ void DocumentJobs::Join(const std::shared_ptr<ScheduledRequest> &r, int block) {
   job->order = r->order;
   job->waiters.push_back({r, block, r->epoch, true});
   jobs_[blk.id] = job;
+  if (host_ != nullptr) {
+    std::optional<HostTier::Ref> ref = host_->Acquire(job->id);
+    if (ref.has_value() && ref->num_tokens == int32_t(job->tokens.size()) &&
+        (ref->tokens.empty() || ref->tokens == job->tokens)) {
+      job->host = std::move(ref);
+      job->state = DocJob::kNeedPages;
+      return;
+    }
+    if (ref.has_value()) host_->Release(job->id);
+  }
   if (fetcher_ == nullptr) {
     job->state = DocJob::kNeedPages;
     return;
@@ -123,6 +153,18 @@ void DocumentJobs::StartReady() {
       continue;
     }
     job->pages = *pages;
+    if (job->host.has_value()) {
+      absl::StatusOr<KvTransferId> t = backend_->StartKvFromHost(job->pages, n, job->host->data);
+      if (t.ok()) {
+        job->state = DocJob::kPromoting;
+        job->transfer = *t;
+        job->promote_started = clock_->Now();
+        continue;
+      }
+      LOG_WARNING << "promotion of document " << job->id << " failed (" << t.status()
+                  << "): recomputing";
+      ReleaseHost(*job);
+    }
     if (job->lease != nullptr) {
       // The fast path: the peer's pages straight into ours, GPU to GPU, on this thread (it
       // drives the backend). A lease that expired (or a copy that outlived it) is not trusted:
@@ -136,7 +178,7 @@ void DocumentJobs::StartReady() {
       }
       lease->Finish(st);
       if (st.ok()) {
-        Complete(job, /*from_store=*/true);
+        Complete(job, Source::kStore);
         continue;
       }
       // Fall back: fetch again (the store now serves bytes from that peer, else the kvstore),
@@ -154,7 +196,7 @@ void DocumentJobs::StartReady() {
       absl::Status st = backend_->ImportKv(job->pages, n, job->payload);
       job->payload.clear();
       if (st.ok()) {
-        Complete(job, /*from_store=*/true);
+        Complete(job, Source::kStore);
         continue;
       }
       LOG_WARNING << "importing document " << job->id << " failed (" << st << "): recomputing";
@@ -164,7 +206,43 @@ void DocumentJobs::StartReady() {
   }
 }
 
-void DocumentJobs::Complete(const std::shared_ptr<DocJob> &job, bool from_store) {
+void DocumentJobs::PollPromotions() {
+  std::vector<std::shared_ptr<DocJob>> promoting;
+  for (auto &[id, job] : jobs_) {
+    if (job->state == DocJob::kPromoting) promoting.push_back(job);
+  }
+  for (auto &job : promoting) {
+    absl::StatusOr<std::optional<uint64_t>> polled = backend_->PollKvTransfer(job->transfer);
+    if (polled.ok() && !polled->has_value()) continue;
+    const bool intact = polled.ok() && **polled == job->host->checksum;
+    if (intact) {
+      ReleaseHost(*job);
+      if (metrics_ != nullptr) {
+        metrics_->host_promotions->Increment();
+        metrics_->host_promotion_seconds->Observe(
+            absl::ToDoubleSeconds(clock_->Now() - job->promote_started));
+      }
+      Complete(job, Source::kHost);
+      continue;
+    }
+    // Never served: a copy that failed or whose bytes changed in host memory is dropped and the
+    // document recomputed in the pages it was given.
+    if (polled.ok()) {
+      LOG_WARNING << "host copy of document " << job->id << " failed its checksum: recomputing";
+      host_->Erase(job->id, /*corrupt=*/true);
+      if (metrics_ != nullptr) metrics_->host_checksum_failures->Increment();
+    } else {
+      LOG_WARNING << "promotion of document " << job->id << " failed (" << polled.status()
+                  << "): recomputing";
+    }
+    ReleaseHost(*job);
+    job->state = DocJob::kComputing;
+    job->fed = 0;
+  }
+}
+
+void DocumentJobs::Complete(const std::shared_ptr<DocJob> &job, Source source) {
+  const bool from_store = source != Source::kComputed;
   const int64_t n = int64_t(job->tokens.size());
   // Pinned for the job; the tokens let a peer worker take the document (ExportResidentDocument).
   table_->Insert(job->id, DocumentRun{job->pages, int32_t(n)}, job->tokens);
@@ -175,11 +253,16 @@ void DocumentJobs::Complete(const std::shared_ptr<DocJob> &job, bool from_store)
   if (!from_store && job->in_store && metrics_) {
     metrics_->KvRequests("put", "already_stored").Increment();
   }
-  // The export copies the document's KV to the host on this thread (268 MB for 2,048 tokens
-  // of an 8B model): only for a write-back that the fetcher accepts and will send.
-  if (!from_store && !job->hedged && !job->in_store && fetcher_ != nullptr &&
-      fetcher_->AcceptWriteBack(backend_->BytesPerPage() * n /
-                                std::max(1, backend_->page_size()))) {
+  // A computed document goes to the host tier (a copy queued on the transfer stream) and its
+  // write-back, if the fetcher accepts one, is sent from there. Without the tier the export
+  // copies the document's KV to pageable memory on this thread (268 MB for 2,048 tokens of an
+  // 8B model): only for a write-back that the fetcher accepts and will send.
+  const bool write_back = !from_store && !job->hedged && !job->in_store && fetcher_ != nullptr &&
+                          fetcher_->AcceptWriteBack(backend_->KvBytes(n));
+  const bool copied = source == Source::kComputed && job->is_doc && host_copies_ != nullptr &&
+                      host_copies_->CopyOut(job->ns, job->id, DocumentRun{job->pages, int32_t(n)},
+                                            job->tokens, write_back);
+  if (write_back && !copied) {
     std::string payload;
     absl::Status st = backend_->ExportKv(job->pages, int(n), &payload);
     if (st.ok()) {
@@ -204,9 +287,14 @@ void DocumentJobs::Complete(const std::shared_ptr<DocJob> &job, bool from_store)
       r.usage.computed_tokens += n;
     } else if (job->is_doc) {
       // "peer": another worker's pool (worker/peer), counted as a store hit in the usage.
-      const char *tier = !w.initiator ? "gpu" : job->origin.empty() ? "store" : "peer";
+      const char *tier = !w.initiator                ? "gpu"
+                         : source == Source::kHost   ? "host"
+                         : job->origin.empty()       ? "store"
+                                                     : "peer";
       r.usage.cached_document_tokens += n;
-      (w.initiator ? r.usage.store_document_tokens : r.usage.pool_document_tokens) += n;
+      (!w.initiator                ? r.usage.pool_document_tokens
+       : source == Source::kHost ? r.usage.host_document_tokens
+                                 : r.usage.store_document_tokens) += n;
       if (metrics_) {
         metrics_->Hits(tier).Increment();
         metrics_->HitTokens(tier).Increment(double(n));
@@ -218,6 +306,8 @@ void DocumentJobs::Complete(const std::shared_ptr<DocJob> &job, bool from_store)
 }
 
 void DocumentJobs::Fail(const std::shared_ptr<DocJob> &job, const absl::Status &status) {
+  if (job->state == DocJob::kPromoting) (void)backend_->WaitKvTransfer(job->transfer);
+  ReleaseHost(*job);
   if (!job->pages.empty()) table_->FreePages(job->pages);
   job->pages.clear();
   for (const auto &w : job->waiters) {

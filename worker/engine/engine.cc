@@ -11,8 +11,9 @@
 
 namespace lazyrag {
 
-Engine::Engine(std::unique_ptr<Backend> backend, const EngineOptions &options)
-    : options_(options), backend_(std::move(backend)) {
+Engine::Engine(std::unique_ptr<Backend> backend, const EngineOptions &options,
+               std::unique_ptr<HostTier> host)
+    : options_(options), backend_(std::move(backend)), host_(std::move(host)) {
   if (options_.clock == nullptr) options_.clock = RealClock();
   // REQUIRES: InitPool done (Create). Asked here, before the scheduler thread drives the backend.
   pool_handle_ = backend_->ExportPoolHandle();
@@ -25,9 +26,24 @@ Engine::Engine(std::unique_ptr<Backend> backend, const EngineOptions &options)
   if (options.registry != nullptr) {
     metrics_ = std::make_unique<EngineMetrics>(options.registry, options.model_name);
   }
-  scheduler_ = std::make_unique<Scheduler>(backend_.get(), table_.get(), allocator_.get(), options_,
-                                           metrics_.get());
+  scheduler_ = std::make_unique<Scheduler>(backend_.get(), table_.get(), allocator_.get(),
+                                           host_.get(), options_, metrics_.get());
 }
+
+namespace {
+
+// The backend's host memory as the host tier's arena.
+class BackendHostArena final : public HostArena {
+ public:
+  explicit BackendHostArena(std::unique_ptr<HostMemory> memory) : memory_(std::move(memory)) {}
+  char *data() override { return memory_->data(); }
+  int64_t size() const override { return memory_->size(); }
+
+ private:
+  std::unique_ptr<HostMemory> memory_;
+};
+
+}  // namespace
 
 Engine::~Engine() { scheduler_.reset(); }
 
@@ -42,8 +58,22 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Backend> 
   if (options.max_running <= 0 || options.max_waiting < 0) {
     return absl::InvalidArgumentError("engine: max_running must be positive, max_waiting >= 0");
   }
+  if (options.host_cache_bytes < 0) {
+    return absl::InvalidArgumentError("engine: host_cache_bytes must be >= 0");
+  }
   if (auto st = backend->InitPool(options.num_pages, options.page_size); !st.ok()) return st;
-  return std::unique_ptr<Engine>(new Engine(std::move(backend), options));
+  std::unique_ptr<HostTier> host;
+  if (options.host_cache_bytes > 0) {
+    absl::StatusOr<std::unique_ptr<HostMemory>> memory =
+        backend->AllocateHostMemory(options.host_cache_bytes);
+    if (!memory.ok()) {
+      return absl::Status(memory.status().code(),
+                          absl::StrCat("engine: host tier of ", options.host_cache_bytes,
+                                       " bytes: ", memory.status().message()));
+    }
+    host = std::make_unique<HostTier>(std::make_unique<BackendHostArena>(*std::move(memory)));
+  }
+  return std::unique_ptr<Engine>(new Engine(std::move(backend), options, std::move(host)));
 }
 
 std::string Engine::BlockId(const std::vector<int32_t> &tokens, const std::string &ns) const {
@@ -241,6 +271,7 @@ EngineStats Engine::Stats() const {
   s.evictions = t.evictions;
   s.preemptions = scheduler_->preemptions();
   s.resident_ids = table_->ResidentIds();
+  if (host_ != nullptr) s.host = host_->Stats();
   return s;
 }
 

@@ -25,6 +25,7 @@
 #include "worker/backend/backend.h"
 #include "worker/cache/document_store.h"
 #include "worker/cache/document_table.h"
+#include "worker/cache/host_tier.h"
 #include "worker/engine/clock.h"
 #include "worker/engine/request.h"
 
@@ -60,6 +61,10 @@ struct EngineOptions {
   // Optional, not owned, must outlive the engine: the time source of deadlines, hedges, the
   // store's down windows, costs and timings (worker/engine/clock.h). Null: RealClock().
   Clock *clock = nullptr;
+  // Bytes of host memory for the host tier (worker/cache/host_tier.h: documents evicted from
+  // the pool, and every computed one, kept in memory the backend copies at bus speed; a GPU miss
+  // looks there before the store). 0: no host tier. Allocated by Create (pinned for CUDA).
+  int64_t host_cache_bytes = 0;
 };
 
 struct TokenRunOptions {
@@ -103,6 +108,7 @@ struct EngineStats {
   int64_t evictions = 0;
   int64_t preemptions = 0;
   std::vector<std::string> resident_ids;  // documents (and PREFIX pages) in the pool
+  HostTierStats host;                     // the host tier (all zero without one)
 };
 
 class Scheduler;
@@ -167,11 +173,14 @@ class Engine {
   Backend &backend() { return *backend_; }
   const ModelConfig &config() const { return backend_->config(); }
   DocumentTable &documents() { return *table_; }
+  // The host tier; null without one (EngineOptions::host_cache_bytes 0).
+  HostTier *host_tier() { return host_.get(); }
   const PageAllocator &pages() const { return *allocator_; }
   const EngineOptions &options() const { return options_; }
 
  private:
-  Engine(std::unique_ptr<Backend> backend, const EngineOptions &options);
+  Engine(std::unique_ptr<Backend> backend, const EngineOptions &options,
+         std::unique_ptr<HostTier> host);
   absl::Status Validate(const TokenPrompt &prompt, const TokenRunOptions &options) const;
   absl::Time Now() const { return options_.clock->Now(); }
 
@@ -180,6 +189,7 @@ class Engine {
   std::unique_ptr<PageAllocator> allocator_;
   std::unique_ptr<DocumentTable> table_;
   std::unique_ptr<EngineMetrics> metrics_;
+  std::unique_ptr<HostTier> host_;  // outlives the scheduler (its write-backs pin it)
   std::unique_ptr<Scheduler> scheduler_;
   absl::StatusOr<PeerPoolHandle> pool_handle_;
 };

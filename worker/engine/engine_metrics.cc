@@ -62,6 +62,33 @@ EngineMetrics::EngineMetrics(metrics::Registry *r, const std::string &model) : m
   writeback_dropped = &r->AddCounter("lazyrag_kvstore_writeback_dropped_total",
                                      "Computed documents not written back: queue full.")
                            .Add();
+  const auto transfer = metrics::ExponentialBuckets(0.0001, 2, 16);  // 0.1 ms .. 3.3 s
+  host_bytes = &r->AddGauge("lazyrag_host_cache_bytes",
+                            "Bytes of document KV held in the worker's host-memory tier.")
+                    .Add(m);
+  host_entries = &r->AddGauge("lazyrag_host_cache_entries",
+                              "Documents held in the worker's host-memory tier.")
+                      .Add(m);
+  host_demotions = &r->AddCounter("lazyrag_host_cache_demotions_total",
+                                  "Documents copied from the KV pool to the host-memory tier.")
+                        .Add(m);
+  host_promotions = &r->AddCounter("lazyrag_host_cache_promotions_total",
+                                   "Documents copied from the host-memory tier into the KV pool.")
+                         .Add(m);
+  host_checksum_failures =
+      &r->AddCounter("lazyrag_host_cache_checksum_failures_total",
+                     "Host-tier copies whose checksum did not match: dropped and recomputed.")
+           .Add(m);
+  host_demotion_seconds =
+      &r->AddHistogram("lazyrag_host_cache_demotion_seconds",
+                       "Time to copy a document from the KV pool to the host-memory tier.",
+                       transfer)
+           .Add(m);
+  host_promotion_seconds =
+      &r->AddHistogram("lazyrag_host_cache_promotion_seconds",
+                       "Time to copy a document from the host-memory tier into the KV pool.",
+                       transfer)
+           .Add(m);
 }
 
 metrics::Labels EngineMetrics::ModeLabels(AttentionMode mode) const {

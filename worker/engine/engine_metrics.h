@@ -79,6 +79,14 @@ class EngineMetrics {
   metrics::Histogram *fetch_seconds;
   metrics::Counter *fetch_bytes;
   metrics::Counter *writeback_dropped;
+  // The host tier (worker/cache/host_tier.h).
+  metrics::Gauge *host_bytes;
+  metrics::Gauge *host_entries;
+  metrics::Counter *host_demotions;        // documents copied to the host tier
+  metrics::Counter *host_promotions;       // documents copied back into the pool
+  metrics::Counter *host_checksum_failures;
+  metrics::Histogram *host_demotion_seconds;
+  metrics::Histogram *host_promotion_seconds;
 
  private:
   metrics::Labels ModeLabels(AttentionMode m) const;

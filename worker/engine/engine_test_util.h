@@ -104,7 +104,8 @@ inline void ExpectRunsMatch(const ModeRun& got, const ModeRun& ref, double toler
 }
 
 // A backend that passes every call to `inner`: tests derive from it to count or fail calls.
-// Pool sharing (ExportPoolHandle, CopyPagesFromPeer) keeps Backend's UNIMPLEMENTED defaults.
+// Pool sharing (ExportPoolHandle, CopyPagesFromPeer) keeps Backend's UNIMPLEMENTED defaults and
+// host transfers its synchronous defaults (through ExportKv / ImportKv, so they reach `inner`).
 class ForwardingBackend : public Backend {
  public:
   explicit ForwardingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}

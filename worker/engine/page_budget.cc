@@ -22,7 +22,10 @@ PageBudget::PageBudget(DocumentTable *table, PageAllocator *allocator, int page_
 absl::StatusOr<std::vector<int32_t>> PageBudget::Allocate(
     int n, const std::function<bool()> &preempt_one) {
   for (;;) {
-    auto pages = table_->AllocatePages(n);  // evicts unreferenced documents LRU first
+    std::vector<DocumentTable::Evicted> evicted;
+    // Evicts unreferenced documents LRU first.
+    auto pages = table_->AllocatePages(n, on_evicted_ ? &evicted : nullptr);
+    if (!evicted.empty()) on_evicted_(std::move(evicted));
     if (pages.ok() || !absl::IsResourceExhausted(pages.status())) return pages;
     if (!preempt_one()) {
       return absl::ResourceExhaustedError(absl::StrCat(

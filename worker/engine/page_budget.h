@@ -35,6 +35,11 @@ class PageBudget {
   PageBudget(DocumentTable *table, PageAllocator *allocator, int page_size);
 
   int page_size() const { return page_size_; }
+  // Called with the documents each Allocate evicts, right after (before their pages are
+  // written again).
+  void set_on_evicted(std::function<void(std::vector<DocumentTable::Evicted>)> on_evicted) {
+    on_evicted_ = std::move(on_evicted);
+  }
 
   // Allocates n pages: free ones, then evicting unreferenced documents least
   // recently used first; while the pool is still short, calls `preempt_one`
@@ -57,6 +62,7 @@ class PageBudget {
   DocumentTable *table_;
   PageAllocator *allocator_;
   const int page_size_;
+  std::function<void(std::vector<DocumentTable::Evicted>)> on_evicted_;
 };
 
 }  // namespace lazyrag

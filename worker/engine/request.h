@@ -36,7 +36,8 @@ struct Usage {
   int64_t document_tokens = 0;         // tokens of the documents
   int64_t cached_document_tokens = 0;  // document tokens not computed for this request
   int64_t pool_document_tokens = 0;    // ... of which found in the KV pool
-  int64_t store_document_tokens = 0;   // ... of which fetched from the kvstore
+  int64_t store_document_tokens = 0;   // ... of which fetched from the kvstore (or a peer)
+  int64_t host_document_tokens = 0;    // ... of which copied from the host-memory tier
   int64_t computed_tokens = 0;         // prompt tokens run through the model for this request
   int64_t completion_tokens = 0;
 };

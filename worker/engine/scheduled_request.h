@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "absl/time/time.h"
 #include "worker/cache/document_store.h"
 #include "worker/cache/document_table.h"
+#include "worker/cache/host_tier.h"
 #include "worker/engine/document_fetcher.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/request_layout.h"
@@ -87,7 +89,12 @@ struct DocJob {
   std::string ns;
   std::vector<int32_t> tokens;
   bool is_doc = false;
-  enum State { kFetching, kNeedPages, kComputing } state = kFetching;
+  // kPromoting: its copy in the host tier is being copied into `pages` (`host`, `transfer`).
+  enum State { kFetching, kNeedPages, kPromoting, kComputing } state = kFetching;
+  // Found in the host tier: pinned there until the copy into the pool is done and checked.
+  std::optional<HostTier::Ref> host;
+  KvTransferId transfer = 0;
+  absl::Time promote_started;
   std::string payload;  // fetched KV to import (kNeedPages after a store hit)
   bool have_payload = false;
   std::string origin;  // StoredDocument::origin of the fetched payload ("" = the

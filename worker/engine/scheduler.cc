@@ -31,10 +31,11 @@ struct Scheduler::LoopTask {
 };
 
 Scheduler::Scheduler(Backend *backend, DocumentTable *table, PageAllocator *allocator,
-                     const EngineOptions &options, EngineMetrics *metrics)
+                     HostTier *host, const EngineOptions &options, EngineMetrics *metrics)
     : backend_(backend),
       table_(table),
       allocator_(allocator),
+      host_(host),
       options_(options),
       metrics_(metrics),
       clock_(options.clock != nullptr ? options.clock : RealClock()),
@@ -52,8 +53,17 @@ Scheduler::Scheduler(Backend *backend, DocumentTable *table, PageAllocator *allo
           wake_ = true;
         });
   }
+  if (host != nullptr) {
+    host_copies_ = std::make_unique<HostCopies>(backend, host, fetcher_.get(), metrics, clock_);
+    // Evicted documents the host tier lacks are copied there before their pages are rewritten.
+    budget_.set_on_evicted([this](std::vector<DocumentTable::Evicted> evicted) {
+      for (const DocumentTable::Evicted &e : evicted) {
+        if (!e.tokens.empty()) host_copies_->CopyOut("", e.id, e.run, e.tokens, false);
+      }
+    });
+  }
   jobs_ = std::make_unique<DocumentJobs>(
-      backend, table, fetcher_.get(), metrics, options.page_size,
+      backend, table, fetcher_.get(), host, host_copies_.get(), metrics, clock_, options.page_size,
       DocumentJobs::Hooks{
           .allocate = [this](int n, uint64_t order) { return AllocatePages(n, order); },
           .fail_request = [this](
@@ -79,8 +89,9 @@ Scheduler::~Scheduler() {
     stop_ = true;
   }
   loop_thread_.join();
-  jobs_.reset();     // frees the pages of unfinished jobs
-  fetcher_.reset();  // drops fetches not started, sends the write-backs queued
+  jobs_.reset();         // frees the pages of unfinished jobs
+  host_copies_.reset();  // commits the copies to the host tier in flight
+  fetcher_.reset();      // drops fetches not started, sends the write-backs queued
 }
 
 absl::StatusOr<std::shared_ptr<RequestChannel>> Scheduler::Submit(TokenPrompt prompt,
@@ -156,11 +167,13 @@ void Scheduler::Loop() {
     {
       absl::MutexLock l(&mu_);
       if (!busy_ && !stop_ && !wake_) {
+        // Copies to or from the host tier end without waking the loop: they are polled soon.
+        const bool copying = jobs_->promoting() || (host_copies_ != nullptr && host_copies_->busy());
         mu_.AwaitWithTimeout(
             absl::Condition(
                 +[](Scheduler *s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->stop_ || s->wake_; },
                 this),
-            absl::Milliseconds(20));
+            copying ? absl::Microseconds(200) : absl::Milliseconds(20));
       }
       wake_ = false;
       if (stop_) break;
@@ -204,6 +217,8 @@ void Scheduler::Step(std::vector<FetchedDocument> fetched) {
   in_batch_.clear();
   for (FetchedDocument &f : fetched) jobs_->HandleFetched(std::move(f));
   if (fetcher_ != nullptr) jobs_->HedgeSlowFetches();
+  if (host_copies_ != nullptr) host_copies_->Poll();
+  jobs_->PollPromotions();
 
   // 1. Reap cancelled and expired requests, wherever they are.
   const absl::Time now = clock_->Now();
@@ -279,7 +294,7 @@ void Scheduler::RunStep(StepPlan plan) {
     return;
   }
   for (const StepSequence &s : plan.seqs) {
-    if (planner_.ApplyFed(s)) jobs_->Complete(s.job, /*from_store=*/false);
+    if (planner_.ApplyFed(s)) jobs_->Complete(s.job, DocumentJobs::Source::kComputed);
   }
   const int vocab = backend_->config().vocab_size;
   for (size_t k = 0; k < plan.logit_seq.size(); ++k) {
@@ -574,6 +589,11 @@ void Scheduler::UpdateGauges() {
   metrics_->pages_pinned->Set(double(s.pinned_pages));
   const double ev = double(s.evictions) - metrics_->evictions->Value();
   if (ev > 0) metrics_->evictions->Increment(ev);
+  if (host_ != nullptr) {
+    const HostTierStats h = host_->Stats();
+    metrics_->host_bytes->Set(double(h.used_bytes));
+    metrics_->host_entries->Set(double(h.entries));
+  }
 }
 
 }  // namespace lazyrag

@@ -43,6 +43,7 @@
 #include "worker/engine/document_jobs.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_metrics.h"
+#include "worker/engine/host_copies.h"
 #include "worker/engine/page_budget.h"
 #include "worker/engine/scheduled_request.h"
 #include "worker/engine/step_planner.h"
@@ -51,9 +52,9 @@ namespace lazyrag {
 
 class Scheduler {
  public:
-  // Pointers are not owned and must outlive the scheduler; `metrics` may be
-  // null.
-  Scheduler(Backend *backend, DocumentTable *table, PageAllocator *allocator,
+  // Pointers are not owned and must outlive the scheduler; `host` (the host
+  // tier) and `metrics` may be null.
+  Scheduler(Backend *backend, DocumentTable *table, PageAllocator *allocator, HostTier *host,
             const EngineOptions &options, EngineMetrics *metrics);
   ~Scheduler();  // fails what is queued or running (UNAVAILABLE), drains
                  // write-backs
@@ -128,6 +129,7 @@ class Scheduler {
   Backend *backend_;
   DocumentTable *table_;
   PageAllocator *allocator_;
+  HostTier *host_;  // null without a host tier
   const EngineOptions options_;
   EngineMetrics *metrics_;
   Clock *const clock_;
@@ -135,6 +137,8 @@ class Scheduler {
   StepPlanner planner_;
   // Null without a store.
   std::unique_ptr<DocumentFetcher> fetcher_;
+  // Null without a host tier. Uses fetcher_: destroyed before it.
+  std::unique_ptr<HostCopies> host_copies_;
   // Uses fetcher_: destroyed before it.
   std::unique_ptr<DocumentJobs> jobs_;
 

@@ -126,6 +126,17 @@ struct KvTransportParams {
 };
 absl::Status LaunchKvTransport(const KvTransportParams& p, cudaStream_t stream);
 
+// The host tier's copy: KvTransport with `buffer` in pinned host memory that the kernel reads
+// or writes directly over the bus (mapped through unified addressing; no device staging), and
+// *checksum = KvChecksum of the buffer's bytes (common/kv_checksum.h: XOR of mixed 64-bit
+// words, so blocks combine in any order), zeroed and accumulated on `stream`.
+// REQUIRES: kv_dim % 4 == 0; `buffer` 16-byte aligned; `checksum` a device uint64.
+struct KvHostTransportParams {
+  KvTransportParams kv;  // kv.buffer: the host buffer's device address
+  unsigned long long* checksum = nullptr;
+};
+absl::Status LaunchKvHostTransport(const KvHostTransportParams& p, cudaStream_t stream);
+
 // CUDA-core attention for head dims the tensor-core kernels do not take (they take 64 and
 // 128; synthetic:tiny has 16). Same contract as PagedAttentionCpu with rotated-local keys;
 // q rotated per segment in fp32 with double-precision angles. One warp per (row, head).

@@ -17,6 +17,7 @@
 #include "worker/backend/cuda/cuda_tensor_parallel.h"
 #include "worker/backend/cuda/cuda_weights.h"
 #include "worker/backend/cuda/device_buffers.h"
+#include "worker/backend/cuda/host_transfers.h"
 #include "worker/backend/cuda/step_graphs.h"
 #include "worker/backend/cuda/step_plan.h"
 #include "worker/kernels/cuda_check.h"
@@ -80,6 +81,14 @@ class CudaBackend final : public Backend {
   absl::Status ImportKv(const std::vector<int32_t>& pages, int num_tokens,
                         std::string_view data) override;
   // The peer tier's fast path (issue 9): the pool lent by CUDA IPC, pages pulled from a peer's.
+  // The host tier's path: kernels over pinned host memory on a stream of their own.
+  absl::StatusOr<std::unique_ptr<HostMemory>> AllocateHostMemory(int64_t bytes) override;
+  absl::StatusOr<KvTransferId> StartKvToHost(const std::vector<int32_t>& pages, int num_tokens,
+                                             char* dst) override;
+  absl::StatusOr<KvTransferId> StartKvFromHost(const std::vector<int32_t>& pages, int num_tokens,
+                                               const char* src) override;
+  absl::StatusOr<std::optional<uint64_t>> PollKvTransfer(KvTransferId id) override;
+  absl::StatusOr<uint64_t> WaitKvTransfer(KvTransferId id) override;
   absl::StatusOr<PeerPoolHandle> ExportPoolHandle() override;
   absl::Status CopyPagesFromPeer(const PeerPoolHandle& peer, const std::vector<int32_t>& peer_pages,
                                  const std::vector<int32_t>& own_pages) override;
@@ -134,6 +143,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer cublas_workspace_;
   DeviceBuffer attention_workspace_;
   CudaKvPool pool_;
+  cuda_backend::HostTransfers host_ ABSL_GUARDED_BY(mu_);
 
   StagedUpload upload_ ABSL_GUARDED_BY(mu_);
   PinnedBuffer logits_host_ ABSL_GUARDED_BY(mu_);
@@ -200,6 +210,7 @@ absl::Status CudaBackend::Init(const LoadedModel& model) {
   {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(upload_.Init());
+    RETURN_IF_ERROR(host_.Init());
   }
   if (options_.time_steps) {
     LAZYRAG_RETURN_IF_CUDA_ERROR(cudaEventCreate(&step_begin_));
@@ -235,6 +246,7 @@ absl::Status CudaBackend::InitPool(int num_pages, int page_size) {
   RETURN_IF_ERROR(CudaKvPool::CheckShape(num_pages, page_size));
   RETURN_IF_ERROR(SetDevice());
   LAZYRAG_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
+  RETURN_IF_ERROR(host_.Drain());  // transfers address the old pool
   graphs_.Clear(stream_);  // they address the old pool
   return pool_.Init(num_pages, page_size, stream_);
 }
@@ -284,6 +296,8 @@ absl::Status CudaBackend::ForwardImpl(const ForwardBatch& batch, std::vector<flo
   RETURN_IF_ERROR(ReserveActivations(T, R));
   ASSIGN_OR_RETURN(char* dev, Upload(plan.upload()));
   const DeviceStep step = plan.At(dev, pool_.page_size());
+  // New K/V rows may land in pages a to-host transfer still reads.
+  RETURN_IF_ERROR(host_.OrderSlotWritesAfter(batch.kv_slot, pool_.page_size(), stream_));
   const auto t_queue = Clock::now();
   const size_t graphs_before = graphs_.replays();
   RETURN_IF_ERROR(RunStep(step, int(batch.view.seg_start.size())));
@@ -479,6 +493,9 @@ absl::Status CudaBackend::RunStep(const DeviceStep& s, int num_segments) {
 absl::Status CudaBackend::Materialize(const std::vector<MaterializeCopy>& copies) {
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(SetDevice());
+  std::vector<int32_t> written;
+  for (const MaterializeCopy& c : copies) written.insert(written.end(), c.dst_pages.begin(), c.dst_pages.end());
+  RETURN_IF_ERROR(host_.OrderWritesAfter(written, stream_));
   return pool_.Materialize(copies, reinterpret_cast<const float*>(inv_freq_.data()),
                            tensor_core_attention_, Uploader(), stream_);
 }
@@ -494,7 +511,42 @@ absl::Status CudaBackend::ImportKv(const std::vector<int32_t>& pages, int num_to
                                    std::string_view data) {
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(SetDevice());
+  RETURN_IF_ERROR(host_.OrderWritesAfter(pages, stream_));
   return pool_.Import(pages, num_tokens, data, Uploader(), stream_);
+}
+
+absl::StatusOr<std::unique_ptr<HostMemory>> CudaBackend::AllocateHostMemory(int64_t bytes) {
+  RETURN_IF_ERROR(SetDevice());
+  return cuda_backend::AllocatePinnedHostMemory(bytes);
+}
+
+absl::StatusOr<KvTransferId> CudaBackend::StartKvToHost(const std::vector<int32_t>& pages,
+                                                        int num_tokens, char* dst) {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(SetDevice());
+  RETURN_IF_ERROR(pool_.CheckRun(pages, num_tokens));
+  return host_.Start(pool_.Transport(num_tokens, dst, /*to_buffer=*/true), pages, stream_);
+}
+
+absl::StatusOr<KvTransferId> CudaBackend::StartKvFromHost(const std::vector<int32_t>& pages,
+                                                          int num_tokens, const char* src) {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(SetDevice());
+  RETURN_IF_ERROR(pool_.CheckRun(pages, num_tokens));
+  return host_.Start(pool_.Transport(num_tokens, const_cast<char*>(src), /*to_buffer=*/false),
+                     pages, stream_);
+}
+
+absl::StatusOr<std::optional<uint64_t>> CudaBackend::PollKvTransfer(KvTransferId id) {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(SetDevice());
+  return host_.Poll(id);
+}
+
+absl::StatusOr<uint64_t> CudaBackend::WaitKvTransfer(KvTransferId id) {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(SetDevice());
+  return host_.Wait(id);
 }
 
 absl::StatusOr<PeerPoolHandle> CudaBackend::ExportPoolHandle() {
@@ -513,6 +565,7 @@ absl::Status CudaBackend::CopyPagesFromPeer(const PeerPoolHandle& peer,
                                             const std::vector<int32_t>& own_pages) {
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(SetDevice());
+  RETURN_IF_ERROR(host_.OrderWritesAfter(own_pages, stream_));
   return pool_.CopyFromPeer(peer, peer_pages, own_pages, Uploader(), stream_);
 }
 

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <random>
 
+#include "common/kv_checksum.h"
 #include "gtest/gtest.h"
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/kernels/model_kernels.h"
@@ -446,6 +447,106 @@ TEST(CudaBackendTest, KvExportImportRoundTripAndMatchesCpu) {
       EXPECT_LE(err, kLogitTolerance) << "layer " << layer << (kv ? " V" : " K");
     }
   }
+}
+
+// The host tier's path: a document's KV to pinned host memory and back into other pages by the
+// transfer kernels. The host bytes equal ExportKv's, both checksums equal the CPU's KvChecksum,
+// the promoted pages export bit-identically, a query over the promoted copy gives the same
+// logits bit for bit, and pages freed right after StartKvToHost may be rewritten at once (the
+// forward that overwrites them is ordered after the copy).
+TEST(CudaBackendTest, KvToHostAndBackIsBitIdentical) {
+  SKIP_WITHOUT_DEVICE();
+  LoadedModel m = LoadWithHostWeights("synthetic:smollm2-135m@4");
+  const ModelConfig c = m.config;
+  auto gpu = CreateCudaBackend(m);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  Backend& be = **gpu;
+  const int ps = 16, n = 45;
+  const std::vector<int32_t> pages{7, 2, 11}, other{30, 28, 29}, query_page{40};
+  ASSERT_TRUE(be.InitPool(48, ps).ok());
+  std::mt19937 rng(5);
+  const auto encode = [&](const std::vector<int32_t>& run, int len) {
+    ForwardBatch b;
+    b.view.page_size = ps;
+    b.view.AddSegment(0, len, run);
+    std::vector<int32_t> pos;
+    for (int i = 0; i < len; ++i) {
+      b.tokens.push_back(RandomTokens(rng, 1, c.vocab_size)[0]);
+      b.kv_pos.push_back(i);
+      b.kv_slot.push_back(int64_t(run[i / ps]) * ps + i % ps);
+      pos.push_back(i);
+    }
+    b.view.EndRequest(pos);
+    std::vector<float> unused;
+    return be.Forward(b, &unused);
+  };
+  // Logits of a 3-token query block at logical position 100 over the document in `run`.
+  const std::vector<int32_t> query = RandomTokens(rng, 3, c.vocab_size);
+  const auto ask = [&](const std::vector<int32_t>& run, std::vector<float>* logits) {
+    ForwardBatch b;
+    b.view.page_size = ps;
+    b.view.AddSegment(0, n, run);
+    b.view.AddSegment(100, 3, query_page);
+    std::vector<int32_t> pos;
+    for (int i = 0; i < 3; ++i) {
+      b.tokens.push_back(query[i]);
+      b.kv_pos.push_back(i);
+      b.kv_slot.push_back(int64_t(query_page[0]) * ps + i);
+      pos.push_back(100 + i);
+      b.logit_rows.push_back(i);
+    }
+    b.view.EndRequest(pos);
+    return be.Forward(b, logits);
+  };
+  ASSERT_TRUE(encode(pages, n).ok());
+  std::vector<float> before, after;
+  ASSERT_TRUE(ask(pages, &before).ok());
+  std::string exported;
+  ASSERT_TRUE(be.ExportKv(pages, n, &exported).ok());
+  ASSERT_EQ(int64_t(exported.size()), be.KvBytes(n));
+
+  auto host = be.AllocateHostMemory(be.KvBytes(n) + 4096);
+  ASSERT_TRUE(host.ok()) << host.status();
+  char* dst = (*host)->data() + 256;  // not the allocation's start
+  std::memset(dst, 0x5a, size_t(be.KvBytes(n)));
+  auto out = be.StartKvToHost(pages, n, dst);
+  ASSERT_TRUE(out.ok()) << out.status();
+  // The document's pages are rewritten by a new document right away: the copy must not see it.
+  ASSERT_TRUE(encode(pages, n).ok());
+  auto out_sum = be.WaitKvTransfer(*out);
+  ASSERT_TRUE(out_sum.ok()) << out_sum.status();
+  ASSERT_EQ(std::memcmp(dst, exported.data(), exported.size()), 0);
+  EXPECT_EQ(*out_sum, KvChecksum(exported.data(), exported.size()));
+  EXPECT_EQ(be.PollKvTransfer(*out).status().code(), absl::StatusCode::kNotFound);
+
+  auto in = be.StartKvFromHost(other, n, dst);
+  ASSERT_TRUE(in.ok()) << in.status();
+  std::optional<uint64_t> in_sum;
+  while (!in_sum.has_value()) {
+    auto polled = be.PollKvTransfer(*in);
+    ASSERT_TRUE(polled.ok()) << polled.status();
+    in_sum = *polled;
+  }
+  EXPECT_EQ(*in_sum, *out_sum);
+  std::string promoted;
+  ASSERT_TRUE(be.ExportKv(other, n, &promoted).ok());
+  EXPECT_EQ(promoted, exported);
+  ASSERT_TRUE(ask(other, &after).ok());
+  ASSERT_EQ(after.size(), before.size());
+  EXPECT_EQ(std::memcmp(after.data(), before.data(), before.size() * sizeof(float)), 0);
+
+  // A flipped bit in host memory shows in the promotion's checksum.
+  dst[12345] ^= 0x10;
+  auto bad = be.StartKvFromHost(other, n, dst);
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  auto bad_sum = be.WaitKvTransfer(*bad);
+  ASSERT_TRUE(bad_sum.ok()) << bad_sum.status();
+  EXPECT_NE(*bad_sum, *out_sum);
+  EXPECT_EQ(*bad_sum, KvChecksum(dst, size_t(be.KvBytes(n))));
+  // Bad runs are rejected before anything is queued.
+  EXPECT_EQ(be.StartKvToHost({999}, 4, dst).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(be.StartKvFromHost(pages, n + 100, dst).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CudaBackendTest, BadInputsAreRejected) {

@@ -82,6 +82,12 @@ class CudaKvPool {
   // Unmaps every peer pool mapped by CopyFromPeer.
   void ClosePeerPools();
 
+  // The transport kernel's parameters for `num_tokens` tokens to or from `buffer`; the caller
+  // sets the device page list (`pages`). REQUIRES: CheckRun passed for the run.
+  cuda_model::KvTransportParams Transport(int num_tokens, void* buffer, bool to_buffer) const {
+    return TransportParams(nullptr, num_tokens, static_cast<uint16_t*>(buffer), to_buffer);
+  }
+
  private:
   peer_copy::PoolLayout Layout() const;
   // The transport kernel's parameters for `num_tokens` tokens of the page run at `pages` (device).
