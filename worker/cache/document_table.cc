@@ -1,5 +1,7 @@
 #include "worker/cache/document_table.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace lazyrag {
 
 DocumentTable::~DocumentTable() {
@@ -66,6 +68,23 @@ absl::StatusOr<std::vector<int32_t>> DocumentTable::AllocatePages(int n,
     entries_.erase(it);
     ++evictions_;
   }
+}
+
+absl::StatusOr<DocumentTable::Evicted> DocumentTable::Evict(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(absl::StrCat("document ", id, " is not resident"));
+  }
+  if (it->second.refcount > 0) {
+    return absl::FailedPreconditionError(absl::StrCat("document ", id, " is in use"));
+  }
+  lru_.erase(it->second.lru);
+  allocator_->Free(it->second.run.pages);
+  Evicted e{it->first, std::move(it->second.run), std::move(it->second.tokens)};
+  entries_.erase(it);
+  ++evictions_;
+  return e;
 }
 
 bool DocumentTable::Contains(const std::string& id) const {

@@ -57,6 +57,9 @@ class DocumentTable {
   // entries it evicted to `evicted` when given.
   absl::StatusOr<std::vector<int32_t>> AllocatePages(int n, std::vector<Evicted>* evicted = nullptr);
   void FreePages(const std::vector<int32_t>& pages) { allocator_->Free(pages); }
+  // Evicts the entry now, as AllocatePages would: NOT_FOUND when absent, FAILED_PRECONDITION
+  // when referenced. Its pages go back to the allocator.
+  absl::StatusOr<Evicted> Evict(const std::string& id);
   bool Contains(const std::string& id) const;
   DocumentTableStats Stats() const;
   std::vector<std::string> ResidentIds() const;

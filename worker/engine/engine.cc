@@ -260,6 +260,8 @@ absl::StatusOr<Engine::PinnedDocument> Engine::PinResidentDocument(const std::st
 
 void Engine::UnpinDocument(const std::string &id) { table_->Release(id); }
 
+absl::Status Engine::EvictDocument(const std::string &id) { return scheduler_->EvictDocument(id); }
+
 EngineStats Engine::Stats() const {
   EngineStats s;
   s.running = scheduler_->running();

@@ -168,6 +168,11 @@ class Engine {
   absl::StatusOr<PinnedDocument> PinResidentDocument(const std::string &id);
   void UnpinDocument(const std::string &id);
 
+  // Drops an unreferenced document from the pool now, as pool pressure would (copied to the host
+  // tier first when there is one and it lacks the document). For benchmarks and tests of the
+  // tiers. NOT_FOUND when it is not resident, FAILED_PRECONDITION when a request uses it.
+  absl::Status EvictDocument(const std::string &id);
+
   EngineStats Stats() const;
 
   Backend &backend() { return *backend_; }

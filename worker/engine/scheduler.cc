@@ -200,6 +200,17 @@ void Scheduler::Loop() {
   waiting_.clear();
 }
 
+absl::Status Scheduler::EvictDocument(const std::string &id) {
+  return RunOnLoop([this, &id]() -> absl::Status {
+    absl::StatusOr<DocumentTable::Evicted> e = table_->Evict(id);
+    if (!e.ok()) return e.status();
+    if (host_copies_ != nullptr && !e->tokens.empty()) {
+      host_copies_->CopyOut("", e->id, e->run, e->tokens, false);
+    }
+    return absl::OkStatus();
+  });
+}
+
 void Scheduler::Reap(ScheduledRequest &r, absl::Time now) {
   if (r.finished) return;
   const int c = r.ch->cancel.load();

@@ -88,6 +88,9 @@ class Scheduler {
   absl::StatusOr<std::vector<int32_t>> FetchDocumentTokens(const std::string &cache_namespace,
                                                            const std::string &id);
 
+  // Engine::EvictDocument, on the scheduler thread (RunOnLoop).
+  absl::Status EvictDocument(const std::string &id);
+
   int running() const { return running_count_.load(); }
   int waiting() const { return waiting_count_.load(); }
   int64_t preemptions() const { return preemptions_.load(); }
