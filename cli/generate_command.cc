@@ -4,13 +4,14 @@
 //   [--max_tokens N]
 //   [--temperature T] [--top_p P] [--top_k K] [--seed S] [--stop STR ...]
 //   [--ignore_eos]
-//   [--shuffle_docs] [--page_size N] [--kv_pool_bytes N] [--tp N] [--json]
+//   [--shuffle_docs] [--page_size N] [--kv_pool_bytes N] [--host_cache_bytes N] [--tp N]
+//   [--json]
 // Several --query flags run several requests on one engine (documents computed
 // once; with
 // --shuffle_docs each request sees the documents in another order).
 // With --server HOST:PORT the requests go to a lazyrag-worker (or router) over
 // gRPC instead
-// (--model, --page_size and --kv_pool_bytes are then ignored); output and
+// (--model, --page_size, --kv_pool_bytes and --host_cache_bytes are then ignored); output and
 // --json are the same.
 // --timeout_s S sets the call deadline in server mode.
 #include "cli/generate_command.h"
@@ -60,6 +61,8 @@ constexpr const char *kUsage =
     "[--stop STR]...\n"
     "  [--ignore_eos] [--shuffle_docs] [--page_size N] [--kv_pool_bytes N] [--tp N] "
     "[--json]\n"
+    "  [--host_cache_bytes N]  (host-memory tier: 0 off (default), -1 sized from the machine "
+    "as the worker's, N bytes)\n"
     "  [--server HOST:PORT [--timeout_s S] [--tls_cert F --tls_key F --tls_ca F]]\n"
     "      (send to a worker or router instead of running locally; over TLS with the "
     "three files)\n";
@@ -90,11 +93,10 @@ bool Parse(int argc, char **argv, Args *a, std::string *err) {
     }
     a->values[key].push_back(val);
   }
-  static const char *kKnown[] = {"model",         "doc",        "query",       "system",
-                                 "mode",          "max_tokens", "temperature", "top_p",
-                                 "top_k",         "seed",       "stop",        "page_size",
-                                 "kv_pool_bytes", "namespace",  "server",      "timeout_s",
-                                 "tp",            "tls_cert",   "tls_key",     "tls_ca"};
+  static const char *kKnown[] = {
+      "model",  "doc",       "query", "system",   "mode",      "max_tokens",    "temperature",
+      "top_p",  "top_k",     "seed",  "stop",     "page_size", "kv_pool_bytes", "namespace",
+      "server", "timeout_s", "tp",    "tls_cert", "tls_key",   "tls_ca",        "host_cache_bytes"};
   for (const auto &[k, v] : a->values) {
     bool known = false;
     for (const char *n : kKnown) known |= k == n;
@@ -185,6 +187,7 @@ absl::StatusOr<GenerateResult> GenerateRemote(
       res.usage.cached_document_tokens = u.cached_document_tokens();
       res.usage.pool_document_tokens = u.pool_document_tokens();
       res.usage.store_document_tokens = u.store_document_tokens();
+      res.usage.host_document_tokens = u.host_document_tokens();
       res.usage.computed_tokens = u.computed_tokens();
       res.usage.completion_tokens = u.completion_tokens();
       res.timings.queue_ms = m.timings().queue_ms();
@@ -229,6 +232,9 @@ int RunGenerateCommand(int argc, char **argv) {
   ok = ok && ParseNumber(a.Get("seed", "0"), &base.sampling.seed);
   ok = ok && ParseNumber(a.Get("page_size", "16"), &ro.page_size);
   ok = ok && ParseNumber(a.Get("kv_pool_bytes", "0"), &ro.kv_pool_bytes);
+  // Off unless asked: one offline run rarely overflows the pool, and a machine-sized pinned
+  // allocation would cost more than it saves (the worker's default is -1).
+  ok = ok && ParseNumber(a.Get("host_cache_bytes", "0"), &ro.host_cache_bytes);
   ok = ok && ParseNumber(a.Get("tp", "1"), &ro.tensor_parallel);
   ok = ok && ParseNumber(a.Get("timeout_s", "0"), &timeout_s);
   if (!ok) {
@@ -264,7 +270,7 @@ int RunGenerateCommand(int argc, char **argv) {
     auto rt = CreateRuntime(ro);
     if (!rt.ok()) {
       std::cerr << "lazyrag-cli generate: " << rt.status() << "\n";
-      return 1;
+      return rt.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
     }
     runtime = std::move(*rt);
   }
@@ -308,6 +314,9 @@ int RunGenerateCommand(int argc, char **argv) {
       w.Key("prompt_tokens").Int(res->usage.prompt_tokens);
       w.Key("document_tokens").Int(res->usage.document_tokens);
       w.Key("cached_document_tokens").Int(res->usage.cached_document_tokens);
+      w.Key("pool_document_tokens").Int(res->usage.pool_document_tokens);
+      w.Key("host_document_tokens").Int(res->usage.host_document_tokens);
+      w.Key("store_document_tokens").Int(res->usage.store_document_tokens);
       w.Key("computed_tokens").Int(res->usage.computed_tokens);
       w.Key("completion_tokens").Int(res->usage.completion_tokens);
       w.EndObject();
@@ -318,13 +327,15 @@ int RunGenerateCommand(int argc, char **argv) {
       w.EndObject();
       std::cout << w.str() << "\n";
     } else {
+      const Usage &u = res->usage;
       std::printf(
           "\n[%s] ttft %.1f ms, total %.1f ms, documents %lld tokens "
-          "(%lld cached), computed %lld, generated %lld\n",
+          "(%lld cached: pool %lld, host %lld, store %lld), computed %lld, generated %lld\n",
           std::string(AttentionModeName(r.mode)).c_str(), res->timings.ttft_ms,
-          res->timings.total_ms, (long long)res->usage.document_tokens,
-          (long long)res->usage.cached_document_tokens, (long long)res->usage.computed_tokens,
-          (long long)res->usage.completion_tokens);
+          res->timings.total_ms, (long long)u.document_tokens, (long long)u.cached_document_tokens,
+          (long long)u.pool_document_tokens, (long long)u.host_document_tokens,
+          (long long)u.store_document_tokens, (long long)u.computed_tokens,
+          (long long)u.completion_tokens);
     }
     ++index;
   }

@@ -255,6 +255,10 @@ grpc::Status RouterService::Stats(grpc::ServerContext* context,
     pool->set_pages_free(pool->pages_free() + r.pool().pages_free());
     pool->set_pages_used(pool->pages_used() + r.pool().pages_used());
     pool->set_pages_pinned(pool->pages_pinned() + r.pool().pages_pinned());
+    lazyrag::v1::HostCacheStats* host = response->mutable_host_cache();
+    host->set_capacity_bytes(host->capacity_bytes() + r.host_cache().capacity_bytes());
+    host->set_used_bytes(host->used_bytes() + r.host_cache().used_bytes());
+    host->set_entries(host->entries() + r.host_cache().entries());
     response->set_running_requests(response->running_requests() + r.running_requests());
     response->set_waiting_requests(response->waiting_requests() + r.waiting_requests());
     if (std::find(models.begin(), models.end(), r.model()) == models.end()) {

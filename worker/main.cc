@@ -2,7 +2,7 @@
 //   lazyrag-worker --listen HOST:PORT --model PATH|synthetic:NAME --device
 //   cpu|cuda [--cuda_device N] [--tp N] [--peers HOST:PORT,...]
 //     --kvstore embedded:DIR|HOST:PORT,... --kv_pool_bytes N --page_size N
-//     --max_batch_tokens N --metrics_port N
+//     [--host_cache_bytes N] --max_batch_tokens N --metrics_port N
 // Prints one line "lazyrag-worker ready grpc=HOST:PORT metrics=PORT" on stdout
 // once serving (ports resolved when 0 was asked), then runs until SIGINT or
 // SIGTERM.
@@ -55,6 +55,12 @@ ABSL_FLAG(bool, peer_device_copy, true,
 ABSL_FLAG(double, peer_lease_s, 10,
           "cuda: how long a peer keeps a document pinned for this worker's GPU-to-GPU copy");
 ABSL_FLAG(int64_t, kv_pool_bytes, 0, "KV pool bytes; 0: 256 MiB on the CPU");
+ABSL_FLAG(int64_t, host_cache_bytes, -1,
+          "bytes of host memory for the host tier (documents evicted from the KV pool, and every "
+          "computed one, copied back at bus speed before asking peers or the kvstore); -1: sized "
+          "from the machine (cuda: a quarter of RAM or of the container's memory limit, at most "
+          "64 GiB; cpu: 0, the pool already is host memory); 0: off; N > 0: N bytes (any "
+          "device). Several workers on one host: set it, each takes its own");
 ABSL_FLAG(int, page_size, 16, "tokens per KV page");
 ABSL_FLAG(int, max_batch_tokens, 2048, "per-step token budget (decode + prefill rows)");
 ABSL_FLAG(int, prefill_chunk, 512, "most prompt rows one request feeds per step");
@@ -70,7 +76,7 @@ int main(int argc, char **argv) {
       "lazyrag-worker --listen HOST:PORT --model PATH|synthetic:NAME --device "
       "cpu|cuda [--cuda_device N] [--tp N] [--peers HOST:PORT,...] "
       "--kvstore embedded:DIR|HOST:PORT,... --kv_pool_bytes N --page_size N "
-      "--max_batch_tokens N --metrics_port N");
+      "[--host_cache_bytes N] --max_batch_tokens N --metrics_port N");
   absl::ParseCommandLine(argc, argv);
 
   lazyrag::WorkerServerOptions options;
@@ -81,6 +87,7 @@ int main(int argc, char **argv) {
   options.runtime.cuda_device = absl::GetFlag(FLAGS_cuda_device);
   options.runtime.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   options.runtime.kv_pool_bytes = absl::GetFlag(FLAGS_kv_pool_bytes);
+  options.runtime.host_cache_bytes = absl::GetFlag(FLAGS_host_cache_bytes);
   options.runtime.page_size = absl::GetFlag(FLAGS_page_size);
   options.runtime.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   options.runtime.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);

@@ -123,7 +123,8 @@ struct Record {
   std::string error;
   double server_queue_ms = -1, server_ttft_ms = -1, server_total_ms = -1;
   int64_t prompt_tokens = 0, document_tokens = 0, cached_document_tokens = 0;
-  int64_t pool_document_tokens = 0, store_document_tokens = 0, computed_tokens = 0;
+  int64_t pool_document_tokens = 0, host_document_tokens = 0, store_document_tokens = 0;
+  int64_t computed_tokens = 0;
   int64_t completion_tokens = 0;
   bool ok() const { return code == 0; }
 };
@@ -253,6 +254,7 @@ class LoadGen {
         server_model_ = r.model();
         server_pages_total_ = r.pool().pages_total();
         server_page_size_ = r.pool().page_size();
+        server_host_cache_bytes_ = r.host_cache().capacity_bytes();
         return true;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(250));
@@ -442,6 +444,7 @@ class LoadGen {
         r.document_tokens = u.document_tokens();
         r.cached_document_tokens = u.cached_document_tokens();
         r.pool_document_tokens = u.pool_document_tokens();
+        r.host_document_tokens = u.host_document_tokens();
         r.store_document_tokens = u.store_document_tokens();
         r.computed_tokens = u.computed_tokens();
         r.completion_tokens = u.completion_tokens();
@@ -506,6 +509,7 @@ class LoadGen {
   std::string server_model_;
   int64_t server_pages_total_ = 0;
   int server_page_size_ = 0;
+  int64_t server_host_cache_bytes_ = 0;  // the host tier's capacity (0: none)
   double bytes_per_token_ = 1;
   std::vector<std::string> texts_, ids_;
   std::vector<int> doc_num_tokens_;
@@ -539,7 +543,8 @@ const char *CodeName(int code) {
 
 void LoadGen::Report(const std::string &out_path, bool per_request) const {
   std::vector<double> ttft, sttft, queue, itl, e2e, tpot, lag;
-  int64_t ok = 0, sent = 0, out_tokens = 0, doc_tokens = 0, cached = 0, pool = 0, store = 0;
+  int64_t ok = 0, sent = 0, out_tokens = 0, doc_tokens = 0, cached = 0, pool = 0, host = 0,
+          store = 0;
   int64_t computed = 0, prompt = 0;
   double first_start = -1, last_end = 0;
   std::map<std::string, int> errors;
@@ -564,6 +569,7 @@ void LoadGen::Report(const std::string &out_path, bool per_request) const {
     doc_tokens += r.document_tokens;
     cached += r.cached_document_tokens;
     pool += r.pool_document_tokens;
+    host += r.host_document_tokens;
     store += r.store_document_tokens;
     computed += r.computed_tokens;
     prompt += r.prompt_tokens;
@@ -575,6 +581,7 @@ void LoadGen::Report(const std::string &out_path, bool per_request) const {
              s_lag = Summarize(lag);
   const double hit = doc_tokens > 0 ? double(cached) / double(doc_tokens) : NAN;
   const double pool_hit = doc_tokens > 0 ? double(pool) / double(doc_tokens) : NAN;
+  const double host_hit = doc_tokens > 0 ? double(host) / double(doc_tokens) : NAN;
   const double store_hit = doc_tokens > 0 ? double(store) / double(doc_tokens) : NAN;
 
   char loop[64];
@@ -603,8 +610,9 @@ void LoadGen::Report(const std::string &out_path, bool per_request) const {
   row("end-to-end", s_e2e);
   if (c_.rate > 0) row("send lag", s_lag);
   std::printf(
-      "throughput: %.3f req/s, %.1f output tok/s; doc hit ratio %.3f (pool %.3f, store %.3f)\n",
-      double(ok) / window_s, double(out_tokens) / window_s, hit, pool_hit, store_hit);
+      "throughput: %.3f req/s, %.1f output tok/s; doc hit ratio %.3f (pool %.3f, host %.3f, "
+      "store %.3f)\n",
+      double(ok) / window_s, double(out_tokens) / window_s, hit, pool_hit, host_hit, store_hit);
   for (const auto &[name, n] : errors) std::printf("errors: %s x%d\n", name.c_str(), n);
   std::fflush(stdout);
 
@@ -628,6 +636,7 @@ void LoadGen::Report(const std::string &out_path, bool per_request) const {
   j.Key("server").BeginObject();
   j.Key("model").String(server_model_).Key("pages_total").Int(server_pages_total_);
   j.Key("page_size").Int(server_page_size_);
+  j.Key("host_cache_bytes").Int(server_host_cache_bytes_);
   j.EndObject();
   j.Key("prepare").BeginObject();
   j.Key("seconds").Double(prepare_s_).Key("documents").Int(int64_t(ids_.size()));
@@ -647,10 +656,11 @@ void LoadGen::Report(const std::string &out_path, bool per_request) const {
   j.Key("output_throughput").Double(double(out_tokens) / window_s);
   j.Key("output_tokens").Int(out_tokens).Key("prompt_tokens").Int(prompt);
   j.Key("document_tokens").Int(doc_tokens).Key("cached_document_tokens").Int(cached);
-  j.Key("pool_document_tokens").Int(pool).Key("store_document_tokens").Int(store);
+  j.Key("pool_document_tokens").Int(pool).Key("host_document_tokens").Int(host);
+  j.Key("store_document_tokens").Int(store);
   j.Key("computed_tokens").Int(computed);
   j.Key("doc_hit_ratio").Double(hit).Key("pool_hit_ratio").Double(pool_hit);
-  j.Key("store_hit_ratio").Double(store_hit);
+  j.Key("host_hit_ratio").Double(host_hit).Key("store_hit_ratio").Double(store_hit);
   WriteStat(j, "ttft_ms", s_ttft);
   WriteStat(j, "server_ttft_ms", s_sttft);
   WriteStat(j, "queue_ms", s_queue);
@@ -683,6 +693,7 @@ void LoadGen::Report(const std::string &out_path, bool per_request) const {
       j.Key("document_tokens").Int(r.document_tokens);
       j.Key("cached_document_tokens").Int(r.cached_document_tokens);
       j.Key("pool_document_tokens").Int(r.pool_document_tokens);
+      j.Key("host_document_tokens").Int(r.host_document_tokens);
       j.Key("store_document_tokens").Int(r.store_document_tokens);
       j.Key("computed_tokens").Int(r.computed_tokens);
       j.Key("code").String(CodeName(r.code));

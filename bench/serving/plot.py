@@ -60,6 +60,7 @@ def load(results_dir):
             "ttft": s["ttft_ms"], "server_ttft": s["server_ttft_ms"], "queue": s["queue_ms"],
             "itl": s["itl_ms"], "tpot": s["tpot_ms"], "e2e": s["e2e_ms"],
             "hit": s["doc_hit_ratio"], "pool_hit": s["pool_hit_ratio"],
+            "host_hit": s.get("host_hit_ratio"),
             "store_hit": s.get("store_hit_ratio"),
             "computed_tokens": s["computed_tokens"], "ok_n": s["ok"],
         })
@@ -146,7 +147,7 @@ def write_tables(rows, out, bound_ms):
                 table.append({k: r[k] for k in ("pool_frac", "mode", "dist", "loop", "rate", "concurrency",
                                                 "ok", "sent", "failed", "errors", "req_s",
                                                 "tok_s", "ttft", "server_ttft", "queue", "itl",
-                                                "tpot", "e2e", "hit", "pool_hit", "store_hit",
+                                                "tpot", "e2e", "hit", "pool_hit", "host_hit", "store_hit",
                                                 "pool_pages", "file")})
     ratios = []
     if "lazy" in modes:

@@ -36,12 +36,16 @@ def main() -> int:
             answer = client.generate_text(question, documents, max_tokens=args.max_tokens)
             print(f"Q: {question}")
             print(f"A: {answer.text.strip()!r}")
+            u = answer.usage
             print(f"   ttft {answer.timings.ttft_ms:.1f} ms, cached document tokens "
-                  f"{answer.usage.cached_document_tokens}/{answer.usage.document_tokens}, "
-                  f"finish {answer.finish_reason}")
+                  f"{u.cached_document_tokens}/{u.document_tokens} (pool "
+                  f"{u.pool_document_tokens}, host {u.host_document_tokens}, store "
+                  f"{u.store_document_tokens}), finish {answer.finish_reason}")
         stats = client.stats()
         print(f"resident documents: {len(stats.resident_document_ids)}, running "
-              f"{stats.running_requests}, waiting {stats.waiting_requests}")
+              f"{stats.running_requests}, waiting {stats.waiting_requests}, host tier "
+              f"{stats.host_cache.used_bytes}/{stats.host_cache.capacity_bytes} bytes in "
+              f"{stats.host_cache.entries} documents")
     return 0
 
 

@@ -129,6 +129,9 @@ class ClientThroughRouterTest(unittest.TestCase):
         self.assertEqual(again.document_ids, list(reversed(last.document_ids)))
         self.assertEqual(again.usage.cached_document_tokens, again.usage.document_tokens)
         self.assertGreater(again.usage.document_tokens, 0)
+        u = again.usage
+        self.assertEqual(u.cached_document_tokens,
+                         u.pool_document_tokens + u.host_document_tokens + u.store_document_tokens)
 
     def test_prepare_then_generate_by_id(self):
         prepared = self.client.prepare_documents(["A prepared document about bridges."])
@@ -140,6 +143,8 @@ class ClientThroughRouterTest(unittest.TestCase):
         self.assertEqual(answer.usage.cached_document_tokens, answer.usage.document_tokens)
         stats = self.client.stats()
         self.assertIn(prepared[0].id, list(stats.resident_document_ids))
+        # The router sums its workers' host tiers; this stack's CPU worker has none (-1 on cpu).
+        self.assertLessEqual(stats.host_cache.used_bytes, stats.host_cache.capacity_bytes)
 
     def test_errors_are_rpc_errors_with_the_server_code(self):
         with self.assertRaises(grpc.RpcError) as raised:

@@ -3,7 +3,8 @@
 
 The dashboard is generated so that its panels stay uniform; edit this file, run it, and commit
 both. Every query uses only DESIGN.md section 7 metric names (plus the kvstore's own
-lazyrag_kvstore_capacity_bytes); tests/deploy checks that and evaluates every query against a
+lazyrag_kvstore_capacity_bytes and the worker's host-tier lazyrag_host_cache_* metrics of
+worker/engine/engine_metrics.cc); tests/deploy checks that and evaluates every query against a
 live Prometheus. Queries may use Grafana's $__rate_interval (the live test puts a fixed window
 in its place) and no other dashboard variable except the data source.
 
@@ -100,7 +101,9 @@ def build():
             w=4, minmax=(0, 1))
     d.panel("Document cache hit rate by tier",
             "Share of document lookups served from each tier: gpu (the worker's KV pool), "
-            "host (host-memory tier), store (the kvstore). The rest were computed.",
+            "host (the worker's host-memory tier), peer (another worker of the same host), "
+            "store (the kvstore). The rest were computed. Every tier label the workers export "
+            "is shown (sum by tier); a tier appears once it served a lookup.",
             [(f"{rate('lazyrag_doc_cache_hits_total', 'model, tier')}"
               f" / ignoring(tier) group_left {rate('lazyrag_doc_cache_lookups_total', 'model')}",
               "{{tier}} {{model}}")], "percentunit", w=10, stack=True, minmax=(0, 1))
@@ -109,6 +112,28 @@ def build():
             [(rate("lazyrag_doc_cache_lookups_total", "model"), "lookups/s {{model}}"),
              (rate("lazyrag_doc_cache_hit_tokens_total", "tier"), "hit tokens/s {{tier}}")],
             "short", w=10)
+
+    d.row("Host-memory tier")
+    d.panel("Host tier bytes", "Bytes of document KV each worker holds in its host-memory "
+            "tier (--host_cache_bytes caps it).",
+            [("sum by (instance) (lazyrag_host_cache_bytes)", "{{instance}}")], "bytes", w=6)
+    d.panel("Host tier documents", "Documents each worker holds in its host-memory tier.",
+            [("sum by (instance) (lazyrag_host_cache_entries)", "{{instance}}")], "short",
+            w=6)
+    d.panel("Host tier promotions and demotions",
+            "Documents per second copied from the host tier into the KV pool (promotions: a "
+            "pool miss served from host memory) and from the KV pool to the host tier "
+            "(demotions), and copies dropped for a checksum mismatch (then recomputed).",
+            [(rate("lazyrag_host_cache_promotions_total", "instance"), "promoted {{instance}}"),
+             (rate("lazyrag_host_cache_demotions_total", "instance"), "demoted {{instance}}"),
+             (rate("lazyrag_host_cache_checksum_failures_total", "instance"),
+              "checksum failures {{instance}}")], "short", w=12)
+    d.panel("Host tier copy latency", "p50 and p99 of one document's copy from the host tier "
+            "into the KV pool (promotion) and from the pool to the host tier (demotion).",
+            quantiles("lazyrag_host_cache_promotion_seconds_bucket", qs=(0.5, 0.99),
+                      suffix=" promotion")
+            + quantiles("lazyrag_host_cache_demotion_seconds_bucket", qs=(0.5, 0.99),
+                        suffix=" demotion"), "s", w=24)
 
     d.row("Latency")
     d.panel("Time to first token", "p50, p90 and p99 of request arrival to first token, by "
@@ -172,8 +197,8 @@ def build():
     return {
         "title": "lazyrag",
         "uid": "lazyrag-overview",
-        "description": "lazyrag RAG serving: document cache, latency, throughput, KV pool, "
-                       "kvstore and router (DESIGN.md section 7 metrics).",
+        "description": "lazyrag RAG serving: document cache, host-memory tier, latency, "
+                       "throughput, KV pool, kvstore and router (DESIGN.md section 7 metrics).",
         "tags": ["lazyrag"],
         "editable": True,
         "graphTooltip": 1,

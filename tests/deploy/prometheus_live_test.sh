@@ -15,9 +15,9 @@
 # Contract with the servers: each takes --listen 127.0.0.1:0 --metrics_port 0 --metrics_host
 # 127.0.0.1 and prints "lazyrag-NAME ready grpc=HOST:PORT metrics=PORT" once serving (as
 # lazyrag-kvstore does). The worker also takes --model, --device cpu, --kvstore,
-# --kv_pool_bytes, --page_size, --max_batch_tokens; the router --workers; `lazyrag-cli
-# generate --server ADDR` sends a request to a worker or router. The worker's model is
-# $LAZYRAG_MODEL when set, else synthetic:tiny.
+# --kv_pool_bytes, --host_cache_bytes, --page_size, --max_batch_tokens; the router --workers;
+# `lazyrag-cli generate --server ADDR` sends a request to a worker or router. The worker's model
+# is $LAZYRAG_MODEL when set, else synthetic:tiny.
 set -euo pipefail
 
 python=python3 kvstore="" cli="" worker="" router="" dashboard="" rules=""
@@ -97,8 +97,8 @@ targets="  - job_name: lazyrag-kvstore
 server=""
 if [ -n "$worker" ]; then
   start worker 60 "$worker" --listen 127.0.0.1:0 --model "${LAZYRAG_MODEL:-synthetic:tiny}" \
-    --device cpu --kvstore "$kvstore_grpc" --kv_pool_bytes 67108864 --page_size 16 \
-    --max_batch_tokens 2048 --metrics_port 0 --metrics_host 127.0.0.1
+    --device cpu --kvstore "$kvstore_grpc" --kv_pool_bytes 67108864 --host_cache_bytes 16777216 \
+    --page_size 16 --max_batch_tokens 2048 --metrics_port 0 --metrics_host 127.0.0.1
   server=$grpc_addr
   ran+=,worker
   targets+="

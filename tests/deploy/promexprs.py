@@ -3,7 +3,7 @@
 
     promexprs.py names --design DESIGN.md --dashboard lazyrag.json --rules alerts.yml
         Every metric and label name the expressions use must be one of DESIGN.md section 7
-        (or one of the kvstore's own extras). Exit 0 ok, 1 not, 77 when DESIGN.md is missing.
+        (or one of the kvstore's or the worker's host tier's own extras). Exit 0 ok, 1 not, 77 when DESIGN.md is missing.
     promexprs.py eval --url http://127.0.0.1:PORT --dashboard ... --rules ... --ran kvstore,worker
         Evaluates every expression through Prometheus' HTTP API (/api/v1/query). Expressions
         whose metrics all come from processes that ran must return data; the others are
@@ -29,6 +29,12 @@ import urllib.request
 # The kvstore exports these besides the DESIGN section 7 names (kvstore/kvstore_metrics.cc).
 KVSTORE_EXTRAS = {"lazyrag_kvstore_capacity_bytes", "lazyrag_kvstore_corruptions_total",
                   "lazyrag_kvstore_transferred_bytes_total"}
+# The worker's host-memory tier (worker/engine/engine_metrics.cc), which DESIGN section 7 names
+# only through doc_cache_hits_total{tier="host"}; the *_seconds ones are histograms.
+WORKER_EXTRAS = {"lazyrag_host_cache_bytes", "lazyrag_host_cache_entries",
+                 "lazyrag_host_cache_promotions_total", "lazyrag_host_cache_demotions_total",
+                 "lazyrag_host_cache_checksum_failures_total",
+                 "lazyrag_host_cache_promotion_seconds", "lazyrag_host_cache_demotion_seconds"}
 EXTRA_LABELS = {"where", "direction"}  # labels of the extras
 # Labels Prometheus adds or that histograms have.
 BUILTIN_LABELS = {"job", "instance", "le", "__name__"}
@@ -128,7 +134,8 @@ def cmd_names(args):
     except FileNotFoundError:
         print(f"SKIP: {args.design} not found (shared/DESIGN.md beside the repository)")
         return 77
-    allowed = histogram_series(design_metrics) | KVSTORE_EXTRAS | BUILTIN_METRICS
+    allowed = (histogram_series(design_metrics) | KVSTORE_EXTRAS | histogram_series(WORKER_EXTRAS)
+               | BUILTIN_METRICS)
     allowed_labels = design_labels | EXTRA_LABELS | BUILTIN_LABELS
     print(f"DESIGN section 7: {len(design_metrics)} metrics, labels {sorted(design_labels)}")
     bad = 0

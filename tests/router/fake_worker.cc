@@ -161,6 +161,9 @@ grpc::Status FakeWorker::Stats(grpc::ServerContext* /*context*/,
   response->mutable_pool()->set_page_size(16);
   response->mutable_pool()->set_pages_total(100);
   response->mutable_pool()->set_pages_free(100);
+  response->mutable_host_cache()->set_capacity_bytes(1000);
+  response->mutable_host_cache()->set_used_bytes(256);
+  response->mutable_host_cache()->set_entries(1);
   return grpc::Status::OK;
 }
 

@@ -321,6 +321,9 @@ TEST_F(RouterWithFakesTest, StatsAggregateTheWorkers) {
   EXPECT_EQ(stats.resident_document_ids_size(), 6);
   EXPECT_EQ(stats.pool().pages_total(), 200);
   EXPECT_EQ(stats.pool().page_size(), 16);
+  EXPECT_EQ(stats.host_cache().capacity_bytes(), 2000);  // summed over the two workers
+  EXPECT_EQ(stats.host_cache().used_bytes(), 512);
+  EXPECT_EQ(stats.host_cache().entries(), 2);
   EXPECT_EQ(stats.model(), "fake");
   EXPECT_EQ(stats.model_fingerprint(), "fake-fingerprint");
 }

@@ -1,12 +1,61 @@
 #include "worker/runtime/runtime.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "worker/backend/cpu/cpu_backend.h"
 #ifdef LAZYRAG_WITH_CUDA
 #include "worker/backend/cuda/cuda_backend.h"
 #endif
 
 namespace lazyrag {
+namespace {
+
+// The first line of a cgroup memory limit file as bytes; 0 when absent, unreadable or "max".
+int64_t ReadCgroupLimit(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line)) return 0;
+  int64_t bytes = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(line), &bytes) || bytes <= 0) return 0;
+  return bytes;
+}
+
+}  // namespace
+
+int64_t DefaultHostCacheBytes(const std::string& device, int64_t memory_bytes) {
+  if (device != "cuda" || memory_bytes <= 0) return 0;
+  return std::min(memory_bytes / 4, kMaxDefaultHostCacheBytes);
+}
+
+int64_t MachineMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  int64_t bytes = pages > 0 && page_size > 0 ? int64_t(pages) * int64_t(page_size) : 0;
+  // cgroup v1 reports "no limit" as a huge number, which the min below ignores.
+  for (const char* path :
+       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    const int64_t limit = ReadCgroupLimit(path);
+    if (limit > 0 && (bytes == 0 || limit < bytes)) bytes = limit;
+  }
+  return bytes;
+}
+
+absl::StatusOr<int64_t> ResolveHostCacheBytes(int64_t requested, const std::string& device,
+                                              int64_t memory_bytes) {
+  if (requested < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host_cache_bytes must be -1 (sized from the machine), 0 (off) or a byte count, got ",
+        requested));
+  }
+  return requested == -1 ? DefaultHostCacheBytes(device, memory_bytes) : requested;
+}
 
 absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) {
 #ifdef LAZYRAG_WITH_CUDA
@@ -23,6 +72,9 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
     return absl::InvalidArgumentError(
         absl::StrCat("tensor_parallel must be in [1, 64], got ", o.tensor_parallel));
   }
+  absl::StatusOr<int64_t> host_cache_bytes =
+      ResolveHostCacheBytes(o.host_cache_bytes, o.device, MachineMemoryBytes());
+  if (!host_cache_bytes.ok()) return host_cache_bytes.status();
   const int tp = o.tensor_parallel;
   if (o.cuda_device < 0) {
     return absl::InvalidArgumentError(
@@ -68,6 +120,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
   eo.max_running = o.max_running;
   eo.max_waiting = o.max_waiting;
   eo.max_writeback_bytes = o.max_writeback_bytes;
+  eo.host_cache_bytes = *host_cache_bytes;
   eo.registry = o.registry;
   if (o.store_factory) {
     auto store = o.store_factory(rt->fingerprint);

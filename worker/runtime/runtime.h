@@ -38,6 +38,11 @@ struct RuntimeOptions {
   int max_waiting = 256;        // waiting queue bound (RESOURCE_EXHAUSTED beyond)
   // Host bytes of document KV waiting for the store (EngineOptions::max_writeback_bytes).
   int64_t max_writeback_bytes = kDefaultMaxWritebackBytes;
+  // Bytes of the host-memory tier (EngineOptions::host_cache_bytes). -1 (the default): sized
+  // from the machine by DefaultHostCacheBytes; 0: no host tier; > 0: that many bytes, on any
+  // device (on the CPU the pool already is host memory, but tests and benchmarks use it there
+  // too). Below -1: CreateRuntime fails with INVALID_ARGUMENT.
+  int64_t host_cache_bytes = -1;
   // Optional: opens the store tier once the model fingerprint (part of every
   // key) is known; the runtime owns the store. Empty: no store (pool ->
   // compute).
@@ -57,6 +62,25 @@ struct Runtime {
   std::unique_ptr<Engine> engine;
   std::unique_ptr<Generator> generator;
 };
+
+// Most bytes RuntimeOptions::host_cache_bytes = -1 gives: 64 GiB.
+inline constexpr int64_t kMaxDefaultHostCacheBytes = int64_t(64) << 30;
+
+// The host tier's size for RuntimeOptions::host_cache_bytes = -1 on `device`, given the memory
+// the process may use (`memory_bytes`: the machine's RAM, or less under a cgroup limit): on
+// cuda a quarter of it, at most kMaxDefaultHostCacheBytes; on cpu 0 (the KV pool already is
+// host memory; a second copy there buys nothing). Pure: MachineMemoryBytes() gives the input.
+int64_t DefaultHostCacheBytes(const std::string &device, int64_t memory_bytes);
+
+// The memory this process may use: physical RAM (sysconf _SC_PHYS_PAGES x _SC_PAGE_SIZE), or
+// the cgroup's memory limit when one is set and lower (a container's limit; v2 memory.max or
+// v1 memory.limit_in_bytes). 0 when neither can be read.
+int64_t MachineMemoryBytes();
+
+// The host tier's bytes for a RuntimeOptions::host_cache_bytes value (see there):
+// INVALID_ARGUMENT below -1.
+absl::StatusOr<int64_t> ResolveHostCacheBytes(int64_t requested, const std::string &device,
+                                              int64_t memory_bytes);
 
 absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions &options);
 

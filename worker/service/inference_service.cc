@@ -151,6 +151,7 @@ grpc::Status InferenceService::Generate(grpc::ServerContext *context,
   u->set_cached_document_tokens(result->usage.cached_document_tokens);
   u->set_pool_document_tokens(result->usage.pool_document_tokens);
   u->set_store_document_tokens(result->usage.store_document_tokens);
+  u->set_host_document_tokens(result->usage.host_document_tokens);
   u->set_computed_tokens(result->usage.computed_tokens);
   u->set_completion_tokens(result->usage.completion_tokens);
   v1::Timings *t = last.mutable_timings();
@@ -200,6 +201,10 @@ grpc::Status InferenceService::Stats(grpc::ServerContext *, const v1::StatsReque
   response->set_waiting_requests(s.waiting);
   response->set_model(options_.model_name);
   response->set_model_fingerprint(engine.options().fingerprint);
+  v1::HostCacheStats *host = response->mutable_host_cache();
+  host->set_capacity_bytes(s.host.capacity_bytes);
+  host->set_used_bytes(s.host.used_bytes);
+  host->set_entries(s.host.entries);
   return grpc::Status::OK;
 }
 

@@ -291,7 +291,7 @@ func checkDesign(t *testing.T, r *rendered) {
 	} else if _, ok := wkArgs["--kvstore_replication"]; ok {
 		t.Errorf("worker gets --kvstore_replication with kvstore.replication 0")
 	}
-	for flagName, key := range map[string]string{"--kv_pool_bytes": "kvPoolBytes", "--page_size": "pageSize", "--max_batch_tokens": "maxBatchTokens"} {
+	for flagName, key := range map[string]string{"--kv_pool_bytes": "kvPoolBytes", "--host_cache_bytes": "hostCacheBytes", "--page_size": "pageSize", "--max_batch_tokens": "maxBatchTokens"} {
 		if got, want := wkArgs[flagName], fmt.Sprint(num(t, r.value("worker", key))); got != want {
 			t.Errorf("worker %s=%q, want %q", flagName, got, want)
 		}
@@ -560,6 +560,7 @@ func TestInvalidValuesFailWithMessage(t *testing.T) {
 		"worker:\n  model:\n    path: \"\"\n":                       "worker.model.path is required",
 		"tls:\n  enabled: true\n":                                   "tls.cert is required",
 		"worker:\n  model:\n    source: volume\n    volume: null\n": "worker.model.volume is required",
+		"worker:\n  hostCacheBytes: -5\n":                           "worker.hostCacheBytes must be -1 (sized from the pod), 0 (off) or a byte count, got -5",
 	}
 	for values, want := range cases {
 		f := filepath.Join(t.TempDir(), "bad.yaml")

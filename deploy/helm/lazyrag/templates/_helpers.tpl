@@ -239,6 +239,9 @@ under the headless Service: PREFIX-kvstore-I.PREFIX-kvstore.NAMESPACE.svc.DOMAIN
 {{- if lt (int .Values.worker.pageSize) 1 -}}
 {{- fail "worker.pageSize must be at least 1" -}}
 {{- end -}}
+{{- if lt (int64 .Values.worker.hostCacheBytes) -1 -}}
+{{- fail (printf "worker.hostCacheBytes must be -1 (sized from the pod), 0 (off) or a byte count, got %d" (int64 .Values.worker.hostCacheBytes)) -}}
+{{- end -}}
 {{- if and .Values.tls.enabled (not .Values.tls.existingSecret) -}}
 {{- $_ := required "tls.cert is required with tls.enabled and no tls.existingSecret" .Values.tls.cert -}}
 {{- $_ := required "tls.key is required with tls.enabled and no tls.existingSecret" .Values.tls.key -}}
