@@ -116,7 +116,9 @@ def build():
     d.row("Host-memory tier")
     d.panel("Host tier bytes", "Bytes of document KV each worker holds in its host-memory "
             "tier (--host_cache_bytes caps it).",
-            [("sum by (instance) (lazyrag_host_cache_bytes)", "{{instance}}")], "bytes", w=6)
+            [("sum by (instance) (lazyrag_host_cache_bytes)", "used {{instance}}"),
+             ("sum by (instance) (lazyrag_host_cache_capacity_bytes)", "capacity {{instance}}")],
+            "bytes", w=6)
     d.panel("Host tier documents", "Documents each worker holds in its host-memory tier.",
             [("sum by (instance) (lazyrag_host_cache_entries)", "{{instance}}")], "short",
             w=6)

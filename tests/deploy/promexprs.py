@@ -31,7 +31,8 @@ KVSTORE_EXTRAS = {"lazyrag_kvstore_capacity_bytes", "lazyrag_kvstore_corruptions
                   "lazyrag_kvstore_transferred_bytes_total"}
 # The worker's host-memory tier (worker/engine/engine_metrics.cc), which DESIGN section 7 names
 # only through doc_cache_hits_total{tier="host"}; the *_seconds ones are histograms.
-WORKER_EXTRAS = {"lazyrag_host_cache_bytes", "lazyrag_host_cache_entries",
+WORKER_EXTRAS = {"lazyrag_host_cache_bytes", "lazyrag_host_cache_capacity_bytes",
+                 "lazyrag_host_cache_entries",
                  "lazyrag_host_cache_promotions_total", "lazyrag_host_cache_demotions_total",
                  "lazyrag_host_cache_checksum_failures_total",
                  "lazyrag_host_cache_promotion_seconds", "lazyrag_host_cache_demotion_seconds"}

@@ -23,11 +23,11 @@ EngineMetrics::EngineMetrics(metrics::Registry *r, const std::string &model) : m
            .Add(m);
   hits_ = &r->AddCounter("lazyrag_doc_cache_hits_total",
                          "Document lookups served without computing, by tier (gpu = the KV pool "
-                         "on any device; peer = another worker of this host; store = the "
-                         "kvstore).");
+                         "on any device; host = this worker's host-memory tier; peer = another "
+                         "worker of this host; store = the kvstore).");
   hit_tokens_ = &r->AddCounter("lazyrag_doc_cache_hit_tokens_total",
                                "Tokens of the document lookups served without computing.");
-  for (const char *tier : {"gpu", "peer", "store"}) {
+  for (const char *tier : {"gpu", "host", "peer", "store"}) {
     Hits(tier);
     HitTokens(tier);
   }
@@ -66,6 +66,9 @@ EngineMetrics::EngineMetrics(metrics::Registry *r, const std::string &model) : m
   host_bytes = &r->AddGauge("lazyrag_host_cache_bytes",
                             "Bytes of document KV held in the worker's host-memory tier.")
                     .Add(m);
+  host_capacity = &r->AddGauge("lazyrag_host_cache_capacity_bytes",
+                               "Bytes of host memory the host-memory tier may hold (0: none).")
+                       .Add(m);
   host_entries = &r->AddGauge("lazyrag_host_cache_entries",
                               "Documents held in the worker's host-memory tier.")
                       .Add(m);

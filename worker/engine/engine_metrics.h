@@ -81,6 +81,7 @@ class EngineMetrics {
   metrics::Counter *writeback_dropped;
   // The host tier (worker/cache/host_tier.h).
   metrics::Gauge *host_bytes;
+  metrics::Gauge *host_capacity;
   metrics::Gauge *host_entries;
   metrics::Counter *host_demotions;        // documents copied to the host tier
   metrics::Counter *host_promotions;       // documents copied back into the pool

@@ -603,6 +603,7 @@ void Scheduler::UpdateGauges() {
   if (host_ != nullptr) {
     const HostTierStats h = host_->Stats();
     metrics_->host_bytes->Set(double(h.used_bytes));
+    metrics_->host_capacity->Set(double(h.capacity_bytes));
     metrics_->host_entries->Set(double(h.entries));
   }
 }
