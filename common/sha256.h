@@ -1,7 +1,7 @@
 // SHA-256 (FIPS 180-4). Used for document ids, prefix-cache page ids and model fingerprints
 // (DESIGN section 4). OpenSSL's implementation (libcrypto, which gRPC already links): it uses
-// the CPU's SHA extensions where present, ~10x the portable C++ this replaced (2026-11-30:
-// a 2,048-token document id took 57 us; five of them were ~0.3 ms of every LAZY TTFT).
+// the CPU's SHA extensions where present, about 10x the portable C++ it replaced (numbers in
+// bench/HISTORY.md).
 #pragma once
 
 #include <array>

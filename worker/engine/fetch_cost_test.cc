@@ -60,8 +60,8 @@ TEST(FetchCostModelTest, FetchAverageFollowsNewObservations) {
   EXPECT_FALSE(m.PreferCompute(100));
 }
 
-// What an H200 worker sees in LAZY serving (2026-11-30, kvstore run): only small steps, each
-// ~5 ms of weight reads plus ~0.03 ms a token (decode batches of 1-16 rows, 32-token query
+// What an H200 worker sees in LAZY serving with a kvstore (bench/HISTORY.md): only small steps,
+// each ~5 ms of weight reads plus ~0.03 ms a token (decode batches of 1-16 rows, 32-token query
 // blocks with decode rows beside them), and store hits at ~0.24 ms a token (a 2,048-token
 // document in ~0.5 s). Recomputing that document takes ~75 ms. Dividing the steps' time by
 // their tokens (the model before) priced a token at ~0.2 ms, nearly the fetch's, and fetched;

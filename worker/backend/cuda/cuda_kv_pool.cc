@@ -6,6 +6,7 @@
 #include "common/status.h"
 #include "worker/kernels/cuda_check.h"
 #include "worker/kernels/materialize.h"
+#include "worker/kernels/model_kernels.h"
 
 namespace lazyrag::cuda_backend {
 

@@ -26,7 +26,7 @@
 #include "worker/backend/backend.h"
 #include "worker/backend/cuda/device_buffers.h"
 #include "worker/backend/cuda/peer_copy.h"
-#include "worker/kernels/model_kernels.h"
+#include "worker/kernels/kv_transport.h"
 #include "worker/model/config.h"
 
 namespace lazyrag::cuda_backend {

@@ -24,7 +24,7 @@
 #include "absl/status/statusor.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/cuda/device_buffers.h"
-#include "worker/kernels/model_kernels.h"
+#include "worker/kernels/kv_transport.h"
 
 namespace lazyrag::cuda_backend {
 

@@ -1,0 +1,137 @@
+#include "worker/kernels/kv_transport.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "common/kv_checksum.h"
+#include "worker/kernels/cuda_check.h"
+
+namespace lazyrag::cuda_model {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxGridBlocks = 1 << 20;  // grid-stride beyond this
+
+int GridFor(int64_t work, int threads) {
+  return int(std::min<int64_t>((work + threads - 1) / threads, kMaxGridBlocks));
+}
+
+// ---------------------------------------------------------------------------------------------
+// KV transport (export / import).
+
+template <typename Unit>
+__device__ __forceinline__ void KvTransportBody(const KvTransportParams& p) {
+  constexpr int kPer = sizeof(Unit) / sizeof(uint16_t);
+  const int per_token = p.kv_dim / kPer;
+  const int64_t total = int64_t(p.num_layers) * 2 * p.num_tokens * per_token;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int c = int(idx % per_token);
+    int64_t rest = idx / per_token;
+    const int j = int(rest % p.num_tokens);
+    rest /= p.num_tokens;
+    const int kv = int(rest % 2), layer = int(rest / 2);
+    const int64_t slot = int64_t(p.pages[j / p.page_size]) * p.page_size + j % p.page_size;
+    Unit* pool = reinterpret_cast<Unit*>(p.pool + layer * p.layer_stride + kv * p.v_offset +
+                                         slot * p.kv_dim) +
+                 c;
+    Unit* buf = reinterpret_cast<Unit*>(p.buffer) + idx;
+    if (p.to_buffer) {
+      *buf = *pool;
+    } else {
+      *pool = *buf;
+    }
+  }
+}
+template <typename Unit>
+__global__ void __launch_bounds__(kThreads)
+    KvTransportKernel(const __grid_constant__ KvTransportParams p) {
+  KvTransportBody<Unit>(p);
+}
+
+// The host tier's transport: each thread moves 8- or 16-byte units between the pool and the
+// host buffer and folds every 64-bit word into its share of the checksum; warps XOR-reduce and
+// lane 0 adds the warp's share with one atomic. The terms are common/kv_checksum.h's own
+// (constexpr, compiled for the device too), so both sides follow one definition.
+template <typename Unit>
+__global__ void __launch_bounds__(kThreads)
+    KvHostTransportKernel(const __grid_constant__ KvHostTransportParams hp) {
+  constexpr int kWords = sizeof(Unit) / sizeof(uint64_t);
+  constexpr int kPer = sizeof(Unit) / sizeof(uint16_t);
+  const KvTransportParams& p = hp.kv;
+  const int per_token = p.kv_dim / kPer;
+  const int64_t total = int64_t(p.num_layers) * 2 * p.num_tokens * per_token;
+  uint64_t sum = 0;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int c = int(idx % per_token);
+    int64_t rest = idx / per_token;
+    const int j = int(rest % p.num_tokens);
+    rest /= p.num_tokens;
+    const int kv = int(rest % 2), layer = int(rest / 2);
+    const int64_t slot = int64_t(p.pages[j / p.page_size]) * p.page_size + j % p.page_size;
+    Unit* pool = reinterpret_cast<Unit*>(p.pool + layer * p.layer_stride + kv * p.v_offset +
+                                         slot * p.kv_dim) +
+                 c;
+    Unit* buf = reinterpret_cast<Unit*>(p.buffer) + idx;
+    Unit u;
+    if (p.to_buffer) {
+      u = *pool;
+      *buf = u;
+    } else {
+      u = *buf;
+      *pool = u;
+    }
+    const uint64_t* w = reinterpret_cast<const uint64_t*>(&u);
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) {
+      sum ^= ::lazyrag::KvChecksumTerm(w[k], uint64_t(idx) * kWords + k);
+    }
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) sum ^= __shfl_xor_sync(0xffffffffu, sum, off);
+  if ((threadIdx.x & 31) == 0 && sum != 0) atomicXor(hp.checksum, (unsigned long long)sum);
+}
+
+}  // namespace
+
+absl::Status LaunchKvTransport(const KvTransportParams& p, cudaStream_t stream) {
+  const int64_t elems = int64_t(p.num_layers) * 2 * p.num_tokens * p.kv_dim;
+  if (elems == 0) return absl::OkStatus();
+  if (p.kv_dim % 8 == 0) {
+    KvTransportKernel<uint4>
+        <<<GridFor(elems / 8, kThreads), kThreads, 0, stream>>>(p);
+  } else {
+    KvTransportKernel<uint16_t>
+        <<<GridFor(elems, kThreads), kThreads, 0, stream>>>(p);
+  }
+  LAZYRAG_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status LaunchKvHostTransport(const KvHostTransportParams& hp, cudaStream_t stream) {
+  const KvTransportParams& p = hp.kv;
+  if (p.kv_dim % 4 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv host transport: kv_dim ", p.kv_dim, " is not a multiple of 4"));
+  }
+  if (hp.checksum == nullptr) return absl::InvalidArgumentError("kv host transport: no checksum");
+  LAZYRAG_RETURN_IF_CUDA_ERROR(
+      cudaMemsetAsync(hp.checksum, 0, sizeof(unsigned long long), stream));
+  const int64_t elems = int64_t(p.num_layers) * 2 * p.num_tokens * p.kv_dim;
+  if (elems == 0) return absl::OkStatus();
+  if (p.kv_dim % 8 == 0 && reinterpret_cast<uintptr_t>(p.buffer) % 16 == 0) {
+    KvHostTransportKernel<uint4>
+        <<<GridFor(elems / 8, kThreads), kThreads, 0, stream>>>(hp);
+  } else {
+    KvHostTransportKernel<uint2>
+        <<<GridFor(elems / 4, kThreads), kThreads, 0, stream>>>(hp);
+  }
+  LAZYRAG_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+}  // namespace lazyrag::cuda_model
