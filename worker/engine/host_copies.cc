@@ -81,12 +81,14 @@ void HostCopies::QueueWriteBack(const std::string &ns, const std::string &id,
   std::shared_ptr<const void> hold(ref->data, [tier, id](const void *) { tier->Release(id); });
   const uint64_t checksum = ref->checksum;
   const std::string_view payload(ref->data, size_t(ref->bytes));
+  EngineMetrics *metrics = metrics_;
   fetcher_->QueueWriteBack(ns, id, tokens, payload, std::move(hold),
-                           [tier, id, payload, checksum] {
+                           [tier, metrics, id, payload, checksum] {
                              if (KvChecksum(payload.data(), payload.size()) == checksum) {
                                return true;
                              }
                              tier->Erase(id, /*corrupt=*/true);
+                             if (metrics != nullptr) metrics->host_checksum_failures->Increment();
                              return false;
                            });
 }
