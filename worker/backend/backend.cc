@@ -7,21 +7,6 @@
 #include "common/kv_checksum.h"
 
 namespace lazyrag {
-namespace {
-
-class HeapHostMemory final : public HostMemory {
- public:
-  HeapHostMemory(char* data, int64_t size) : data_(data), size_(size) {}
-  ~HeapHostMemory() override { std::free(data_); }
-  char* data() override { return data_; }
-  int64_t size() const override { return size_; }
-
- private:
-  char* data_;
-  int64_t size_;
-};
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<HostMemory>> Backend::AllocateHostMemory(int64_t bytes) {
   if (bytes <= 0) {
@@ -33,7 +18,7 @@ absl::StatusOr<std::unique_ptr<HostMemory>> Backend::AllocateHostMemory(int64_t 
     return absl::ResourceExhaustedError(
         absl::StrCat("host memory: cannot allocate ", bytes, " bytes"));
   }
-  return std::unique_ptr<HostMemory>(new HeapHostMemory(p, bytes));
+  return std::make_unique<OwnedHostMemory>(p, bytes, [](char* q) { std::free(q); });
 }
 
 absl::StatusOr<KvTransferId> Backend::StartKvToHost(const std::vector<int32_t>& pages,

@@ -41,6 +41,23 @@ class HostMemory {
   virtual int64_t size() const = 0;
 };
 
+// HostMemory over `size` bytes at `data` that `release(data)` frees on destruction.
+class OwnedHostMemory final : public HostMemory {
+ public:
+  OwnedHostMemory(char* data, int64_t size, void (*release)(char*))
+      : data_(data), size_(size), release_(release) {}
+  ~OwnedHostMemory() override { release_(data_); }
+  OwnedHostMemory(const OwnedHostMemory&) = delete;
+  OwnedHostMemory& operator=(const OwnedHostMemory&) = delete;
+  char* data() override { return data_; }
+  int64_t size() const override { return size_; }
+
+ private:
+  char* data_;
+  int64_t size_;
+  void (*release_)(char*);
+};
+
 // A copy between the KV pool and host memory queued by StartKvToHost / StartKvFromHost.
 using KvTransferId = uint64_t;
 

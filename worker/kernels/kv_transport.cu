@@ -22,22 +22,34 @@ int GridFor(int64_t work, int threads) {
 // ---------------------------------------------------------------------------------------------
 // KV transport (export / import).
 
+// The pool unit that buffer unit `idx` of the transport form holds: buffer index
+// ((layer * 2 + kv) * num_tokens + j) * units_per_token + c.
 template <typename Unit>
-__device__ __forceinline__ void KvTransportBody(const KvTransportParams& p) {
-  constexpr int kPer = sizeof(Unit) / sizeof(uint16_t);
-  const int per_token = p.kv_dim / kPer;
-  const int64_t total = int64_t(p.num_layers) * 2 * p.num_tokens * per_token;
+__device__ __forceinline__ Unit* PoolUnit(const KvTransportParams& p, int64_t idx) {
+  const int per_token = p.kv_dim / int(sizeof(Unit) / sizeof(uint16_t));
+  const int c = int(idx % per_token);
+  int64_t rest = idx / per_token;
+  const int j = int(rest % p.num_tokens);
+  rest /= p.num_tokens;
+  const int kv = int(rest % 2), layer = int(rest / 2);
+  const int64_t slot = int64_t(p.pages[j / p.page_size]) * p.page_size + j % p.page_size;
+  return reinterpret_cast<Unit*>(p.pool + layer * p.layer_stride + kv * p.v_offset +
+                                 slot * p.kv_dim) +
+         c;
+}
+
+template <typename Unit>
+__device__ __forceinline__ int64_t TransportUnits(const KvTransportParams& p) {
+  return int64_t(p.num_layers) * 2 * p.num_tokens * (p.kv_dim / int(sizeof(Unit) / 2));
+}
+
+template <typename Unit>
+__global__ void __launch_bounds__(kThreads)
+    KvTransportKernel(const __grid_constant__ KvTransportParams p) {
+  const int64_t total = TransportUnits<Unit>(p);
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
-    const int c = int(idx % per_token);
-    int64_t rest = idx / per_token;
-    const int j = int(rest % p.num_tokens);
-    rest /= p.num_tokens;
-    const int kv = int(rest % 2), layer = int(rest / 2);
-    const int64_t slot = int64_t(p.pages[j / p.page_size]) * p.page_size + j % p.page_size;
-    Unit* pool = reinterpret_cast<Unit*>(p.pool + layer * p.layer_stride + kv * p.v_offset +
-                                         slot * p.kv_dim) +
-                 c;
+    Unit* pool = PoolUnit<Unit>(p, idx);
     Unit* buf = reinterpret_cast<Unit*>(p.buffer) + idx;
     if (p.to_buffer) {
       *buf = *pool;
@@ -45,11 +57,6 @@ __device__ __forceinline__ void KvTransportBody(const KvTransportParams& p) {
       *pool = *buf;
     }
   }
-}
-template <typename Unit>
-__global__ void __launch_bounds__(kThreads)
-    KvTransportKernel(const __grid_constant__ KvTransportParams p) {
-  KvTransportBody<Unit>(p);
 }
 
 // The host tier's transport: each thread moves 8- or 16-byte units between the pool and the
@@ -60,22 +67,12 @@ template <typename Unit>
 __global__ void __launch_bounds__(kThreads)
     KvHostTransportKernel(const __grid_constant__ KvHostTransportParams hp) {
   constexpr int kWords = sizeof(Unit) / sizeof(uint64_t);
-  constexpr int kPer = sizeof(Unit) / sizeof(uint16_t);
   const KvTransportParams& p = hp.kv;
-  const int per_token = p.kv_dim / kPer;
-  const int64_t total = int64_t(p.num_layers) * 2 * p.num_tokens * per_token;
+  const int64_t total = TransportUnits<Unit>(p);
   uint64_t sum = 0;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
-    const int c = int(idx % per_token);
-    int64_t rest = idx / per_token;
-    const int j = int(rest % p.num_tokens);
-    rest /= p.num_tokens;
-    const int kv = int(rest % 2), layer = int(rest / 2);
-    const int64_t slot = int64_t(p.pages[j / p.page_size]) * p.page_size + j % p.page_size;
-    Unit* pool = reinterpret_cast<Unit*>(p.pool + layer * p.layer_stride + kv * p.v_offset +
-                                         slot * p.kv_dim) +
-                 c;
+    Unit* pool = PoolUnit<Unit>(p, idx);
     Unit* buf = reinterpret_cast<Unit*>(p.buffer) + idx;
     Unit u;
     if (p.to_buffer) {

@@ -7,21 +7,6 @@
 #include "worker/kernels/cuda_check.h"
 
 namespace lazyrag::cuda_backend {
-namespace {
-
-class PinnedHostMemory final : public HostMemory {
- public:
-  PinnedHostMemory(char* data, int64_t size) : data_(data), size_(size) {}
-  ~PinnedHostMemory() override { cudaFreeHost(data_); }
-  char* data() override { return data_; }
-  int64_t size() const override { return size_; }
-
- private:
-  char* data_;
-  int64_t size_;
-};
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<HostMemory>> AllocatePinnedHostMemory(int64_t bytes) {
   if (bytes <= 0) {
@@ -35,7 +20,8 @@ absl::StatusOr<std::unique_ptr<HostMemory>> AllocatePinnedHostMemory(int64_t byt
     return absl::ResourceExhaustedError(absl::StrCat("host memory: cannot pin ", bytes,
                                                      " bytes: ", cudaGetErrorString(err)));
   }
-  return std::unique_ptr<HostMemory>(new PinnedHostMemory(static_cast<char*>(p), bytes));
+  return std::make_unique<OwnedHostMemory>(static_cast<char*>(p), bytes,
+                                           [](char* q) { cudaFreeHost(q); });
 }
 
 struct HostTransfers::Transfer {
