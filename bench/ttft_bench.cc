@@ -55,8 +55,8 @@ struct BenchOptions {
   // EngineOptions::host_cache_bytes in GiB (0: no host tier). With a host tier: a row for a
   // LAZY request whose documents are all in the host tier, none in the pool.
   double host_cache_gb = 0;
-  bool profile = false;     // one LAZY request (prefill + 1 decode step) between
-                            // cudaProfilerStart/Stop after warm-up, then exit (for ncu)
+  bool profile = false;  // one LAZY request (prefill + 1 decode step) between
+                         // cudaProfilerStart/Stop after warm-up, then exit (for ncu)
   std::string out;
 };
 
@@ -106,13 +106,14 @@ int Main(int argc, char** argv) {
     else if (arg("--out"))
       o.out = argv[++i];
     else {
-      std::fprintf(stderr,
-                   "usage: %s [--model NAME] [--docs N] [--doc_len N] [--query N] [--runs N] "
-                   "[--warmup N] [--cold_runs N] [--chunk N] [--page_size N] "
-                   "[--decode_steps N] [--cuda_graphs 0|1] "
-                   "[--step_times 0|1] [--idle_ms N] [--early_kv 0|1] [--host_cache_gb G] [--profile] "
-                   "[--out PATH]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--model NAME] [--docs N] [--doc_len N] [--query N] [--runs N] "
+          "[--warmup N] [--cold_runs N] [--chunk N] [--page_size N] "
+          "[--decode_steps N] [--cuda_graphs 0|1] "
+          "[--step_times 0|1] [--idle_ms N] [--early_kv 0|1] [--host_cache_gb G] [--profile] "
+          "[--out PATH]\n",
+          argv[0]);
       return 2;
     }
   }
@@ -264,10 +265,11 @@ int Main(int argc, char** argv) {
           return Fail(st, "evict a document");
         }
       }
-      if (auto st = run(AttentionMode::kLazy, "warm", 1, &r); !st.ok()) return Fail(st, "LAZY host");
+      if (auto st = run(AttentionMode::kLazy, "warm", 1, &r); !st.ok())
+        return Fail(st, "LAZY host");
       if (r.usage.host_document_tokens != int64_t(o.docs) * o.doc_len) {
-        return Fail(absl::InternalError(absl::StrCat("host tier served ",
-                                                     r.usage.host_document_tokens, " tokens")),
+        return Fail(absl::InternalError(
+                        absl::StrCat("host tier served ", r.usage.host_document_tokens, " tokens")),
                     "LAZY host");
       }
       lazy_host_tier.ms.push_back(r.timings.ttft_ms);
@@ -304,15 +306,13 @@ int Main(int argc, char** argv) {
       const auto t0 = std::chrono::steady_clock::now();
       const absl::Status st = engine.backend().ExportKv(pinned->pages, pinned->num_tokens, &fresh);
       export_kv.ms.push_back(
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-              .count());
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
       if (!st.ok()) return Fail(st, "ExportKv");
       kv = std::move(fresh);
       const auto t1 = std::chrono::steady_clock::now();
       const absl::Status in = engine.backend().ImportKv(pinned->pages, pinned->num_tokens, kv);
       import_kv.ms.push_back(
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1)
-              .count());
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count());
       if (!in.ok()) return Fail(in, "ImportKv");
     }
     doc_kv_bytes = double(kv.size());
@@ -322,7 +322,8 @@ int Main(int argc, char** argv) {
     auto host = engine.backend().AllocateHostMemory(int64_t(kv.size()));
     if (!host.ok()) return Fail(host.status(), "AllocateHostMemory");
     void* dev = nullptr;
-    if (cudaMalloc(&dev, kv.size()) != cudaSuccess) return Fail(absl::InternalError("cudaMalloc"), "bus ceiling");
+    if (cudaMalloc(&dev, kv.size()) != cudaSuccess)
+      return Fail(absl::InternalError("cudaMalloc"), "bus ceiling");
     for (int i = 0; i < 5; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
       auto out = engine.backend().StartKvToHost(pinned->pages, pinned->num_tokens, (*host)->data());
@@ -330,7 +331,8 @@ int Main(int argc, char** argv) {
       auto out_sum = engine.backend().WaitKvTransfer(*out);
       if (!out_sum.ok()) return Fail(out_sum.status(), "KvToHost");
       const auto t1 = std::chrono::steady_clock::now();
-      auto in = engine.backend().StartKvFromHost(pinned->pages, pinned->num_tokens, (*host)->data());
+      auto in =
+          engine.backend().StartKvFromHost(pinned->pages, pinned->num_tokens, (*host)->data());
       if (!in.ok()) return Fail(in.status(), "StartKvFromHost");
       auto in_sum = engine.backend().WaitKvTransfer(*in);
       if (!in_sum.ok()) return Fail(in_sum.status(), "KvFromHost");
@@ -378,8 +380,8 @@ int Main(int argc, char** argv) {
   std::printf("%-36s %10.3f %10.3f %10.3f\n", "decode step, batch 1 (LAZY)", decode.Median(),
               decode.Min(), decode.Max());
   std::printf("%-36s %10.2f %10.2f %10.2f   (%.0f MB, %.2f GB/s)\n",
-              "one document's KV to the host", export_kv.Median(), export_kv.Min(),
-              export_kv.Max(), doc_kv_bytes / 1e6, doc_kv_bytes / 1e6 / export_kv.Median());
+              "one document's KV to the host", export_kv.Median(), export_kv.Min(), export_kv.Max(),
+              doc_kv_bytes / 1e6, doc_kv_bytes / 1e6 / export_kv.Median());
   std::printf("%-36s %10.2f %10.2f %10.2f   (%.2f GB/s)\n", "and back into its pages",
               import_kv.Median(), import_kv.Min(), import_kv.Max(),
               doc_kv_bytes / 1e6 / import_kv.Median());

@@ -55,7 +55,8 @@ class DocumentTable {
   };
   // Allocates pages, evicting unreferenced entries least recently used first; appends the
   // entries it evicted to `evicted` when given.
-  absl::StatusOr<std::vector<int32_t>> AllocatePages(int n, std::vector<Evicted>* evicted = nullptr);
+  absl::StatusOr<std::vector<int32_t>> AllocatePages(int n,
+                                                     std::vector<Evicted>* evicted = nullptr);
   void FreePages(const std::vector<int32_t>& pages) { allocator_->Free(pages); }
   // Evicts the entry now, as AllocatePages would: NOT_FOUND when absent, FAILED_PRECONDITION
   // when referenced. Its pages go back to the allocator.

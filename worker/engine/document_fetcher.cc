@@ -250,8 +250,8 @@ void DocumentFetcher::QueueWriteBack(std::string ns, std::string id, std::vector
                                      std::string payload) {
   absl::MutexLock l(&wb_mu_);
   wb_pending_bytes_ += int64_t(payload.size());
-  wb_queue_.push_back(
-      WriteBack{std::move(ns), std::move(id), std::move(tokens), std::move(payload), {}, nullptr, {}});
+  wb_queue_.push_back(WriteBack{
+      std::move(ns), std::move(id), std::move(tokens), std::move(payload), {}, nullptr, {}});
 }
 
 void DocumentFetcher::QueueWriteBack(std::string ns, std::string id, std::vector<int32_t> tokens,

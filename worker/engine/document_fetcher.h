@@ -1,24 +1,19 @@
-// The store tier as the scheduler uses it (DESIGN sections 3 and 6): a fetch
-// thread that reads missing documents from the DocumentStore and a write-back
-// thread that writes computed ones to it, so that neither blocks a scheduler
-// step. The policy of when to read and write lives here, not in the store:
-//  * fetch or compute (fetch_cost.h): a document predicted cheaper to recompute
-//  than to read
+// The store tier as the scheduler uses it (DESIGN sections 3 and 6): a fetch thread that reads
+// missing documents from the DocumentStore and a write-back thread that writes computed ones to
+// it, so that neither blocks a scheduler step. The policy of when to read and write lives here,
+// not in the store:
+//  * fetch or compute (fetch_cost.h): a document predicted cheaper to recompute than to read
 //    from the kvstore is asked of the store's front tiers only (peer workers);
-//  * hedging: a kvstore read running past its hedge time is given up for a
-//  compute;
-//  * a circuit breaker: after a failed read the store is skipped (front tiers
-//  only) for
+//  * hedging: a kvstore read running past its hedge time is given up for a compute;
+//  * a circuit breaker: after a failed read the store is skipped (front tiers only) for
 //    kStoreDownMs; after a failed write-back only write-backs pause that long;
 //  * a bound on the host bytes of write-backs waiting for the store;
-//  * a document fetched for its tokens on a caller's thread (named by id) is
-//  kept for the
+//  * a document fetched for its tokens on a caller's thread (named by id) is kept for the
 //    scheduler, so that it is read from the store once.
 // Time comes only from the injected clock.
 //
-// Thread safety: Queue, GiveUpIfDue, ObserveCompute, AcceptWriteBack,
-// QueueWriteBack and TakePrefetched are called from the scheduler thread;
-// FetchTokens from any thread.
+// Thread safety: Queue, GiveUpIfDue, ObserveCompute, AcceptWriteBack, QueueWriteBack and
+// TakePrefetched are called from the scheduler thread; FetchTokens from any thread.
 #pragma once
 
 #include <atomic>

@@ -287,12 +287,12 @@ void DocumentJobs::Complete(const std::shared_ptr<DocJob> &job, Source source) {
       r.usage.computed_tokens += n;
     } else if (job->is_doc) {
       // "peer": another worker's pool (worker/peer), counted as a store hit in the usage.
-      const char *tier = !w.initiator                ? "gpu"
-                         : source == Source::kHost   ? "host"
-                         : job->origin.empty()       ? "store"
-                                                     : "peer";
+      const char *tier = !w.initiator              ? "gpu"
+                         : source == Source::kHost ? "host"
+                         : job->origin.empty()     ? "store"
+                                                   : "peer";
       r.usage.cached_document_tokens += n;
-      (!w.initiator                ? r.usage.pool_document_tokens
+      (!w.initiator              ? r.usage.pool_document_tokens
        : source == Source::kHost ? r.usage.host_document_tokens
                                  : r.usage.store_document_tokens) += n;
       if (metrics_) {

@@ -43,7 +43,8 @@ bool HostCopies::CopyOut(const std::string &ns, const std::string &id, const Doc
 
 void HostCopies::Poll() {
   for (size_t i = 0; i < inflight_.size();) {
-    absl::StatusOr<std::optional<uint64_t>> polled = backend_->PollKvTransfer(inflight_[i].transfer);
+    absl::StatusOr<std::optional<uint64_t>> polled =
+        backend_->PollKvTransfer(inflight_[i].transfer);
     if (polled.ok() && !polled->has_value()) {
       ++i;
       continue;
@@ -51,8 +52,7 @@ void HostCopies::Poll() {
     Copy c = std::move(inflight_[i]);
     inflight_.erase(inflight_.begin() + i);
     if (!polled.ok()) {
-      LOG_WARNING << "copy of document " << c.id << " to the host tier failed: "
-                  << polled.status();
+      LOG_WARNING << "copy of document " << c.id << " to the host tier failed: " << polled.status();
     }
     Finish(c, polled.ok(), polled.ok() ? **polled : 0);
   }

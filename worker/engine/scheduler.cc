@@ -168,7 +168,8 @@ void Scheduler::Loop() {
       absl::MutexLock l(&mu_);
       if (!busy_ && !stop_ && !wake_) {
         // Copies to or from the host tier end without waking the loop: they are polled soon.
-        const bool copying = jobs_->promoting() || (host_copies_ != nullptr && host_copies_->busy());
+        const bool copying =
+            jobs_->promoting() || (host_copies_ != nullptr && host_copies_->busy());
         mu_.AwaitWithTimeout(
             absl::Condition(
                 +[](Scheduler *s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->stop_ || s->wake_; },

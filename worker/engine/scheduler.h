@@ -3,10 +3,12 @@
 // then run ONE ForwardBatch that packs, under the per-step token budget, the
 // decode token of every running request (oldest first), prefill chunks of
 // documents being computed, and prefill chunks of requests (step_planner.h).
-// Documents are resolved pool -> store -> compute with one job per missing
-// document however many requests wait for it (singleflight, document_jobs.h);
-// the document fetcher (document_fetcher.h) reads the store and writes computed documents
-// back on its own threads, so neither blocks a step.
+// Documents are resolved pool -> host tier -> store -> compute with one job per
+// missing document however many requests wait for it (singleflight,
+// document_jobs.h); the document fetcher (document_fetcher.h) reads the store
+// and writes computed documents back on its own threads, and host copies
+// (host_copies.h) move documents to and from host memory on the backend's
+// transfer stream, so none of them blocks a step.
 //
 // Pages (page_budget.h): a request owns the pages of its own segment (query +
 // generated tokens; every token for MATERIALIZE, FULL and PREFIX:

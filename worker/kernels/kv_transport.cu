@@ -1,5 +1,3 @@
-#include "worker/kernels/kv_transport.h"
-
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -8,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/kv_checksum.h"
 #include "worker/kernels/cuda_check.h"
+#include "worker/kernels/kv_transport.h"
 
 namespace lazyrag::cuda_model {
 namespace {
@@ -99,11 +98,9 @@ absl::Status LaunchKvTransport(const KvTransportParams& p, cudaStream_t stream) 
   const int64_t elems = int64_t(p.num_layers) * 2 * p.num_tokens * p.kv_dim;
   if (elems == 0) return absl::OkStatus();
   if (p.kv_dim % 8 == 0) {
-    KvTransportKernel<uint4>
-        <<<GridFor(elems / 8, kThreads), kThreads, 0, stream>>>(p);
+    KvTransportKernel<uint4><<<GridFor(elems / 8, kThreads), kThreads, 0, stream>>>(p);
   } else {
-    KvTransportKernel<uint16_t>
-        <<<GridFor(elems, kThreads), kThreads, 0, stream>>>(p);
+    KvTransportKernel<uint16_t><<<GridFor(elems, kThreads), kThreads, 0, stream>>>(p);
   }
   LAZYRAG_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
@@ -116,16 +113,13 @@ absl::Status LaunchKvHostTransport(const KvHostTransportParams& hp, cudaStream_t
         absl::StrCat("kv host transport: kv_dim ", p.kv_dim, " is not a multiple of 4"));
   }
   if (hp.checksum == nullptr) return absl::InvalidArgumentError("kv host transport: no checksum");
-  LAZYRAG_RETURN_IF_CUDA_ERROR(
-      cudaMemsetAsync(hp.checksum, 0, sizeof(unsigned long long), stream));
+  LAZYRAG_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(hp.checksum, 0, sizeof(unsigned long long), stream));
   const int64_t elems = int64_t(p.num_layers) * 2 * p.num_tokens * p.kv_dim;
   if (elems == 0) return absl::OkStatus();
   if (p.kv_dim % 8 == 0 && reinterpret_cast<uintptr_t>(p.buffer) % 16 == 0) {
-    KvHostTransportKernel<uint4>
-        <<<GridFor(elems / 8, kThreads), kThreads, 0, stream>>>(hp);
+    KvHostTransportKernel<uint4><<<GridFor(elems / 8, kThreads), kThreads, 0, stream>>>(hp);
   } else {
-    KvHostTransportKernel<uint2>
-        <<<GridFor(elems / 4, kThreads), kThreads, 0, stream>>>(hp);
+    KvHostTransportKernel<uint2><<<GridFor(elems / 4, kThreads), kThreads, 0, stream>>>(hp);
   }
   LAZYRAG_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();

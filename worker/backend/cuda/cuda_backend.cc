@@ -247,15 +247,14 @@ absl::Status CudaBackend::InitPool(int num_pages, int page_size) {
   RETURN_IF_ERROR(SetDevice());
   LAZYRAG_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_));
   RETURN_IF_ERROR(host_.Drain());  // transfers address the old pool
-  graphs_.Clear(stream_);  // they address the old pool
+  graphs_.Clear(stream_);          // they address the old pool
   return pool_.Init(num_pages, page_size, stream_);
 }
 
 absl::StatusOr<char*> CudaBackend::Upload(const UploadPlan& plan) {
   // The step graphs read the buffer that moves.
-  return upload_.Upload(plan, stream_, [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    graphs_.Clear(stream_);
-  });
+  return upload_.Upload(plan, stream_,
+                        [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { graphs_.Clear(stream_); });
 }
 
 absl::Status CudaBackend::ReserveActivations(int tokens, int rows) {
@@ -313,9 +312,8 @@ absl::Status CudaBackend::ForwardImpl(const ForwardBatch& batch, std::vector<flo
     am.num_rows = R;
     am.vocab = c.vocab_size;
     RETURN_IF_ERROR(cuda_model::LaunchArgmaxRows(am, stream_));
-    LAZYRAG_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(argmax_host_.data(), am.ids,
-                                                 size_t(R) * sizeof(int32_t),
-                                                 cudaMemcpyDeviceToHost, stream_));
+    LAZYRAG_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(
+        argmax_host_.data(), am.ids, size_t(R) * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
   } else {
     const size_t logit_bytes = size_t(R) * c.vocab_size * sizeof(float);
     RETURN_IF_ERROR(logits_host_.Reserve(logit_bytes));
@@ -475,17 +473,16 @@ absl::Status CudaBackend::RunStep(const DeviceStep& s, int num_segments) {
   // so that a decode batch keeps one shape for kGraphKvBucket steps; a larger bound only adds
   // splits that find no keys (the kernels mask by each request's own length). The rounding is
   // applied with graphs off too, so that a replay computes exactly what the eager step does.
-  const bool small = !tensor_parallel() && tensor_core_attention_ &&
-                     s.tokens_n <= options_.graph_max_tokens;
+  const bool small =
+      !tensor_parallel() && tensor_core_attention_ && s.tokens_n <= options_.graph_max_tokens;
   if (!small) return EnqueueStep(s);
   DeviceStep g = s;
   g.max_kv_len = (s.max_kv_len + kGraphKvBucket - 1) / kGraphKvBucket * kGraphKvBucket;
   if (!options_.cuda_graphs) return EnqueueStep(g);
   // Upload offsets depend only on (tokens, logit rows, requests, segments): page indices go
   // last (StepPlan).
-  const StepGraphKey key = {
-      g.tokens_n, g.rows_n, g.view.num_requests, num_segments, g.max_q_len, g.max_kv_len,
-      g.decode ? 1 : 0};
+  const StepGraphKey key = {g.tokens_n,  g.rows_n,     g.view.num_requests, num_segments,
+                            g.max_q_len, g.max_kv_len, g.decode ? 1 : 0};
   return graphs_.Run(key, s.tokens_n, stream_,
                      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return EnqueueStep(g); });
 }
@@ -494,7 +491,8 @@ absl::Status CudaBackend::Materialize(const std::vector<MaterializeCopy>& copies
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(SetDevice());
   std::vector<int32_t> written;
-  for (const MaterializeCopy& c : copies) written.insert(written.end(), c.dst_pages.begin(), c.dst_pages.end());
+  for (const MaterializeCopy& c : copies)
+    written.insert(written.end(), c.dst_pages.begin(), c.dst_pages.end());
   RETURN_IF_ERROR(host_.OrderWritesAfter(written, stream_));
   return pool_.Materialize(copies, reinterpret_cast<const float*>(inv_freq_.data()),
                            tensor_core_attention_, Uploader(), stream_);

@@ -14,11 +14,12 @@ absl::StatusOr<std::unique_ptr<HostMemory>> AllocatePinnedHostMemory(int64_t byt
   }
   void* p = nullptr;
   // Portable and mapped: with unified addressing the host pointer is the device address.
-  const cudaError_t err = cudaHostAlloc(&p, size_t(bytes), cudaHostAllocPortable | cudaHostAllocMapped);
+  const cudaError_t err =
+      cudaHostAlloc(&p, size_t(bytes), cudaHostAllocPortable | cudaHostAllocMapped);
   if (err != cudaSuccess) {
     cudaGetLastError();
-    return absl::ResourceExhaustedError(absl::StrCat("host memory: cannot pin ", bytes,
-                                                     " bytes: ", cudaGetErrorString(err)));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("host memory: cannot pin ", bytes, " bytes: ", cudaGetErrorString(err)));
   }
   return std::make_unique<OwnedHostMemory>(static_cast<char*>(p), bytes,
                                            [](char* q) { cudaFreeHost(q); });
@@ -27,13 +28,13 @@ absl::StatusOr<std::unique_ptr<HostMemory>> AllocatePinnedHostMemory(int64_t byt
 struct HostTransfers::Transfer {
   KvTransferId id = 0;  // 0: the slot is free
   bool to_host = false;
-  bool done = false;                // its event was seen complete (to-host: no wait needed)
-  std::vector<int32_t> pages;       // sorted, for OrderWritesAfter
-  PinnedBuffer pages_host;          // [n] page ids
-  DeviceBuffer pages_device;        // [n] page ids
-  DeviceBuffer checksum_device;     // one uint64
-  PinnedBuffer checksum_host;       // one uint64
-  cudaEvent_t event = nullptr;      // recorded after the checksum's copy back
+  bool done = false;             // its event was seen complete (to-host: no wait needed)
+  std::vector<int32_t> pages;    // sorted, for OrderWritesAfter
+  PinnedBuffer pages_host;       // [n] page ids
+  DeviceBuffer pages_device;     // [n] page ids
+  DeviceBuffer checksum_device;  // one uint64
+  PinnedBuffer checksum_host;    // one uint64
+  cudaEvent_t event = nullptr;   // recorded after the checksum's copy back
   ~Transfer() {
     if (event != nullptr) cudaEventDestroy(event);
   }
