@@ -97,6 +97,12 @@ class DocumentFetcher {
   bool GiveUpIfDue(FetchTicket *ticket);
   // A forward step of `tokens` tokens took `seconds` (for the cost model).
   void ObserveCompute(int64_t tokens, double seconds);
+  // The host tier in the cost model (fetch_cost.h): a promotion took `seconds`; whether to
+  // recompute a host-tier document instead of promoting it.
+  void ObserveHostCopy(int64_t tokens, double seconds) { cost_.ObserveHostCopy(tokens, seconds); }
+  bool PreferComputeToHost(int64_t tokens, int64_t backlog_tokens) {
+    return cost_.PreferComputeToHost(tokens, backlog_tokens);
+  }
 
   // Whether to export a computed document of `bytes` payload bytes for a
   // write-back: false when the store keeps nothing, write-backs are paused

@@ -58,7 +58,14 @@ void DocumentJobs::Join(const std::shared_ptr<ScheduledRequest> &r, int block) {
   job->order = r->order;
   job->waiters.push_back({r, block, r->epoch, true});
   jobs_[blk.id] = job;
-  if (host_ != nullptr) {
+  // The host tier, unless the cost model (which needs a store) predicts recomputing faster.
+  int64_t promoting_tokens = 0;
+  for (const auto &[id, other] : jobs_) {
+    if (other->state == DocJob::kPromoting) promoting_tokens += int64_t(other->tokens.size());
+  }
+  if (host_ != nullptr &&
+      (fetcher_ == nullptr ||
+       !fetcher_->PreferComputeToHost(int64_t(job->tokens.size()), promoting_tokens))) {
     std::optional<HostTier::Ref> ref = host_->Acquire(job->id);
     if (ref.has_value() && ref->num_tokens == int32_t(job->tokens.size()) &&
         (ref->tokens.empty() || ref->tokens == job->tokens)) {
@@ -217,11 +224,12 @@ void DocumentJobs::PollPromotions() {
     const bool intact = polled.ok() && **polled == job->host->checksum;
     if (intact) {
       ReleaseHost(*job);
+      const double seconds = absl::ToDoubleSeconds(clock_->Now() - job->promote_started);
       if (metrics_ != nullptr) {
         metrics_->host_promotions->Increment();
-        metrics_->host_promotion_seconds->Observe(
-            absl::ToDoubleSeconds(clock_->Now() - job->promote_started));
+        metrics_->host_promotion_seconds->Observe(seconds);
       }
+      if (fetcher_ != nullptr) fetcher_->ObserveHostCopy(int64_t(job->tokens.size()), seconds);
       Complete(job, Source::kHost);
       continue;
     }

@@ -22,6 +22,33 @@ void FetchCostModel::ObserveFetch(int64_t tokens, double seconds) {
   fetch_ = fetch_ == 0 ? sample : (1 - options_.smoothing) * fetch_ + options_.smoothing * sample;
 }
 
+void FetchCostModel::ObserveHostCopy(int64_t tokens, double seconds) {
+  if (tokens <= 0 || seconds <= 0) return;
+  absl::MutexLock l(&mu_);
+  const double sample = seconds / double(tokens);
+  host_ = host_ == 0 ? sample : (1 - options_.smoothing) * host_ + options_.smoothing * sample;
+}
+
+double FetchCostModel::PredictHostSeconds(int64_t tokens) const {
+  absl::ReaderMutexLock l(&mu_);
+  return host_ * double(std::max<int64_t>(0, tokens));
+}
+
+bool FetchCostModel::PreferComputeToHost(int64_t tokens, int64_t host_backlog_tokens) {
+  absl::MutexLock l(&mu_);
+  const double compute = ComputeLocked(tokens);
+  const double host = host_ * double(tokens + std::max<int64_t>(0, host_backlog_tokens));
+  if (compute == 0 || host == 0 || host <= options_.margin * compute) {
+    host_skipped_in_a_row_ = 0;
+    return false;
+  }
+  if (++host_skipped_in_a_row_ >= options_.probe_every) {
+    host_skipped_in_a_row_ = 0;
+    return false;  // a probe: promote this one to refresh the estimate
+  }
+  return true;
+}
+
 double FetchCostModel::ComputeLocked(int64_t tokens) const {
   if (w_ == 0 || tokens <= 0) return 0;
   const double n = double(tokens);

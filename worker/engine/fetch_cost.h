@@ -20,7 +20,12 @@
 // Until a fetch and a step have been seen it always fetches. A fetch that has run longer than
 // HedgeAfterSeconds (hedge_factor x the predicted compute, at least hedge_floor_seconds) is
 // given up for a compute by the scheduler (a hedge: the first fetches, probes and a store that
-// slowed down, e.g. under write-backs, then cost a request at most that long). Thread-safe.
+// slowed down, e.g. under write-backs, then cost a request at most that long).
+// Host tier: a moving average of seconds per token over promotions (the copy from host memory
+// into the pool, checksum included, with the copies queued before it); a document in the host
+// tier is recomputed instead only when its promotion, behind the promotions in flight, is
+// predicted to take more than `margin` times its compute (on an H200 a promotion is ~10x faster
+// than recomputing, so in practice it never is), with the same probes. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -50,6 +55,13 @@ class FetchCostModel {
   // True: compute the document of `tokens` tokens instead of fetching it from the kvstore,
   // behind `fetch_backlog_tokens` tokens of documents already waiting for the fetch thread.
   bool PreferCompute(int64_t tokens, int64_t fetch_backlog_tokens = 0);
+  // A promotion from the host tier of a document of `tokens` tokens that took `seconds`.
+  void ObserveHostCopy(int64_t tokens, double seconds);
+  // True: compute the document of `tokens` tokens instead of promoting it from the host tier,
+  // behind `host_backlog_tokens` tokens of promotions in flight. False until a promotion and a
+  // step have been seen.
+  bool PreferComputeToHost(int64_t tokens, int64_t host_backlog_tokens = 0);
+  double PredictHostSeconds(int64_t tokens) const;
 
   // Predicted seconds; 0 when nothing has been observed yet.
   double PredictComputeSeconds(int64_t tokens) const;
@@ -67,7 +79,9 @@ class FetchCostModel {
   double w_ ABSL_GUARDED_BY(mu_) = 0, sx_ ABSL_GUARDED_BY(mu_) = 0, sy_ ABSL_GUARDED_BY(mu_) = 0;
   double sxx_ ABSL_GUARDED_BY(mu_) = 0, sxy_ ABSL_GUARDED_BY(mu_) = 0;
   double fetch_ ABSL_GUARDED_BY(mu_) = 0;  // seconds per token
+  double host_ ABSL_GUARDED_BY(mu_) = 0;   // seconds per token
   int skipped_in_a_row_ ABSL_GUARDED_BY(mu_) = 0;
+  int host_skipped_in_a_row_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace lazyrag

@@ -102,5 +102,30 @@ TEST(FetchCostModelTest, NegativeSlopeFallsBackToCostPerToken) {
   EXPECT_NEAR(m.PredictComputeSeconds(30), 0.011, 2e-4);
 }
 
+
+// The host tier: promoted until a promotion and a step are known; recomputed only when the
+// promotion, behind those in flight, is predicted past the margin (with probes); on an H200-like
+// machine (a promotion ~2.6 us a token, a 2,048-token document recomputed in ~55 ms) never.
+TEST(FetchCostModelTest, HostTierIsPromotedUnlessSlowerThanComputing) {
+  FetchCostModel m;
+  EXPECT_FALSE(m.PreferComputeToHost(2048));  // nothing observed
+  m.ObserveCompute(2048, 0.055);
+  m.ObserveCompute(32, 0.006);
+  EXPECT_FALSE(m.PreferComputeToHost(2048));  // no promotion observed
+  m.ObserveHostCopy(2048, 0.0053);
+  EXPECT_NEAR(m.PredictHostSeconds(2048), 0.0053, 1e-9);
+  EXPECT_FALSE(m.PreferComputeToHost(2048));
+  EXPECT_FALSE(m.PreferComputeToHost(2048, 8 * 2048));  // eight promotions ahead: still faster
+  // A host tier as slow as computing (a slow bus, a tiny model): recomputed, probing every 8th.
+  FetchCostModel slow;
+  slow.ObserveCompute(2048, 0.055);
+  slow.ObserveCompute(32, 0.006);
+  slow.ObserveHostCopy(2048, 0.5);
+  int promoted = 0;
+  for (int i = 0; i < 16; ++i) promoted += slow.PreferComputeToHost(2048) ? 0 : 1;
+  EXPECT_EQ(promoted, 2);
+  EXPECT_EQ(slow.PredictHostSeconds(-5), 0);
+}
+
 }  // namespace
 }  // namespace lazyrag
