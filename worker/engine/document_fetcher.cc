@@ -186,6 +186,12 @@ FetchedDocument DocumentFetcher::ReadFromStore(const std::string &ns, const std:
   return f;
 }
 
+namespace {
+int64_t PayloadBytes(const FetchedDocument &f) {
+  return f.doc.ok() ? int64_t(f.doc->payload.size()) : 0;
+}
+}  // namespace
+
 absl::StatusOr<std::vector<int32_t>> DocumentFetcher::FetchTokens(const std::string &ns,
                                                                   const std::string &id) {
   bool failed = false;  // a failed read by id fails its request; it does not
@@ -198,12 +204,20 @@ absl::StatusOr<std::vector<int32_t>> DocumentFetcher::FetchTokens(const std::str
   std::vector<int32_t> tokens = f.doc->tokens;
   absl::MutexLock l(&prefetched_mu_);
   const std::string key = PrefetchKey(ns, id);
-  if (prefetched_.insert_or_assign(key, std::move(f)).second) {
-    prefetched_order_.push_back(key);
-    if (prefetched_order_.size() > kMaxPrefetched) {
-      prefetched_.erase(prefetched_order_.front());  // a lease in it is released
-      prefetched_order_.pop_front();
-    }
+  if (auto old = prefetched_.find(key); old != prefetched_.end()) {
+    prefetched_bytes_ -= PayloadBytes(old->second);
+    prefetched_.erase(old);
+    prefetched_order_.erase(std::find(prefetched_order_.begin(), prefetched_order_.end(), key));
+  }
+  prefetched_bytes_ += PayloadBytes(f);
+  prefetched_.emplace(key, std::move(f));
+  prefetched_order_.push_back(key);
+  while (prefetched_order_.size() > 1 && (prefetched_order_.size() > kMaxPrefetched ||
+                                          prefetched_bytes_ > kMaxPrefetchedBytes)) {
+    auto oldest = prefetched_.find(prefetched_order_.front());
+    prefetched_bytes_ -= PayloadBytes(oldest->second);
+    prefetched_.erase(oldest);  // a lease in it is released
+    prefetched_order_.pop_front();
   }
   return tokens;
 }
@@ -216,6 +230,7 @@ std::optional<FetchedDocument> DocumentFetcher::TakePrefetched(const std::string
   auto it = prefetched_.find(key);
   if (it == prefetched_.end()) return std::nullopt;
   FetchedDocument f = std::move(it->second);
+  prefetched_bytes_ -= PayloadBytes(f);
   prefetched_.erase(it);
   prefetched_order_.erase(std::find(prefetched_order_.begin(), prefetched_order_.end(), key));
   return f;

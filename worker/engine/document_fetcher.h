@@ -74,6 +74,9 @@ class DocumentFetcher {
   // Documents fetched by FetchTokens kept for the scheduler at most (oldest
   // dropped).
   static constexpr size_t kMaxPrefetched = 64;
+  // ... and at most this many payload bytes of them (the oldest go first): a request follows its
+  // read within milliseconds, so a few documents of a large model are enough.
+  static constexpr int64_t kMaxPrefetchedBytes = int64_t(2) << 30;
 
   // Called on the fetch thread with every finished fetch.
   using DeliverFn = std::function<void(FetchedDocument)>;
@@ -186,6 +189,7 @@ class DocumentFetcher {
   absl::Mutex prefetched_mu_;
   std::map<std::string, FetchedDocument> prefetched_ ABSL_GUARDED_BY(prefetched_mu_);
   std::deque<std::string> prefetched_order_ ABSL_GUARDED_BY(prefetched_mu_);
+  int64_t prefetched_bytes_ ABSL_GUARDED_BY(prefetched_mu_) = 0;
 
   std::thread fetch_thread_;
   std::thread wb_thread_;
