@@ -34,6 +34,14 @@ if ! python3 -c "import grpc, grpc_tools, grpc_reflection" 2>/dev/null; then
     echo "bootstrap: WARNING: grpcio could not be installed; the Python client test will skip" >&2
 fi
 
+# The chart tests (tests/deploy/chart_check.py) validate the rendered manifests against the
+# Kubernetes schemas with kubernetes-validate (PyPI; it brings jsonschema for values.schema.json).
+if ! python3 -c "import kubernetes_validate, jsonschema" 2>/dev/null; then
+  echo "bootstrap: installing kubernetes-validate from PyPI"
+  python3 -m pip install -q --disable-pip-version-check kubernetes-validate ||
+    echo "bootstrap: WARNING: kubernetes-validate could not be installed; deploy.chart.* tests will skip" >&2
+fi
+
 cache=${LAZYRAG_CACHE:-$HOME/.cache/lazyrag}
 model="$cache/SmolLM2-135M-Instruct.Q4_1.gguf"
 if [ "${LAZYRAG_NO_MODEL:-0}" != 1 ] && [ ! -s "$model" ]; then

@@ -11,7 +11,7 @@
 // Helm.
 //
 // Not covered: chart dependencies (subcharts), .Files, tpl, .Capabilities.APIVersions,
-// hooks, schema validation (values.schema.json), --set, and Helm's kind-based output order
+// hooks, schema validation (values.schema.json: tests/deploy/chart_check.py schema checks it), --set, and Helm's kind-based output order
 // (manifests come out in file-name order).
 package main
 

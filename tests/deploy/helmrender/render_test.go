@@ -329,11 +329,42 @@ func checkDesign(t *testing.T, r *rendered) {
 	} else if get(limits, gpuName) != nil || get(requests, gpuName) != nil {
 		t.Errorf("a cpu worker requests %s", gpuName)
 	}
-	if !reflect.DeepEqual(jsonish(get(podSpec, "nodeSelector")), jsonish(r.value("worker", "nodeSelector"))) {
-		t.Errorf("worker nodeSelector %v, want %v", get(podSpec, "nodeSelector"), r.value("worker", "nodeSelector"))
+	// Scheduling: the worker's own nodeSelector and tolerations, plus the GPU ones only with
+	// device cuda (a CPU worker must schedule on nodes without GPUs).
+	wantSelector := obj{}
+	var wantTolerations []interface{}
+	sources := []string{""}
+	if r.value("worker", "device") == "cuda" {
+		sources = append(sources, "gpu")
 	}
-	if !reflect.DeepEqual(jsonish(get(podSpec, "tolerations")), jsonish(r.value("worker", "tolerations"))) {
-		t.Errorf("worker tolerations %v, want %v", get(podSpec, "tolerations"), r.value("worker", "tolerations"))
+	for _, prefix := range sources {
+		selKey, tolKey := "nodeSelector", "tolerations"
+		if prefix != "" {
+			selKey, tolKey = "gpuNodeSelector", "gpuTolerations"
+		}
+		if m, ok := r.value("worker", selKey).(obj); ok {
+			for k, v := range m {
+				wantSelector[k] = v
+			}
+		}
+		if l, ok := r.value("worker", tolKey).([]interface{}); ok {
+			wantTolerations = append(wantTolerations, l...)
+		}
+	}
+	if !reflect.DeepEqual(jsonish(get(podSpec, "nodeSelector")), jsonish(wantSelector)) {
+		t.Errorf("worker nodeSelector %v, want %v", get(podSpec, "nodeSelector"), wantSelector)
+	}
+	gotTolerations, _ := get(podSpec, "tolerations").([]interface{})
+	if len(gotTolerations) != len(wantTolerations) || (len(wantTolerations) > 0 && !reflect.DeepEqual(jsonish(gotTolerations), jsonish(wantTolerations))) {
+		t.Errorf("worker tolerations %v, want %v", gotTolerations, wantTolerations)
+	}
+	// Tensor parallelism over a pod's GPUs: --tp=gpus with cuda and gpus > 1, else no --tp.
+	if gpus := num(t, r.value("worker", "gpus")); r.value("worker", "device") == "cuda" && gpus > 1 {
+		if wkArgs["--tp"] != fmt.Sprint(gpus) {
+			t.Errorf("worker with %d GPUs: --tp=%q, want %d", gpus, wkArgs["--tp"], gpus)
+		}
+	} else if _, ok := wkArgs["--tp"]; ok {
+		t.Errorf("worker gets --tp=%s with device %v, gpus %d", wkArgs["--tp"], r.value("worker", "device"), gpus)
 	}
 
 	// router: Deployment + client Service; workers found through their headless Service.
@@ -341,7 +372,11 @@ func checkDesign(t *testing.T, r *rendered) {
 	if got, want := num(t, get(rt, "spec", "replicas")), num(t, r.value("router", "replicas")); got != want {
 		t.Errorf("router replicas %d, want %d", got, want)
 	}
-	addressList(t, "--workers", args(rt)["--workers"], wk, wkSvc, num(t, r.value("worker", "replicas")), containerPort(t, wk, "grpc"), domain)
+	if r.value("router", "workerDiscovery") == "static" {
+		addressList(t, "--workers", args(rt)["--workers"], wk, wkSvc, num(t, r.value("worker", "replicas")), containerPort(t, wk, "grpc"), domain)
+	} else if got, want := args(rt)["--workers"], fmt.Sprintf("dns:///%s.rag.svc.%s:%d", get(wkSvc, "metadata", "name"), domain, containerPort(t, wk, "grpc")); got != want {
+		t.Errorf("router --workers=%q, want %q (the workers' headless Service)", got, want)
+	}
 	clientSvc := r.byKey["Service/"+str(get(rt, "metadata", "name"))]
 	if clientSvc == nil || str(get(clientSvc, "spec", "type")) != str(r.value("router", "service", "type")) ||
 		!selects(get(clientSvc, "spec", "selector"), get(rt, "spec", "template", "metadata", "labels")) {
@@ -359,7 +394,12 @@ func checkDesign(t *testing.T, r *rendered) {
 		grpcPort := containerPort(t, w, "grpc")
 		for _, probe := range []string{"readinessProbe", "livenessProbe"} {
 			p := get(c, probe)
-			if tlsOn {
+			if tlsOn && probe == "livenessProbe" {
+				// The kubelet cannot speak TLS: liveness asks the process itself (/metrics).
+				if str(get(p, "httpGet", "path")) != "/metrics" || get(p, "httpGet", "port") == nil || num(t, get(p, "httpGet", "port")) != containerPort(t, w, "metrics") {
+					t.Errorf("%s %s: want an httpGet of /metrics on the metrics port with TLS, got %v", name, probe, p)
+				}
+			} else if tlsOn {
 				if get(p, "tcpSocket", "port") == nil || num(t, get(p, "tcpSocket", "port")) != grpcPort {
 					t.Errorf("%s %s: want a tcpSocket probe on %d with TLS, got %v", name, probe, grpcPort, p)
 				}
@@ -367,6 +407,8 @@ func checkDesign(t *testing.T, r *rendered) {
 				t.Errorf("%s %s: want a grpc probe on port %d, got %v", name, probe, grpcPort, p)
 			}
 		}
+		checkListenAddresses(t, r, w)
+		checkRestricted(t, w)
 		for _, part := range []string{"requests", "limits"} {
 			if m, _ := get(c, "resources", part).(obj); len(m) == 0 {
 				t.Errorf("%s has no resource %s", name, part)
@@ -483,8 +525,8 @@ func TestDefaultValues(t *testing.T) {
 	if len(r.ofKind("ServiceMonitor")) != 0 || len(r.ofKind("Secret")) != 0 {
 		t.Errorf("ServiceMonitor and TLS Secret must be off by default")
 	}
-	if got := len(r.docs); got != 10 {
-		t.Errorf("%d manifests for default values, want 10 (3 workloads, 4 Services, 3 PDBs)", got)
+	if got := len(r.docs); got != 13 {
+		t.Errorf("%d manifests for default values, want 13 (3 workloads, 4 Services, 3 PDBs, 3 NetworkPolicies)", got)
 	}
 }
 
@@ -531,7 +573,7 @@ func TestMultiShardMultiWorkerValues(t *testing.T) {
 	if img := str(get(wk, "spec", "template", "spec", "containers", 0, "image")); img != "registry.example.invalid/lazyrag/worker:1.2.3" {
 		t.Errorf("worker image %q", img)
 	}
-	if _, ok := args(wk)["--v"]; !ok {
+	if _, ok := args(wk)["--max_running"]; !ok {
 		t.Errorf("worker extraArgs not passed: %v", args(wk))
 	}
 	if str(get(wk, "spec", "template", "metadata", "labels", "team")) != "rag" {
@@ -561,6 +603,7 @@ func TestInvalidValuesFailWithMessage(t *testing.T) {
 		"tls:\n  enabled: true\n":                                   "tls.cert is required",
 		"worker:\n  model:\n    source: volume\n    volume: null\n": "worker.model.volume is required",
 		"worker:\n  hostCacheBytes: -5\n":                           "worker.hostCacheBytes must be -1 (sized from the pod), 0 (off) or a byte count, got -5",
+		"router:\n  workerDiscovery: consul\n":                      `router.workerDiscovery must be dns or static, got "consul"`,
 	}
 	for values, want := range cases {
 		f := filepath.Join(t.TempDir(), "bad.yaml")
@@ -585,6 +628,7 @@ func TestValuesDocumented(t *testing.T) {
 	}
 	freeForm := map[string]bool{"resources": true, "nodeSelector": true, "tolerations": true, "affinity": true,
 		"podAnnotations": true, "commonLabels": true, "labels": true, "annotations": true, "volume": true,
+		"gpuNodeSelector":    true,
 		"podSecurityContext": true, "securityContext": true}
 	var walk func(n *yaml.Node, path string)
 	walk = func(n *yaml.Node, path string) {
@@ -612,5 +656,157 @@ func TestFormat(t *testing.T) {
 	out := res.Format()
 	if n := strings.Count(out, "\n# Source: lazyrag/templates/"); n != len(res.Manifests) || !bytes.HasPrefix([]byte(out), []byte("---\n")) {
 		t.Errorf("%d Source headers for %d manifests", n, len(res.Manifests))
+	}
+}
+
+// checkListenAddresses: --listen is HOST:PORT with an IPv6 host in brackets (how
+// common/grpc_server.cc's ParseHostPort splits it), and --metrics_host is the bare address
+// (the metrics server hands it to getaddrinfo), for every server.
+func checkListenAddresses(t *testing.T, r *rendered, w obj) {
+	t.Helper()
+	name := str(get(w, "metadata", "name"))
+	host := strings.TrimSuffix(strings.TrimPrefix(str(r.value("listenHost")), "["), "]")
+	a := args(w)
+	wantListen := fmt.Sprintf("%s:%d", host, containerPort(t, w, "grpc"))
+	if strings.Contains(host, ":") {
+		wantListen = fmt.Sprintf("[%s]:%d", host, containerPort(t, w, "grpc"))
+	}
+	if a["--listen"] != wantListen {
+		t.Errorf("%s --listen=%q, want %q", name, a["--listen"], wantListen)
+	}
+	if a["--metrics_host"] != host {
+		t.Errorf("%s --metrics_host=%q, want %q", name, a["--metrics_host"], host)
+	}
+}
+
+// checkRestricted: the pod meets the "restricted" Pod Security Standard.
+func checkRestricted(t *testing.T, w obj) {
+	t.Helper()
+	name := str(get(w, "metadata", "name"))
+	pod := get(w, "spec", "template", "spec")
+	if str(get(pod, "securityContext", "seccompProfile", "type")) != "RuntimeDefault" {
+		t.Errorf("%s: pod seccompProfile %v, want RuntimeDefault", name, get(pod, "securityContext", "seccompProfile"))
+	}
+	for _, c := range get(pod, "containers").([]interface{}) {
+		sc := get(c, "securityContext")
+		if get(pod, "securityContext", "runAsNonRoot") != true && get(sc, "runAsNonRoot") != true {
+			t.Errorf("%s: container %v may run as root", name, get(c, "name"))
+		}
+		if get(sc, "allowPrivilegeEscalation") != false {
+			t.Errorf("%s: container %v allows privilege escalation", name, get(c, "name"))
+		}
+		if !reflect.DeepEqual(get(sc, "capabilities", "drop"), []interface{}{"ALL"}) || get(sc, "capabilities", "add") != nil {
+			t.Errorf("%s: container %v capabilities %v, want drop [ALL]", name, get(c, "name"), get(sc, "capabilities"))
+		}
+	}
+}
+
+func writeValues(t *testing.T, text string) string {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(f, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// Issue 27: two GPUs per worker run tensor-parallel; one GPU and CPU workers get no --tp.
+func TestGpuWorkerTensorParallel(t *testing.T) {
+	for values, want := range map[string]string{"worker:\n  gpus: 2\n": "2", "worker:\n  gpus: 1\n": "",
+		"worker:\n  gpus: 4\n  device: cpu\n  model:\n    source: image\n    path: synthetic:tiny\n": ""} {
+		r := render(t, "tp", writeValues(t, values))
+		checkDesign(t, r)
+		if got := args(r.workload(t, "StatefulSet", "worker"))["--tp"]; got != want {
+			t.Errorf("values %q: --tp=%q, want %q", values, got, want)
+		}
+	}
+}
+
+// Issue 27: device cpu with the chart's default scheduling values gets no GPU node selector,
+// toleration or resource.
+func TestCpuWorkerDefaultsNoGPUScheduling(t *testing.T) {
+	r := render(t, "cpu", filepath.Join(*testdataDir, "values-cpu.yaml"))
+	checkDesign(t, r)
+	pod := get(r.workload(t, "StatefulSet", "worker"), "spec", "template", "spec")
+	text := fmt.Sprint(get(pod, "nodeSelector"), get(pod, "tolerations"), get(pod, "containers", 0, "resources"))
+	if strings.Contains(text, "nvidia") {
+		t.Errorf("a cpu worker pod asks for GPU nodes: %s", text)
+	}
+	gpu := get(render(t, "gpu").workload(t, "StatefulSet", "worker"), "spec", "template", "spec")
+	if str(get(gpu, "nodeSelector", "nvidia.com/gpu.present")) != "true" || get(gpu, "tolerations", 0) == nil {
+		t.Errorf("a cuda worker lost its GPU node selector or toleration: %v %v", get(gpu, "nodeSelector"), get(gpu, "tolerations"))
+	}
+}
+
+// Issue 27: listenHost "::" (and "[::]") gives [::]:PORT listen addresses and a bare ::
+// metrics host for every server.
+func TestIPv6ListenAddresses(t *testing.T) {
+	for _, host := range []string{`"::"`, `"[::]"`} {
+		r := render(t, "v6", filepath.Join(*testdataDir, "values-ipv6.yaml"), writeValues(t, "listenHost: "+host+"\n"))
+		checkDesign(t, r)
+		for _, w := range []obj{r.workload(t, "StatefulSet", "kvstore"), r.workload(t, "StatefulSet", "worker"), r.workload(t, "Deployment", "router")} {
+			if a := args(w); !strings.HasPrefix(a["--listen"], "[::]:") || a["--metrics_host"] != "::" {
+				t.Errorf("listenHost %s: %s --listen=%q --metrics_host=%q", host, get(w, "metadata", "name"), a["--listen"], a["--metrics_host"])
+			}
+		}
+	}
+}
+
+// Issue 27: with TLS the probes still check the process (liveness on /metrics), not only a
+// TCP connect (checkDesign checks each probe).
+func TestTLSProbes(t *testing.T) {
+	checkDesign(t, render(t, "tls", filepath.Join(*testdataDir, "values-tls.yaml")))
+}
+
+// Issue 27: NetworkPolicies (on by default): kvstore gRPC from workers only, worker gRPC from
+// routers only, router gRPC from anyone, metrics ports from networkPolicy.metricsFrom.
+func TestNetworkPolicies(t *testing.T) {
+	r := render(t, "np", filepath.Join(*testdataDir, "values-tls.yaml"))
+	labels := func(component, kind string) interface{} {
+		return get(r.workload(t, kind, component), "spec", "template", "metadata", "labels")
+	}
+	kinds := map[string]string{"kvstore": "StatefulSet", "worker": "StatefulSet", "router": "Deployment"}
+	allowedFrom := map[string]string{"kvstore": "worker", "worker": "router", "router": ""}
+	policies := r.ofKind("NetworkPolicy")
+	if len(policies) != 3 {
+		t.Fatalf("%d NetworkPolicies, want 3", len(policies))
+	}
+	for component, from := range allowedFrom {
+		var np obj
+		for _, p := range policies {
+			if selects(get(p, "spec", "podSelector", "matchLabels"), labels(component, kinds[component])) {
+				np = p
+			}
+		}
+		if np == nil {
+			t.Errorf("no NetworkPolicy selects the %s pods", component)
+			continue
+		}
+		grpcPort := num(t, r.value(component, "grpcPort"))
+		metricsPort := num(t, r.value(component, "metricsPort"))
+		for _, rule := range get(np, "spec", "ingress").([]interface{}) {
+			port := num(t, get(rule, "ports", 0, "port"))
+			peers, _ := get(rule, "from").([]interface{})
+			switch port {
+			case grpcPort:
+				if from == "" {
+					if len(peers) != 0 {
+						t.Errorf("%s gRPC must be open to anyone, from %v", component, peers)
+					}
+				} else if want := get(r.workload(t, kinds[from], from), "spec", "selector", "matchLabels"); len(peers) != 1 ||
+					!reflect.DeepEqual(get(peers[0], "podSelector", "matchLabels"), want) || len(peers[0].(obj)) != 1 {
+					t.Errorf("%s gRPC ingress from %v, want only the %s pods", component, peers, from)
+				}
+			case metricsPort:
+				if !reflect.DeepEqual(jsonish(obj{"p": peers}), jsonish(obj{"p": r.value("networkPolicy", "metricsFrom")})) {
+					t.Errorf("%s metrics ingress from %v, want networkPolicy.metricsFrom", component, peers)
+				}
+			default:
+				t.Errorf("%s NetworkPolicy opens port %d", component, port)
+			}
+		}
+	}
+	if n := len(render(t, "off", writeValues(t, "networkPolicy:\n  enabled: false\n")).ofKind("NetworkPolicy")); n != 0 {
+		t.Errorf("networkPolicy.enabled false: %d NetworkPolicies", n)
 	}
 }

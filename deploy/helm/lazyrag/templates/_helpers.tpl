@@ -1,6 +1,6 @@
 {{/*
 Helpers of the lazyrag chart. They use only Go template built-ins, Helm's include, required,
-toYaml and fromYaml, and a few sprig functions (default, trunc, trimSuffix, contains, quote, nindent,
+toYaml and fromYaml, and a few sprig functions (default, trunc, trimPrefix, trimSuffix, contains, quote, nindent,
 int, int64, toString, add, div, until, list, append, has, join, dict, set, deepCopy, b64enc,
 fail), so that tests/deploy/helmrender can render the chart without Helm.
 
@@ -82,8 +82,9 @@ component's podAnnotations. Takes (dict "root" $ "component" NAME).
 
 {{/*
 Scheduling and pod-level settings shared by every pod spec: pull secrets, security context,
-node selector, tolerations, affinity. Takes (dict "root" $ "component" NAME "affinity" MAP),
-where affinity is used when the component's own affinity value is empty.
+node selector, tolerations, affinity. Takes (dict "root" $ "component" NAME "affinity" MAP
+"gpu" BOOL), where affinity is used when the component's own affinity value is empty, and gpu
+adds the component's gpuNodeSelector and gpuTolerations (GPU workers only).
 */}}
 {{- define "lazyrag.component.podSettings" -}}
 {{- $values := index .root.Values .component -}}
@@ -97,11 +98,27 @@ imagePullSecrets:
 securityContext:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with $values.nodeSelector }}
+{{- $nodeSelector := dict -}}
+{{- range $key, $value := $values.nodeSelector -}}
+{{- $_ := set $nodeSelector $key $value -}}
+{{- end -}}
+{{- $tolerations := list -}}
+{{- range $values.tolerations -}}
+{{- $tolerations = append $tolerations . -}}
+{{- end -}}
+{{- if .gpu -}}
+{{- range $key, $value := $values.gpuNodeSelector -}}
+{{- $_ := set $nodeSelector $key $value -}}
+{{- end -}}
+{{- range $values.gpuTolerations -}}
+{{- $tolerations = append $tolerations . -}}
+{{- end -}}
+{{- end -}}
+{{- with $nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with $values.tolerations }}
+{{- with $tolerations }}
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
@@ -124,23 +141,29 @@ podAntiAffinity:
 {{- end -}}
 
 {{/*
-Readiness, liveness and (with startupSeconds) startup probes on a gRPC port. The servers
-implement grpc.health.v1.Health; the kubelet's gRPC probe cannot use TLS, so with
-tls.enabled the probes only check that the port accepts connections.
-Takes (dict "root" $ "port" GRPC_PORT "startupSeconds" N).
+Readiness, liveness and (with startupSeconds) startup probes. Without TLS all three are the
+kubelet's gRPC probe of grpc.health.v1.Health on the gRPC port. The kubelet's gRPC probe
+cannot speak TLS and the images hold no TLS-capable health client (lazyrag-cli has no health
+command and is not in the server images), so with tls.enabled: readiness and startup connect
+to the gRPC port (tcpSocket), and liveness GETs /metrics on the plain-HTTP metrics port, which
+only answers while the process serves requests (a TCP connect succeeds from the listen backlog
+even when the process is wedged).
+Takes (dict "root" $ "port" GRPC_PORT "metricsPort" METRICS_PORT "startupSeconds" N).
 */}}
 {{- define "lazyrag.probes" -}}
 {{- $p := .root.Values.probes -}}
 {{- $check := printf "grpc:\n  port: %d\n  service: \"\"" (int .port) -}}
+{{- $live := $check -}}
 {{- if .root.Values.tls.enabled -}}
 {{- $check = printf "tcpSocket:\n  port: %d" (int .port) -}}
+{{- $live = printf "httpGet:\n  path: /metrics\n  port: %d" (int .metricsPort) -}}
 {{- end -}}
 readinessProbe:
   {{- $check | nindent 2 }}
   periodSeconds: {{ int $p.readinessPeriodSeconds }}
   timeoutSeconds: {{ int $p.timeoutSeconds }}
 livenessProbe:
-  {{- $check | nindent 2 }}
+  {{- $live | nindent 2 }}
   periodSeconds: {{ int $p.livenessPeriodSeconds }}
   timeoutSeconds: {{ int $p.timeoutSeconds }}
   failureThreshold: {{ int $p.livenessFailureThreshold }}
@@ -199,14 +222,45 @@ under the headless Service: PREFIX-kvstore-I.PREFIX-kvstore.NAMESPACE.svc.DOMAIN
 {{- join "," $addresses -}}
 {{- end -}}
 
-{{/* Comma-separated gRPC addresses of every worker, as for the kvstore shards. */}}
+{{/*
+The router's --workers: by default (router.workerDiscovery dns) dns:///NAME:PORT of the
+workers' headless Service, which resolves to every worker pod's address and which the router
+re-resolves every --resolve_interval_s, so scaling the workers needs no router restart. With
+static: a comma-separated list of every worker's stable name, as for the kvstore shards.
+*/}}
 {{- define "lazyrag.workerAddresses" -}}
 {{- $name := include "lazyrag.component.name" (dict "root" . "component" "worker") -}}
+{{- if eq .Values.router.workerDiscovery "static" -}}
 {{- $addresses := list -}}
 {{- range $i := until (int .Values.worker.replicas) -}}
 {{- $addresses = append $addresses (printf "%s-%d.%s.%s.svc.%s:%d" $name $i $name $.Release.Namespace $.Values.clusterDomain (int $.Values.worker.grpcPort)) -}}
 {{- end -}}
 {{- join "," $addresses -}}
+{{- else -}}
+{{- printf "dns:///%s.%s.svc.%s:%d" $name .Release.Namespace .Values.clusterDomain (int .Values.worker.grpcPort) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+listenHost without brackets ("::" for "[::]"): the form --metrics_host takes (the metrics
+server hands it to getaddrinfo).
+*/}}
+{{- define "lazyrag.bareListenHost" -}}
+{{- .Values.listenHost | toString | trimPrefix "[" | trimSuffix "]" -}}
+{{- end -}}
+
+{{/*
+A server's --listen address HOST:PORT: an IPv6 host goes in brackets ([::]:50051), which is
+how common/grpc_server.cc's ParseHostPort tells the port from the address.
+Takes (dict "root" $ "port" PORT).
+*/}}
+{{- define "lazyrag.listenAddress" -}}
+{{- $host := include "lazyrag.bareListenHost" .root -}}
+{{- if contains ":" $host -}}
+{{- printf "[%s]:%d" $host (int .port) -}}
+{{- else -}}
+{{- printf "%s:%d" $host (int .port) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Fails the render, with a message naming the value, on values the chart cannot serve. */}}
@@ -222,6 +276,9 @@ under the headless Service: PREFIX-kvstore-I.PREFIX-kvstore.NAMESPACE.svc.DOMAIN
 {{- end -}}
 {{- if lt (int .Values.router.replicas) 1 -}}
 {{- fail "router.replicas must be at least 1" -}}
+{{- end -}}
+{{- if not (has .Values.router.workerDiscovery (list "dns" "static")) -}}
+{{- fail (printf "router.workerDiscovery must be dns or static, got %q" (toString .Values.router.workerDiscovery)) -}}
 {{- end -}}
 {{- if not (has .Values.worker.device (list "cuda" "cpu")) -}}
 {{- fail (printf "worker.device must be cuda or cpu, got %q" (toString .Values.worker.device)) -}}
