@@ -527,8 +527,7 @@ TEST(WorkerProcessTest, LogsTheStartUpAndOneLinePerFinishedRequest) {
   // A rejected request: a warning with the status and the reason, no engine numbers.
   EXPECT_EQ(finished[3].rfind("W ", 0), 0u) << finished[3];
   EXPECT_NE(finished[3].find("request_id=req-bad"), std::string::npos) << finished[3];
-  EXPECT_NE(finished[3].find("status=INVALID_ARGUMENT error=\"query is empty\""),
-            std::string::npos)
+  EXPECT_NE(finished[3].find("status=INVALID_ARGUMENT error=\"query is empty\""), std::string::npos)
       << finished[3];
   EXPECT_EQ(finished[3].find("ttft_ms"), std::string::npos) << finished[3];
 }

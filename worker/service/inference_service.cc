@@ -62,13 +62,15 @@ std::string ModeName(v1::AttentionMode mode) {
 
 // One line per finished Generate call, whatever its outcome (rejected requests too): what the
 // request asked, what the engine reported (absent when it did not run to the end) and the
-// status the client got.
+// status the client got. Info, or a warning for a call that failed; `request_id` "": a new one.
 void LogFinishedRequest(const v1::GenerateRequest &request, const std::string &request_id,
                         const std::optional<GenerateResult> &result, const grpc::Status &status,
                         absl::Duration wall) {
+  const LogLevel level = status.ok() ? LogLevel::kInfo : LogLevel::kWarning;
+  if (level < MinLogLevel()) return;
   const auto code = static_cast<absl::StatusCode>(status.error_code());
-  LogMessage line(status.ok() ? LogLevel::kInfo : LogLevel::kWarning, __FILE__, __LINE__);
-  line.With("request_id", request_id)
+  LogMessage line(level, __FILE__, __LINE__);
+  line.With("request_id", request_id.empty() ? NewRequestId() : request_id)
       .With("mode", ModeName(request.mode()))
       .With("documents", request.documents_size());
   if (result.has_value()) {
@@ -177,11 +179,7 @@ grpc::Status InferenceService::Generate(grpc::ServerContext *context,
   // The result stays empty unless the engine ran the request to the end.
   std::optional<GenerateResult> logged;
   const grpc::Status status = GenerateStream(context, request, writer, &logged);
-  if (MinLogLevel() <= LogLevel::kInfo || !status.ok()) {
-    const std::string id =
-        request->request_id().empty() ? NewRequestId() : request->request_id();
-    LogFinishedRequest(*request, id, logged, status, absl::Now() - start);
-  }
+  LogFinishedRequest(*request, request->request_id(), logged, status, absl::Now() - start);
   return status;
 }
 
