@@ -96,6 +96,19 @@ TEST(CommandLineTest, VersionPrintsVersionAndCommitAndExitsZero) {
   }
 }
 
+#ifdef LAZYRAG_CLI_BINARY
+TEST(CommandLineTest, CliVersionAndHelpExitZero) {
+  const Outcome version = RunBinary(LAZYRAG_CLI_BINARY, "--version");
+  EXPECT_EQ(version.exit_code, 0) << version.output;
+  EXPECT_EQ(version.output, absl::StrCat("lazyrag-cli ", LAZYRAG_EXPECTED_VERSION, " (",
+                                         LAZYRAG_EXPECTED_COMMIT, ")\n"));
+  const Outcome help = RunBinary(LAZYRAG_CLI_BINARY, "--help");
+  EXPECT_EQ(help.exit_code, 0) << help.output;
+  EXPECT_TRUE(absl::StrContains(help.output, "generate")) << help.output;
+  EXPECT_EQ(RunBinary(LAZYRAG_CLI_BINARY, "").exit_code, 2);
+}
+#endif
+
 TEST(CommandLineTest, BadLogLevelOrFormatExitsTwoWithAMessage) {
   for (const Binary& b : Binaries()) {
     SCOPED_TRACE(b.name);
