@@ -1,6 +1,6 @@
 #include "common/build_info.h"
 
-// Set by common/CMakeLists.txt on this file only, so a new commit recompiles one file.
+// Set by common/CMakeLists.txt on lazyrag_build_info only, so a new commit recompiles one file.
 #ifndef LAZYRAG_VERSION
 #define LAZYRAG_VERSION "0.0.0"
 #endif
