@@ -5,6 +5,7 @@
 
 #include "cli/generate_command.h"
 #include "cli/kv_command.h"
+#include "common/build_info.h"
 
 namespace {
 
@@ -19,19 +20,27 @@ constexpr Command kCommands[] = {
     {"kv", lazyrag::cli::RunKvCommand, "put|get|stat|delete values in the kvstore"},
 };
 
-int Usage() {
-  std::cerr << "usage: lazyrag-cli COMMAND [ARGS...]\ncommands:\n";
-  for (const Command& c : kCommands) std::cerr << "  " << c.name << "  " << c.summary << "\n";
-  return 2;
+// Usage on `out`; returns `exit_code`.
+int Usage(std::ostream& out, int exit_code) {
+  out << "usage: lazyrag-cli COMMAND [ARGS...] | --version\ncommands:\n";
+  for (const Command& c : kCommands) out << "  " << c.name << "  " << c.summary << "\n";
+  return exit_code;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) return Usage();
+  if (argc < 2) return Usage(std::cerr, 2);
+  if (std::strcmp(argv[1], "--version") == 0) {
+    std::cout << lazyrag::VersionLine("lazyrag-cli") << "\n";
+    return 0;
+  }
+  if (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    return Usage(std::cout, 0);
+  }
   for (const Command& c : kCommands) {
     if (std::strcmp(argv[1], c.name) == 0) return c.run(argc - 1, argv + 1);
   }
   std::cerr << "lazyrag-cli: unknown command '" << argv[1] << "'\n";
-  return Usage();
+  return Usage(std::cerr, 2);
 }

@@ -53,7 +53,16 @@ absl::Status KvStoreServer::Start() {
       return st;
     }
   }
-  LOG_INFO << "kvstore: serving on " << grpc_->address() << ", metrics port " << metrics_port();
+  const EngineUsage usage = engine_->Usage();
+  LOG_INFO.With("grpc", grpc_->address())
+          .With("metrics_port", metrics_port())
+          .With("data_dir", options_.data_dir)
+          .With("capacity_bytes", usage.capacity_bytes)
+          .With("used_bytes", usage.bytes)
+          .With("entries", usage.entries)
+          .With("sync_commits", options_.sync_commits)
+          .With("tls", options_.tls.enabled())
+      << "lazyrag-kvstore: serving";
   return absl::OkStatus();
 }
 

@@ -7,9 +7,8 @@
 #include <memory>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/time/clock.h"
+#include "common/binary_flags.h"
 #include "common/logging.h"
 #include "common/server_main.h"
 #include "common/tls_flags.h"
@@ -25,9 +24,10 @@ ABSL_FLAG(bool, sync_commits, true, "fsync the write-ahead log on every committe
 ABSL_FLAG(double, shutdown_grace_s, 10, "seconds running calls get to finish at shutdown");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  const lazyrag::BinaryCommandLine command_line = lazyrag::ParseBinaryCommandLine(
+      argc, argv, "lazyrag-kvstore",
       "lazyrag-kvstore --listen HOST:PORT --data_dir DIR --capacity_bytes N --metrics_port N");
-  absl::ParseCommandLine(argc, argv);
+  if (command_line.exit_code >= 0) return command_line.exit_code;
 
   lazyrag::kvstore::KvStoreServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);

@@ -9,9 +9,8 @@
 #include <memory>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/time/clock.h"
+#include "common/binary_flags.h"
 #include "common/logging.h"
 #include "common/server_main.h"
 #include "common/tls_flags.h"
@@ -38,10 +37,11 @@ ABSL_FLAG(double, resolve_interval_s, 5, "seconds between DNS resolutions of --w
 ABSL_FLAG(double, shutdown_grace_s, 10, "seconds running calls get to finish at shutdown");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  const lazyrag::BinaryCommandLine command_line = lazyrag::ParseBinaryCommandLine(
+      argc, argv, "lazyrag-router",
       "lazyrag-router --listen HOST:PORT --workers HOST:PORT,...|dns:///NAME:PORT "
       "--metrics_port N [--load_weight W] [--imbalance_threshold N]");
-  absl::ParseCommandLine(argc, argv);
+  if (command_line.exit_code >= 0) return command_line.exit_code;
 
   lazyrag::router::RouterServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);

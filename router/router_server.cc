@@ -1,6 +1,7 @@
 #include "router/router_server.h"
 
 #include "common/grpc_server.h"
+#include "common/logging.h"
 #include "common/metrics_http.h"
 #include "common/tls.h"
 
@@ -49,6 +50,16 @@ absl::Status RouterServer::Start() {
       return s;
     }
   }
+  LOG_INFO.With("grpc", grpc_->address())
+          .With("metrics_port", metrics_port())
+          .With("discovery", spec->is_dns() ? "dns" : "static")
+          .With("workers", options_.workers)
+          .With("static_workers", spec->addresses.size())
+          .With("resolve_interval_s", absl::ToDoubleSeconds(options_.pool.resolve_interval))
+          .With("poll_interval_s", absl::ToDoubleSeconds(options_.pool.poll_interval))
+          .With("max_attempts", options_.service.max_attempts)
+          .With("tls", options_.tls.enabled())
+      << "lazyrag-router: serving";
   return absl::OkStatus();
 }
 

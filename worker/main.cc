@@ -11,9 +11,8 @@
 #include <memory>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/time/clock.h"
+#include "common/binary_flags.h"
 #include "common/logging.h"
 #include "common/server_main.h"
 #include "common/tls_flags.h"
@@ -72,12 +71,13 @@ ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "address the /metrics endpoint b
 ABSL_FLAG(double, shutdown_grace_s, 10, "seconds running calls get to finish at shutdown");
 
 int main(int argc, char **argv) {
-  absl::SetProgramUsageMessage(
+  const lazyrag::BinaryCommandLine command_line = lazyrag::ParseBinaryCommandLine(
+      argc, argv, "lazyrag-worker",
       "lazyrag-worker --listen HOST:PORT --model PATH|synthetic:NAME --device "
       "cpu|cuda [--cuda_device N] [--tp N] [--peers HOST:PORT,...] "
       "--kvstore embedded:DIR|HOST:PORT,... --kv_pool_bytes N --page_size N "
       "[--host_cache_bytes N] --max_batch_tokens N --metrics_port N");
-  absl::ParseCommandLine(argc, argv);
+  if (command_line.exit_code >= 0) return command_line.exit_code;
 
   lazyrag::WorkerServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);

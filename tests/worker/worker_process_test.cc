@@ -11,13 +11,16 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/testing/child_process.h"
 #include "gtest/gtest.h"
 #include "kvstore/tests/test_util.h"
 #include "lazyrag/v1/inference.grpc.pb.h"
@@ -429,6 +432,104 @@ TEST(WorkerProcessTest, CancellingMidStreamReturnsThePoolToBaseline) {
   EXPECT_EQ(after.pool().pages_used(), baseline.pool().pages_used());
   EXPECT_EQ(after.pool().pages_pinned(), 0);
   EXPECT_EQ(after.running_requests(), 0);
+}
+
+std::string ReadFile(const std::string &path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The stderr line of `log` that holds `needle` ("" when none).
+std::string LineWith(const std::string &log, const std::string &needle) {
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find(needle) != std::string::npos) return line;
+  }
+  return "";
+}
+
+// The worker logs its configuration once at start-up and one line per finished request (with
+// the request's id, or one it makes up), rejected requests included.
+TEST(WorkerProcessTest, LogsTheStartUpAndOneLinePerFinishedRequest) {
+  TempDir dir;
+  const std::string err = dir.path() + "/stderr.txt";
+  lazyrag::testing::ChildProcess p({LAZYRAG_WORKER_BINARY, "--listen=127.0.0.1:0",
+                                    "--metrics_port=-1", "--model=" + Model(), "--page_size=16",
+                                    "--kv_pool_bytes=" + std::to_string(64 << 20)});
+  p.SetOutputFiles("", err);
+  ASSERT_TRUE(p.Start().ok());
+  auto ready = lazyrag::testing::WaitForReady(p, absl::Seconds(120));
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  auto stub = v1::Inference::NewStub(
+      grpc::CreateChannel(ready->address, grpc::InsecureChannelCredentials()));
+
+  v1::GenerateRequest req = Request({0, 1}, "Which mill grinds grain?", 5);
+  req.set_request_id("req-42");
+  Reply first = Generate(*stub, req);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  Reply again = Generate(*stub, req);  // same documents: from the pool
+  ASSERT_TRUE(again.status.ok());
+  v1::GenerateRequest anonymous = Request({}, "No id?", 2);
+  anonymous.set_mode(v1::ATTENTION_MODE_FULL);
+  ASSERT_TRUE(Generate(*stub, anonymous).status.ok());
+  v1::GenerateRequest bad = Request({}, "", 2);
+  bad.set_request_id("req-bad");
+  EXPECT_EQ(Generate(*stub, bad).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(p.Stop(SIGTERM), 0);
+  const std::string log = ReadFile(err);
+
+  const std::string start = LineWith(log, "lazyrag-worker: serving");
+  EXPECT_NE(start.find("grpc=" + ready->address), std::string::npos) << start;
+  EXPECT_NE(start.find(" model=" + Model()), std::string::npos) << start;
+  EXPECT_NE(start.find(" device=cpu"), std::string::npos) << start;
+  EXPECT_NE(start.find(" pool_bytes="), std::string::npos) << start;
+  EXPECT_NE(start.find(" page_size=16"), std::string::npos) << start;
+  EXPECT_NE(start.find(" host_cache_bytes=0"), std::string::npos) << start;
+  EXPECT_NE(start.find(" kvstore=none peers=0"), std::string::npos) << start;
+  EXPECT_GT(std::stoll(lazyrag::testing::FieldOf(start, "pool_pages")), 0) << start;
+
+  std::vector<std::string> finished;
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("] request finished ") != std::string::npos) finished.push_back(line);
+  }
+  ASSERT_EQ(finished.size(), 4u) << log;
+  // The first request computed its documents, the second found them in the pool.
+  const v1::Usage &u1 = first.last.usage();
+  const std::string expected1 = absl::StrCat(
+      "] request finished request_id=req-42 mode=lazy documents=2 prompt_tokens=",
+      u1.prompt_tokens(), " document_tokens=", u1.document_tokens(),
+      " cached_pool_tokens=0 cached_host_tokens=0 cached_store_tokens=0 computed_tokens=",
+      u1.computed_tokens(), " completion_tokens=5 queue_ms=");
+  EXPECT_NE(finished[0].find(expected1), std::string::npos) << finished[0];
+  EXPECT_NE(finished[0].find(" finish=length "), std::string::npos) << finished[0];
+  EXPECT_NE(finished[0].find(" status=OK"), std::string::npos) << finished[0];
+  EXPECT_EQ(finished[0].rfind("I ", 0), 0u) << finished[0];
+  const v1::Usage &u2 = again.last.usage();
+  EXPECT_GT(u2.pool_document_tokens(), 0);
+  EXPECT_NE(finished[1].find(absl::StrCat("cached_pool_tokens=", u2.pool_document_tokens(),
+                                          " cached_host_tokens=0 cached_store_tokens=0")),
+            std::string::npos)
+      << finished[1];
+  for (const std::string &line : {finished[0], finished[1]}) {
+    const double ttft = std::stod(lazyrag::testing::FieldOf(line, "ttft_ms"));
+    const double total = std::stod(lazyrag::testing::FieldOf(line, "total_ms"));
+    EXPECT_GT(ttft, 0) << line;
+    EXPECT_GE(total, ttft) << line;
+  }
+  // Without an id the worker makes one up: 16 hex digits.
+  const std::string id = lazyrag::testing::FieldOf(finished[2], "request_id");
+  EXPECT_EQ(id.size(), 16u) << finished[2];
+  EXPECT_EQ(id.find_first_not_of("0123456789abcdef"), std::string::npos) << finished[2];
+  EXPECT_NE(finished[2].find(" mode=full documents=0 "), std::string::npos) << finished[2];
+  // A rejected request: a warning with the status and the reason, no engine numbers.
+  EXPECT_EQ(finished[3].rfind("W ", 0), 0u) << finished[3];
+  EXPECT_NE(finished[3].find("request_id=req-bad"), std::string::npos) << finished[3];
+  EXPECT_NE(finished[3].find("status=INVALID_ARGUMENT error=\"query is empty\""), std::string::npos)
+      << finished[3];
+  EXPECT_EQ(finished[3].find("ttft_ms"), std::string::npos) << finished[3];
 }
 
 }  // namespace

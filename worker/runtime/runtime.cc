@@ -134,6 +134,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
                                               : int64_t(256) << 20;
   const int64_t per_page = (*backend)->BytesPerPage() / std::max(1, (*backend)->page_size()) * o.page_size;
   eo.num_pages = int(std::min<int64_t>(pool / per_page, 1 << 24));
+  rt->page_bytes = per_page;
   if (eo.num_pages < 4) return absl::InvalidArgumentError("kv_pool_bytes holds fewer than 4 pages");
   auto engine = Engine::Create(std::move(*backend), eo);
   if (!engine.ok()) return engine.status();

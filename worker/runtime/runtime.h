@@ -57,6 +57,7 @@ struct Runtime {
   ModelConfig config;
   std::string fingerprint;
   std::string model_name;
+  int64_t page_bytes = 0;  // bytes of one KV page of the pool (all ranks together)
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<DocumentStore> store;  // null without a store; outlives the engine
   std::unique_ptr<Engine> engine;

@@ -1,11 +1,17 @@
 #include "worker/service/inference_service.h"
 
 #include <chrono>
+#include <cinttypes>
 #include <cmath>
+#include <cstdio>
+#include <optional>
+#include <random>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/logging.h"
 #include "worker/model/tokenizer/utf8.h"
 
 namespace lazyrag {
@@ -29,6 +35,62 @@ absl::Time DeadlineOf(const grpc::ServerContext &context) {
   const auto d = context.deadline();
   if (d == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
   return absl::FromChrono(d);
+}
+
+// An id for the log line of a request that came without one: 16 random hex digits.
+std::string NewRequestId() {
+  thread_local std::mt19937_64 random{std::random_device{}()};
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016" PRIx64, static_cast<uint64_t>(random()));
+  return buf;
+}
+
+std::string ModeName(v1::AttentionMode mode) {
+  switch (mode) {
+    case v1::ATTENTION_MODE_LAZY:
+      return "lazy";
+    case v1::ATTENTION_MODE_MATERIALIZE:
+      return "materialize";
+    case v1::ATTENTION_MODE_PREFIX:
+      return "prefix";
+    case v1::ATTENTION_MODE_FULL:
+      return "full";
+    default:
+      return absl::StrCat(int(mode));  // unknown: the request is rejected
+  }
+}
+
+// One line per finished Generate call, whatever its outcome (rejected requests too): what the
+// request asked, what the engine reported (absent when it did not run to the end) and the
+// status the client got. Info, or a warning for a call that failed; `request_id` "": a new one.
+void LogFinishedRequest(const v1::GenerateRequest &request, const std::string &request_id,
+                        const std::optional<GenerateResult> &result, const grpc::Status &status,
+                        absl::Duration wall) {
+  const LogLevel level = status.ok() ? LogLevel::kInfo : LogLevel::kWarning;
+  if (level < MinLogLevel()) return;
+  const auto code = static_cast<absl::StatusCode>(status.error_code());
+  LogMessage line(level, __FILE__, __LINE__);
+  line.With("request_id", request_id.empty() ? NewRequestId() : request_id)
+      .With("mode", ModeName(request.mode()))
+      .With("documents", request.documents_size());
+  if (result.has_value()) {
+    const Usage &u = result->usage;
+    line.With("prompt_tokens", u.prompt_tokens)
+        .With("document_tokens", u.document_tokens)
+        .With("cached_pool_tokens", u.pool_document_tokens)
+        .With("cached_host_tokens", u.host_document_tokens)
+        .With("cached_store_tokens", u.store_document_tokens)
+        .With("computed_tokens", u.computed_tokens)
+        .With("completion_tokens", u.completion_tokens)
+        .With("queue_ms", result->timings.queue_ms)
+        .With("ttft_ms", result->timings.ttft_ms)
+        .With("total_ms", result->timings.total_ms)
+        .With("finish", FinishReasonName(result->finish_reason));
+  }
+  line.With("wall_ms", absl::ToDoubleMilliseconds(wall))
+      .With("status", absl::StatusCodeToString(code));
+  if (!status.ok()) line.With("error", status.error_message());
+  line << "request finished";
 }
 
 }  // namespace
@@ -113,6 +175,18 @@ InferenceService::InferenceService(Generator *generator, InferenceServiceOptions
 grpc::Status InferenceService::Generate(grpc::ServerContext *context,
                                         const v1::GenerateRequest *request,
                                         grpc::ServerWriter<v1::GenerateResponse> *writer) {
+  const absl::Time start = absl::Now();
+  // The result stays empty unless the engine ran the request to the end.
+  std::optional<GenerateResult> logged;
+  const grpc::Status status = GenerateStream(context, request, writer, &logged);
+  LogFinishedRequest(*request, request->request_id(), logged, status, absl::Now() - start);
+  return status;
+}
+
+grpc::Status InferenceService::GenerateStream(grpc::ServerContext *context,
+                                              const v1::GenerateRequest *request,
+                                              grpc::ServerWriter<v1::GenerateResponse> *writer,
+                                              std::optional<GenerateResult> *logged) {
   auto parsed = ParseGenerateRequest(*request, options_);
   if (!parsed.ok()) return ToGrpcStatus(parsed.status());
   GenerateRequest r = std::move(*parsed);
@@ -133,6 +207,13 @@ grpc::Status InferenceService::Generate(grpc::ServerContext *context,
     }
     return true;
   });
+  if (result.ok()) {  // what the log line needs, not the text
+    GenerateResult summary;
+    summary.finish_reason = result->finish_reason;
+    summary.usage = result->usage;
+    summary.timings = result->timings;
+    *logged = std::move(summary);
+  }
   if (!result.ok()) {
     if (absl::IsCancelled(result.status()) && absl::Now() >= r.deadline) {
       return ToGrpcStatus(absl::DeadlineExceededError("request deadline exceeded"));

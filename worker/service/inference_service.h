@@ -7,6 +7,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -41,6 +42,12 @@ class InferenceService final : public v1::Inference::Service {
                      v1::StatsResponse *response) override;
 
  private:
+  // Generate without its log line; sets `logged` (usage, timings, finish reason) when the engine
+  // ran the request to the end.
+  grpc::Status GenerateStream(grpc::ServerContext *context, const v1::GenerateRequest *request,
+                              grpc::ServerWriter<v1::GenerateResponse> *writer,
+                              std::optional<GenerateResult> *logged);
+
   Generator *generator_;
   const InferenceServiceOptions options_;
 };

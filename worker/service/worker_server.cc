@@ -96,6 +96,25 @@ absl::Status WorkerServer::Start() {
     http_ = std::make_unique<metrics::MetricsHttpServer>(&registry_, mo);
     if (auto st = http_->Start(); !st.ok()) return st;
   }
+  const EngineStats stats = engine->Stats();
+  const EngineOptions &eo = engine->options();
+  LOG_INFO.With("grpc", grpc_->address())
+          .With("metrics_port", metrics_port())
+          .With("model", options_.runtime.model)
+          .With("model_name", runtime_->model_name)
+          .With("device", options_.runtime.device)
+          .With("cuda_device", options_.runtime.cuda_device)
+          .With("tp", options_.runtime.tensor_parallel)
+          .With("pool_pages", stats.pages_total)
+          .With("pool_bytes", int64_t{stats.pages_total} * runtime_->page_bytes)
+          .With("page_size", eo.page_size)
+          .With("host_cache_bytes", stats.host.capacity_bytes)
+          .With("kvstore", options_.kvstore.empty() ? "none" : options_.kvstore)
+          .With("peers", options_.peers.size())
+          .With("max_batch_tokens", options_.runtime.max_batch_tokens)
+          .With("max_running", options_.runtime.max_running)
+          .With("tls", options_.tls.enabled())
+      << "lazyrag-worker: serving";
   return absl::OkStatus();
 }
 
