@@ -3,6 +3,15 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#if defined(__linux__)
+#include <dirent.h>
+#include <sys/resource.h>
+#include <unistd.h>
+#endif
 
 #include "common/logging.h"
 
@@ -291,6 +300,96 @@ std::string Registry::Serialize() const {
   absl::MutexLock lock(&mu_);
   for (const auto& family : families_) family->Serialize(&out);
   return out;
+}
+
+namespace {
+
+void AppendSample(std::string* out, const char* name, const char* type, const char* help,
+                  double value) {
+  out->append("# HELP ").append(name).append(" ").append(help).append("\n");
+  out->append("# TYPE ").append(name).append(" ").append(type).append("\n");
+  out->append(name).append(" ").append(internal::FormatValue(value)).append("\n");
+}
+
+}  // namespace
+
+void AppendProcessMetrics(std::string* out) {
+#if defined(__linux__)
+  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  const double page = static_cast<double>(sysconf(_SC_PAGESIZE));
+  std::ifstream stat_file("/proc/self/stat");
+  std::string stat((std::istreambuf_iterator<char>(stat_file)), std::istreambuf_iterator<char>());
+  // Fields after the command name, which is in parentheses and may hold spaces: field 3 on.
+  const size_t paren = stat.rfind(')');
+  if (paren != std::string::npos && ticks > 0) {
+    std::istringstream fields(stat.substr(paren + 2));
+    std::vector<std::string> f;
+    for (std::string x; fields >> x;) f.push_back(x);
+    // f[0] is field 3 (state): field N is f[N - 3].
+    if (f.size() > 21) {
+      const double utime = std::strtod(f[14 - 3].c_str(), nullptr);
+      const double stime = std::strtod(f[15 - 3].c_str(), nullptr);
+      const double start_ticks = std::strtod(f[22 - 3].c_str(), nullptr);
+      const double vsize = std::strtod(f[23 - 3].c_str(), nullptr);
+      const double rss_pages = std::strtod(f[24 - 3].c_str(), nullptr);
+      AppendSample(out, "process_cpu_seconds_total", "counter",
+                   "Total user and system CPU time spent in seconds.", (utime + stime) / ticks);
+      AppendSample(out, "process_resident_memory_bytes", "gauge",
+                   "Resident memory size in bytes.", rss_pages * page);
+      AppendSample(out, "process_virtual_memory_bytes", "gauge",
+                   "Virtual memory size in bytes.", vsize);
+      double boot_time = -1;
+      std::ifstream proc_stat("/proc/stat");
+      for (std::string line; std::getline(proc_stat, line);) {
+        if (line.rfind("btime ", 0) == 0) {
+          boot_time = std::strtod(line.c_str() + 6, nullptr);
+          break;
+        }
+      }
+      if (boot_time >= 0) {
+        AppendSample(out, "process_start_time_seconds", "gauge",
+                     "Start time of the process since unix epoch in seconds.",
+                     boot_time + start_ticks / ticks);
+      }
+    }
+  }
+  if (DIR* dir = opendir("/proc/self/fd")) {
+    int fds = 0;
+    while (const dirent* e = readdir(dir)) {
+      if (e->d_name[0] != '.') ++fds;
+    }
+    closedir(dir);
+    AppendSample(out, "process_open_fds", "gauge", "Number of open file descriptors.",
+                 fds - 1);  // less the one reading the directory
+  }
+  rlimit limit;
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    AppendSample(out, "process_max_fds", "gauge", "Maximum number of open file descriptors.",
+                 limit.rlim_cur == RLIM_INFINITY ? INFINITY : static_cast<double>(limit.rlim_cur));
+  }
+#else
+  (void)out;
+#endif
+}
+
+void AppendBuildInfo(std::string* out) {
+#ifdef LAZYRAG_VERSION
+  const char* version = LAZYRAG_VERSION;
+#else
+  const char* version = "unknown";
+#endif
+#ifdef LAZYRAG_COMMIT
+  const char* commit = LAZYRAG_COMMIT;
+#else
+  const char* commit = "unknown";
+#endif
+  out->append("# HELP lazyrag_build_info The version and commit the server was built from.\n");
+  out->append("# TYPE lazyrag_build_info gauge\n");
+  out->append("lazyrag_build_info{version=\"")
+      .append(internal::EscapeLabelValue(version[0] ? version : "unknown"))
+      .append("\",commit=\"")
+      .append(internal::EscapeLabelValue(commit[0] ? commit : "unknown"))
+      .append("\"} 1\n");
 }
 
 }  // namespace lazyrag::metrics

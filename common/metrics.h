@@ -146,6 +146,17 @@ class Registry {
   std::vector<std::unique_ptr<FamilyBase>> detached_ ABSL_GUARDED_BY(mu_);
 };
 
+// The process metrics of the Prometheus client libraries' conventions, read from /proc/self
+// (Linux; elsewhere nothing is appended): process_cpu_seconds_total,
+// process_resident_memory_bytes, process_virtual_memory_bytes, process_open_fds,
+// process_max_fds, process_start_time_seconds. MetricsHttpServer appends them to every /metrics
+// answer, so every server exports them.
+void AppendProcessMetrics(std::string* out);
+
+// lazyrag_build_info{version, commit} 1: from the compile definitions LAZYRAG_VERSION and
+// LAZYRAG_COMMIT, "unknown" where absent. Also appended to every /metrics answer.
+void AppendBuildInfo(std::string* out);
+
 // Exposed for tests.
 namespace internal {
 std::string FormatValue(double value);  // shortest round-trip form, "+Inf", "-Inf", "NaN"

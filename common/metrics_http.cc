@@ -22,7 +22,10 @@ absl::Status MetricsHttpServer::Start() {
   server->set_keep_alive_max_count(1);
   const Registry* registry = registry_;
   server->Get("/metrics", [registry](const httplib::Request&, httplib::Response& res) {
-    res.set_content(registry->Serialize(), "text/plain; version=0.0.4; charset=utf-8");
+    std::string body = registry->Serialize();
+    AppendBuildInfo(&body);
+    AppendProcessMetrics(&body);
+    res.set_content(body, "text/plain; version=0.0.4; charset=utf-8");
   });
   int port = options_.port;
   if (port == 0) {

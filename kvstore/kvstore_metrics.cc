@@ -27,6 +27,15 @@ KvStoreMetrics::KvStoreMetrics(metrics::Registry* registry)
                                   "Values evicted to stay within the byte capacity.")
                      .Add()) {
   for (const char* where : {"disk", "transit"}) corruptions_.Add({{"where", where}});
+  // Every op's usual results at zero: a series created on first use loses its first increment
+  // to rate(), and ratios over it read wrong (kvstore_handler.cc lists the ops).
+  for (const char* op : {"put", "get", "stat", "delete"}) {
+    for (const char* result : {"ok", "not_found", "invalid_argument", "data_loss",
+                               "resource_exhausted", "internal", "unavailable"}) {
+      requests_.Add({{"op", op}, {"result", result}});
+    }
+  }
+  for (const char* direction : {"in", "out"}) transferred_.Add({{"direction", direction}});
 }
 
 void KvStoreMetrics::CountRequest(std::string_view op, const absl::Status& status) {

@@ -14,7 +14,7 @@ class KvStoreMetrics {
   explicit KvStoreMetrics(metrics::Registry* registry);
 
   // lazyrag_kvstore_requests_total{op, result}; result is the status code in lower case
-  // ("ok", "not_found", "data_loss", ...).
+  // ("ok", "not_found", "data_loss", ...). Every op's usual results start at zero.
   void CountRequest(std::string_view op, const absl::Status& status);
   // lazyrag_kvstore_corruptions_total{where="disk|transit"}: a chunk whose bytes did not
   // match its checksum, read back from disk or received in a Put.

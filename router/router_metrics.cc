@@ -21,10 +21,25 @@ RouterMetrics::RouterMetrics(metrics::Registry* registry)
       healthy_(registry->AddGauge("lazyrag_router_workers", "Workers known to the router.")
                    .Add({{"state", "healthy"}})),
       ejected_(registry->AddGauge("lazyrag_router_workers", "Workers known to the router.")
-                   .Add({{"state", "ejected"}})) {}
+                   .Add({{"state", "ejected"}})) {
+  requests_.Add({{"worker", "none"}, {"outcome", "failed"}});
+}
 
-void RouterMetrics::CountRequest(std::string_view worker, std::string_view outcome) {
+namespace {
+constexpr const char* kOutcomes[] = {"ok",    "retried",   "failed",
+                                     "error", "cancelled", "deadline_exceeded"};
+}  // namespace
+
+void RouterMetrics::CountRequest(std::string_view worker, std::string_view outcome,
+                                 bool affinity_hit) {
   requests_.Add({{"worker", std::string(worker)}, {"outcome", std::string(outcome)}}).Increment();
+  if (affinity_hit) affinity_hits_.Increment();
+}
+
+void RouterMetrics::AddWorker(std::string_view worker) {
+  for (const char* outcome : kOutcomes) {
+    requests_.Add({{"worker", std::string(worker)}, {"outcome", outcome}});
+  }
 }
 
 void RouterMetrics::SetWorkers(int healthy, int ejected) {

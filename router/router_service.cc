@@ -101,7 +101,7 @@ grpc::Status RouterService::WithRetries(const std::string& what,
       policy_->Finish(worker, documents, false);
       continue;
     }
-    if (decision->affinity_hit()) metrics_->affinity_hits().Increment();
+    const bool affinity = decision->affinity_hit();  // counted with the call's outcome
     LOG_DEBUG << "router: " << what << " -> " << worker << " (" << RouteReasonName(decision->reason)
               << ", " << decision->missing_tokens << "/" << decision->document_tokens
               << " document tokens missing)";
@@ -109,12 +109,12 @@ grpc::Status RouterService::WithRetries(const std::string& what,
     const Attempt a = attempt(*stub);
     if (a.status.ok() && !a.client_cancelled) {
       policy_->Finish(worker, documents, true, a.document_ids);
-      metrics_->CountRequest(worker, "ok");
+      metrics_->CountRequest(worker, "ok", affinity);
       return grpc::Status::OK;
     }
     policy_->Finish(worker, documents, false);
     if (a.client_cancelled) {
-      metrics_->CountRequest(worker, "cancelled");
+      metrics_->CountRequest(worker, "cancelled", affinity);
       return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled");
     }
     const absl::Status& status = a.status;
@@ -122,18 +122,18 @@ grpc::Status RouterService::WithRetries(const std::string& what,
       LOG_WARNING << "router: worker " << worker << " ejected (" << status.message() << ")";
     }
     if (!a.streamed && IsRetryableBeforeFirstToken(status.code(), false)) {
-      metrics_->CountRequest(worker, "retried");
+      metrics_->CountRequest(worker, "retried", affinity);
       last_failure = absl::Status(status.code(), absl::StrCat(worker, ": ", status.message()));
       continue;
     }
     const bool worker_failed = IsRetryableBeforeFirstToken(status.code(), false) &&
                                status.code() != absl::StatusCode::kResourceExhausted;
     if (a.streamed && worker_failed) {
-      metrics_->CountRequest(worker, "failed");
+      metrics_->CountRequest(worker, "failed", affinity);
       return ToGrpcStatus(absl::UnavailableError(
           absl::StrCat("worker ", worker, " failed after the stream started: ", status.message())));
     }
-    metrics_->CountRequest(worker, OutcomeOf(status.code()));
+    metrics_->CountRequest(worker, OutcomeOf(status.code()), affinity);
     return ToGrpcStatus(status);
   }
   metrics_->CountRequest("none", "failed");

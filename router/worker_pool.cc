@@ -124,6 +124,7 @@ void WorkerPool::Resolve() {
                                             ServiceChannelArgs(options_.max_message_bytes));
       c.stub = lazyrag::v1::Inference::NewStub(c.channel);
       LOG_INFO << "router: worker " << address << " added";
+      if (metrics_ != nullptr) metrics_->AddWorker(address);
       next.emplace(address, std::move(c));
     }
     for (const auto& [address, c] : connections_) {

@@ -21,6 +21,9 @@
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC address HOST:PORT; port 0 picks one");
 ABSL_FLAG(std::string, model, "", "GGUF path, Hugging Face directory or synthetic:NAME; required");
+ABSL_FLAG(std::string, served_model_name, "",
+          "the model's name in metrics (`model` label) and Stats; empty: the GGUF's "
+          "general.name, else the file name without extension, or synthetic:NAME");
 ABSL_FLAG(std::string, device, "cpu", "cpu | cuda");
 ABSL_FLAG(int, cuda_device, 0,
           "cuda: the GPU index to run on (with --tp N: GPUs cuda_device..cuda_device+N-1)");
@@ -83,6 +86,7 @@ int main(int argc, char **argv) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.runtime.model = absl::GetFlag(FLAGS_model);
   options.runtime.device = absl::GetFlag(FLAGS_device);
+  options.runtime.served_model_name = absl::GetFlag(FLAGS_served_model_name);
   options.runtime.tensor_parallel = absl::GetFlag(FLAGS_tp);
   options.runtime.cuda_device = absl::GetFlag(FLAGS_cuda_device);
   options.runtime.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);

@@ -3,8 +3,12 @@
 # `prometheus`) scrapes a local kvstore (and a worker and a router when their binaries are
 # built) every second while a short workload runs; then every PromQL expression of
 # deploy/grafana/lazyrag.json and deploy/prometheus/alerts.yml is evaluated through
-# Prometheus' HTTP API and must return data, except expressions over metrics of a process
-# that did not run, which are reported as skipped by name (tests/deploy/promexprs.py).
+# Prometheus' HTTP API and must return data within its true range (no NaN, ratios in [0, 1];
+# tests/deploy/promexprs.py), except expressions over metrics of a process that did not run,
+# which are reported as skipped by name. The workload sends one request in each attention mode
+# besides the lazy ones: a mode with one request must read a number, not NaN. With a router,
+# the worker is then stopped and the LazyragNoHealthyWorker and LazyragErrorRateHigh alerts
+# must go pending (their `for` is minutes) while requests fail.
 #
 #   prometheus_live_test.sh --python PY --kvstore BIN --cli BIN [--worker BIN] [--router BIN]
 #       --dashboard lazyrag.json --rules alerts.yml
@@ -100,6 +104,7 @@ if [ -n "$worker" ]; then
     --device cpu --kvstore "$kvstore_grpc" --kv_pool_bytes 67108864 --host_cache_bytes 16777216 \
     --page_size 16 --max_batch_tokens 2048 --metrics_port 0 --metrics_host 127.0.0.1
   server=$grpc_addr
+  worker_pid=${pids[-1]}
   ran+=,worker
   targets+="
   - job_name: lazyrag-worker
@@ -153,9 +158,35 @@ while ((SECONDS < end)); do
   fi
   i=$((i + 1))
 done
+if [ -n "$server" ]; then  # one request in each other mode
+  for mode in materialize prefix full; do
+    "$cli" generate --server "$server" --doc "$tmp/doc1.txt" --doc "$tmp/doc2.txt" \
+      --query "Which river runs through Lyon? ($mode)" --mode "$mode" --max_tokens 4 >/dev/null
+  done
+fi
 exec 2>&3 3>&-
 echo "workload: $i rounds"
 sleep 3  # three more scrapes
 
 "$python" "$exprs" eval --url "$url" --ran "$ran" --window 1m --dashboard "$dashboard" \
   --rules "$rules"
+if [ -n "$worker" ]; then
+  # Every mode served one request or more: its quantiles and request rate are numbers.
+  q='histogram_quantile(0.5, sum by (le, mode) (rate(lazyrag_NAME_bucket[1m])))'
+  "$python" "$exprs" expect-finite --url "$url" --series 4 \
+    --query "${q/NAME/time_to_first_token_seconds}" --query "${q/NAME/queue_time_seconds}" \
+    --query 'sum by (mode) (rate(lazyrag_requests_finished_total[1m])) > 0'
+fi
+if [ -n "$router" ]; then
+  # The worker stops; requests through the router fail; the router ejects the worker.
+  kill -TERM "$worker_pid"
+  for _ in $(seq 50); do kill -0 "$worker_pid" 2>/dev/null || break; sleep 0.1; done
+  end=$((SECONDS + 4))
+  while ((SECONDS < end)); do
+    "$cli" generate --server "$server" --doc "$tmp/doc1.txt" --query "Anyone there?" \
+      --max_tokens 2 --timeout_s 5 >/dev/null 2>>"$tmp/cli.log" || true
+    sleep 0.2
+  done
+  "$python" "$exprs" wait-alerts --url "$url" \
+    --alerts LazyragNoHealthyWorker,LazyragErrorRateHigh 20
+fi

@@ -3,14 +3,23 @@
 
     promexprs.py names --design DESIGN.md --dashboard lazyrag.json --rules alerts.yml
         Every metric and label name the expressions use must be one of DESIGN.md section 7
-        (or one of the kvstore's or the worker's host tier's own extras). Exit 0 ok, 1 not, 77 when DESIGN.md is missing.
+        (or one of the documented extras below: kvstore, worker, router, every server). Label
+        values the expressions match on (tier, outcome, state, ...) must be ones the servers
+        export (ALLOWED_VALUES). Exit 0 ok, 1 not, 77 when DESIGN.md is missing.
     promexprs.py eval --url http://127.0.0.1:PORT --dashboard ... --rules ... --ran kvstore,worker
         Evaluates every expression through Prometheus' HTTP API (/api/v1/query). Expressions
         whose metrics all come from processes that ran must return data; the others are
         reported as skipped by name. Dashboard queries get a fixed window in place of
-        $__rate_interval; alert expressions get `bool` after each comparison with a number, so
-        they return their quantities whether or not the alert fires (the unmodified expression
-        must evaluate too).
+        $__rate_interval and ".*" for $model and $instance; alert expressions get `bool` after
+        each comparison with a number, so they return their quantities whether or not the
+        alert fires (the unmodified expression must evaluate too). Every value must lie in its
+        true range: no NaN (except a quantile of a histogram with no observations in the
+        window), nothing negative, [0, 1] for percentunit panels, 0 or 1 for alert
+        expressions.
+    promexprs.py expect-finite --url URL --series N --query Q [--query Q ...]
+        Each query must return N series or more, every value a number (not NaN).
+    promexprs.py wait-alerts --url URL --alerts A,B SECONDS
+        Waits until Prometheus reports every named alert pending or firing.
     promexprs.py wait-ready URL SECONDS     polls URL until it answers 200.
     promexprs.py wait-scraped URL N SECONDS waits until Prometheus scraped N targets.
     promexprs.py free-port                  prints a free TCP port on 127.0.0.1.
@@ -36,7 +45,30 @@ WORKER_EXTRAS = {"lazyrag_host_cache_bytes", "lazyrag_host_cache_capacity_bytes"
                  "lazyrag_host_cache_promotions_total", "lazyrag_host_cache_demotions_total",
                  "lazyrag_host_cache_checksum_failures_total",
                  "lazyrag_host_cache_promotion_seconds", "lazyrag_host_cache_demotion_seconds"}
-EXTRA_LABELS = {"where", "direction"}  # labels of the extras
+# Also the worker's: queue time (arrival to first admission) and dropped write-backs.
+WORKER_EXTRAS |= {"lazyrag_queue_time_seconds", "lazyrag_kvstore_writeback_dropped_total",
+                  "lazyrag_requests_finished_total", "lazyrag_doc_computed_total",
+                  "lazyrag_doc_computed_tokens_total", "lazyrag_kv_pool_evictions_total",
+                  "lazyrag_preemptions_total"}
+# The router's own (router/router_metrics.h).
+ROUTER_EXTRAS = {"lazyrag_router_workers", "lazyrag_router_time_to_first_token_seconds"}
+# Every server's /metrics (common/metrics.h: AppendBuildInfo, AppendProcessMetrics).
+COMMON_EXTRAS = {"lazyrag_build_info", "process_resident_memory_bytes",
+                 "process_virtual_memory_bytes", "process_cpu_seconds_total", "process_open_fds",
+                 "process_max_fds", "process_start_time_seconds"}
+EXTRA_LABELS = {"where", "direction", "state", "outcome", "version", "commit"}
+# Values the servers export for the labels expressions match on; a matcher on another value
+# (a typo, a renamed tier) is an error. tier: the KV pool's tier is named by its device
+# ("gpu" on cuda, "cpu" on cpu), then the host tier, another worker of the host, the kvstore.
+ALLOWED_VALUES = {
+    "tier": {"gpu", "cpu", "host", "peer", "store"},
+    "state": {"free", "used", "pinned", "healthy", "ejected"},
+    "outcome": {"length", "stop", "eos", "cancelled", "invalid_argument", "resource_exhausted",
+                "deadline_exceeded", "unavailable", "internal",  # worker
+                "ok", "retried", "failed", "error"},  # router
+    "worker": {"none"},
+    "job": {"lazyrag-kvstore", "lazyrag-worker", "lazyrag-router"},
+}
 # Labels Prometheus adds or that histograms have.
 BUILTIN_LABELS = {"job", "instance", "le", "__name__"}
 BUILTIN_METRICS = {"up"}  # Prometheus' own per-target series
@@ -81,7 +113,7 @@ def histogram_series(metrics):
 
 
 def load_expressions(dashboard_path, rules_path):
-    """[(name, expr, kind)] with kind "dashboard" or "alert"."""
+    """[(name, expr, kind, unit)] with kind "dashboard" or "alert", unit the panel's."""
     out = []
     dashboard = json.load(open(dashboard_path, encoding="utf-8"))
 
@@ -93,13 +125,15 @@ def load_expressions(dashboard_path, rules_path):
     for p in panels(dashboard.get("panels", [])):
         for t in p.get("targets", []):
             if t.get("expr"):
-                out.append((f'panel "{p["title"]}" {t.get("refId", "")}', t["expr"], "dashboard"))
+                unit = p.get("fieldConfig", {}).get("defaults", {}).get("unit", "")
+                out.append((f'panel "{p["title"]}" {t.get("refId", "")}', t["expr"], "dashboard",
+                            unit))
     import yaml  # PyYAML (Debian python3-yaml)
     rules = yaml.safe_load(open(rules_path, encoding="utf-8"))
     for group in rules["groups"]:
         for r in group["rules"]:
             name = r.get("alert") or r.get("record")
-            out.append((f"rule {name}", r["expr"], "alert" if "alert" in r else "record"))
+            out.append((f"rule {name}", r["expr"], "alert" if "alert" in r else "record", ""))
     return out
 
 
@@ -136,13 +170,13 @@ def cmd_names(args):
         print(f"SKIP: {args.design} not found (shared/DESIGN.md beside the repository)")
         return 77
     allowed = (histogram_series(design_metrics) | KVSTORE_EXTRAS | histogram_series(WORKER_EXTRAS)
-               | BUILTIN_METRICS)
+               | histogram_series(ROUTER_EXTRAS) | COMMON_EXTRAS | BUILTIN_METRICS)
     allowed_labels = design_labels | EXTRA_LABELS | BUILTIN_LABELS
     print(f"DESIGN section 7: {len(design_metrics)} metrics, labels {sorted(design_labels)}")
     bad = 0
     exprs = load_expressions(args.dashboard, args.rules)
     used = set()
-    for name, expr, _ in exprs:
+    for name, expr, _, _ in exprs:
         metrics, labels = metric_and_label_names(expr)
         if not metrics:
             print(f"FAIL {name}: no metric name found in {expr!r}")
@@ -154,6 +188,11 @@ def cmd_names(args):
         for label in sorted(labels - allowed_labels):
             print(f"FAIL {name}: label {label} is not in DESIGN.md section 7")
             bad += 1
+        for label, value in matched_values(expr):
+            if label in ALLOWED_VALUES and not value <= ALLOWED_VALUES[label]:
+                print(f"FAIL {name}: {label} value(s) {sorted(value - ALLOWED_VALUES[label])} "
+                      f"are not exported (allowed: {sorted(ALLOWED_VALUES[label])})")
+                bad += 1
     print(f"{len(exprs)} expressions, metrics used: {' '.join(sorted(used))}")
     unused = sorted(m for m in design_metrics if not any(u.startswith(m) for u in used))
     if unused:
@@ -162,12 +201,25 @@ def cmd_names(args):
     return 1 if bad else 0
 
 
+def matched_values(expr):
+    """(label, {values}) of every matcher with a literal or a plain alternation (a|b)."""
+    out = []
+    for block in re.findall(r"\{([^}]*)\}", expr):
+        for label, value in re.findall(r'([A-Za-z_]\w*)\s*(?:=~|!~|!=|=)\s*"([^"]*)"', block):
+            if value.startswith("$") or not re.fullmatch(r"[\w.-]+(\|[\w.-]+)*", value):
+                continue
+            out.append((label, set(value.split("|"))))
+    return out
+
+
 def components(expr):
     """Processes whose metrics an expression needs."""
     metrics, _ = metric_and_label_names(expr)
     out = set()
     for m in metrics:
-        if m == "up":
+        if m in COMMON_EXTRAS:
+            out.add("kvstore")  # every server exports them; the kvstore always runs
+        elif m == "up":
             out |= set(re.findall(r'job\s*=~?\s*"lazyrag-(\w+)"', expr)) or {"kvstore"}
         elif m.startswith("lazyrag_router_"):
             out.add("router")
@@ -193,13 +245,43 @@ def query(url, expr):
         return json.load(e)
 
 
+def out_of_range(expr, kind, unit, result, observed=lambda bucket: True):
+    """Why the values of `result` are not in the true range of the expression ([] if they are).
+    A quantile of a histogram is NaN for a label set with no observations in the window (a
+    mode no request used); at least one of its series must be a number. Nothing else may be
+    NaN: the servers create their series at zero, so every ratio's denominator counts.
+    `observed(bucket_metric)`: whether that histogram had observations in the window (a
+    quantile of a histogram without any may be NaN throughout)."""
+    problems = []
+    values = [(s["metric"], float(s["value"][1])) for s in result]
+    quantile = "histogram_quantile" in expr
+    nan = [m for m, v in values if math.isnan(v)]
+    if nan and not quantile:
+        problems.append(f"NaN for {nan}")
+    if quantile and len(nan) == len(values):
+        buckets = re.findall(r"\b(\w+_bucket)\b", expr)
+        if any(observed(b) for b in buckets):
+            problems.append("every series NaN although the histogram has observations")
+    for m, v in values:
+        if math.isnan(v):
+            continue
+        if v < 0:
+            problems.append(f"{v} < 0 for {m}")
+        if kind == "dashboard" and unit == "percentunit" and v > 1:
+            problems.append(f"ratio {v} > 1 for {m}")
+        if kind == "alert" and v not in (0.0, 1.0):
+            problems.append(f"comparison {v} is not 0 or 1 for {m}")
+    return problems
+
+
 def cmd_eval(args):
     ran = set(x for x in args.ran.split(",") if x)
     passed = failed = 0
     skipped = []
-    for name, expr, kind in load_expressions(args.dashboard, args.rules):
+    for name, expr, kind, unit in load_expressions(args.dashboard, args.rules):
         need = components(expr)
-        live = expr.replace("$__rate_interval", args.window)
+        live = (expr.replace("$__rate_interval", args.window).replace("$model", ".*")
+                .replace("$instance", ".*"))
         if kind == "alert":
             original = query(args.url, live)
             if original.get("status") != "success":
@@ -220,11 +302,18 @@ def cmd_eval(args):
             print(f"FAIL {name}: no data\n     {live}")
             failed += 1
             continue
-        values = [float(s["value"][1]) for s in result]
-        finite = sum(1 for v in values if math.isfinite(v))
-        note = "" if finite else "  (all NaN: no observations in the window)"
+        def observed(bucket):
+            count = bucket[:-len("_bucket")] + "_count"
+            r = query(args.url, f"sum(increase({count}[{args.window}])) > 0")
+            return bool(r.get("data", {}).get("result"))
+
+        problems = out_of_range(expr, kind, unit, result, observed)
+        if problems:
+            print(f"FAIL {name}: {'; '.join(problems)}\n     {live}")
+            failed += 1
+            continue
         print(f"ok   {name}: {len(result)} series, e.g. {result[0]['metric']} = "
-              f"{result[0]['value'][1]}{note}")
+              f"{result[0]['value'][1]}")
         passed += 1
     # The live server loaded the rule file and evaluates every rule without error.
     with urllib.request.urlopen(f"{args.url}/api/v1/rules", timeout=10) as r:
@@ -241,6 +330,44 @@ def cmd_eval(args):
         print(f"skip {s}")
     print(f"{passed} passed, {failed} failed, {len(skipped)} skipped")
     return 1 if failed or not passed else 0
+
+
+def cmd_expect_finite(args):
+    """Each query returns at least args.series series, every value a number."""
+    bad = 0
+    for q in args.query:
+        answer = query(args.url, q)
+        result = answer.get("data", {}).get("result", [])
+        values = {json.dumps(s["metric"], sort_keys=True): float(s["value"][1]) for s in result}
+        nan = [m for m, v in values.items() if not math.isfinite(v)]
+        if answer.get("status") != "success" or len(values) < args.series or nan:
+            print(f"FAIL {q}: {len(values)} series (want {args.series}), not numbers: {nan} "
+                  f"{answer.get('error', '')}")
+            bad += 1
+        else:
+            print(f"ok   {q}: {len(values)} series, all numbers")
+    return 1 if bad else 0
+
+
+def cmd_wait_alerts(args):
+    """Waits until every alert of args.alerts is pending or firing (a rule's `for` is minutes:
+    pending shows its expression holds)."""
+    want = set(a for a in args.alerts.split(",") if a)
+    deadline = time.monotonic() + args.seconds
+    seen = {}
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"{args.url}/api/v1/alerts", timeout=10) as r:
+            alerts = json.load(r)["data"]["alerts"]
+        seen = {a["labels"]["alertname"]: a["state"] for a in alerts
+                if a["state"] in ("pending", "firing")}
+        if want <= set(seen):
+            for a in sorted(want):
+                print(f"ok   alert {a} {seen[a]}")
+            return 0
+        time.sleep(0.5)
+    print(f"FAIL alerts not pending or firing after {args.seconds} s: "
+          f"{sorted(want - set(seen))} (active: {seen})")
+    return 1
 
 
 def cmd_wait_ready(args):
@@ -298,10 +425,19 @@ def main():
     ws.add_argument("url")
     ws.add_argument("targets", type=int)
     ws.add_argument("seconds", type=float)
+    ef = sub.add_parser("expect-finite")
+    ef.add_argument("--url", required=True)
+    ef.add_argument("--query", action="append", required=True)
+    ef.add_argument("--series", type=int, default=1)
+    wa = sub.add_parser("wait-alerts")
+    wa.add_argument("--url", required=True)
+    wa.add_argument("--alerts", required=True)
+    wa.add_argument("seconds", type=float)
     sub.add_parser("free-port")
     args = p.parse_args()
     return {"names": cmd_names, "eval": cmd_eval, "wait-ready": cmd_wait_ready,
-            "wait-scraped": cmd_wait_scraped,
+            "wait-scraped": cmd_wait_scraped, "wait-alerts": cmd_wait_alerts,
+            "expect-finite": cmd_expect_finite,
             "free-port": cmd_free_port}[args.cmd](args)
 
 

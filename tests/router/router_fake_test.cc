@@ -89,6 +89,36 @@ TEST_F(RouterWithFakesTest, RepeatedDocumentSetLandsOnTheWorkerThatHoldsIt) {
   EXPECT_GT(router_->Metric("lazyrag_router_time_to_first_token_seconds_count"), 4);
 }
 
+// Issue 27: every worker's outcome series exist at zero before its first call, and affinity
+// hits never outnumber the calls to a worker (both are counted when a call ends).
+TEST_F(RouterWithFakesTest, OutcomeSeriesStartAtZeroAndAffinityIsARatio) {
+  StartAll();
+  for (int i = 0; i < static_cast<int>(workers_.size()); ++i) {
+    for (const char* outcome : {"ok", "retried", "failed", "error", "cancelled",
+                                "deadline_exceeded"}) {
+      EXPECT_EQ(router_->Metric(Label(i, outcome)), 0) << i << " " << outcome;
+    }
+  }
+  EXPECT_EQ(router_->Metric("lazyrag_router_requests_total{outcome=\"failed\",worker=\"none\"}"),
+            0);
+  const std::vector<std::string> docs = {"ratio doc one", "ratio doc two"};
+  for (int i = 0; i < 5; ++i) {
+    GenerateResult r = CallGenerate(*stub_, RequestWithTexts(docs));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  }
+  double calls = 0;
+  for (int i = 0; i < static_cast<int>(workers_.size()); ++i) {
+    for (const char* outcome : {"ok", "retried", "failed", "error", "cancelled",
+                                "deadline_exceeded"}) {
+      calls += router_->Metric(Label(i, outcome));
+    }
+  }
+  EXPECT_EQ(calls, 5);
+  const double hits = router_->Metric("lazyrag_router_affinity_hits_total");
+  EXPECT_EQ(hits, 4);  // all but the first call went to the holder
+  EXPECT_LE(hits, calls);
+}
+
 TEST_F(RouterWithFakesTest, ResidencyReportedByWorkerStatsAttractsRequests) {
   StartAll();
   // Prepared on each worker directly (not through the router): the router learns of them

@@ -67,7 +67,8 @@ bool Resident(const v1::StatsResponse &s, const std::string &id) {
 void EvictedDocumentComesFromTheHostTier(const std::string &model, int64_t pool_bytes,
                                          int64_t host_bytes) {
   SCOPED_TRACE(model);
-  WorkerProcess w({"--model=" + model, "--device=cpu", absl::StrCat("--kv_pool_bytes=", pool_bytes),
+  WorkerProcess w({"--model=" + model, "--served_model_name=" + model, "--device=cpu",
+                    absl::StrCat("--kv_pool_bytes=", pool_bytes),
                    absl::StrCat("--host_cache_bytes=", host_bytes)});
   ASSERT_TRUE(w.Start().ok());
   const v1::StatsResponse empty = Stats(w);

@@ -136,7 +136,8 @@ TEST(WorkerProcessTest, SixteenConcurrentClientsComputeEachDocumentOnce) {
   WorkerProcess alone({"--model=" + Model()});
   ASSERT_TRUE(alone.Start().ok());
   auto ref = RunAll(alone, reqs, false);
-  WorkerProcess w({"--model=" + Model(), "--max_batch_tokens=256"});
+  WorkerProcess w(
+      {"--model=" + Model(), "--served_model_name=" + Model(), "--max_batch_tokens=256"});
   ASSERT_TRUE(w.Start().ok());
   auto got = RunAll(w, reqs, true);
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -148,7 +149,7 @@ TEST(WorkerProcessTest, SixteenConcurrentClientsComputeEachDocumentOnce) {
   const std::string model = "{model=\"" + Model() + "\"}";
   EXPECT_EQ(MetricValue(m, "lazyrag_doc_computed_total" + model), 6);
   EXPECT_EQ(MetricValue(m, "lazyrag_doc_cache_lookups_total" + model), 48);
-  EXPECT_EQ(MetricValue(m, "lazyrag_doc_cache_hits_total{model=\"" + Model() + "\",tier=\"gpu\"}"),
+  EXPECT_EQ(MetricValue(m, "lazyrag_doc_cache_hits_total{model=\"" + Model() + "\",tier=\"cpu\"}"),
             42);
   EXPECT_EQ(MetricValue(m, "lazyrag_requests_running" + model), 0);
   // Must-show 7: the exposition passes Prometheus' own checker.
@@ -194,7 +195,8 @@ TEST(WorkerProcessTest, SmallPoolEvictsWithoutFailuresOrChangedOutputs) {
   auto ref = RunAll(big, reqs, false);
   // 48 pages of 16 tokens (8 KiB each for synthetic:tiny): the 12 documents
   // need ~60.
-  WorkerProcess small({"--model=" + Model(), "--kv_pool_bytes=393216"});
+  WorkerProcess small({"--model=" + Model(), "--served_model_name=" + Model(),
+                       "--kv_pool_bytes=393216"});
   ASSERT_TRUE(small.Start().ok());
   auto seq = RunAll(small, reqs, false);
   auto conc = RunAll(small, reqs, true);
@@ -223,7 +225,8 @@ void RestartComesBackFromStore(const std::string &kvstore_flag, int stop_signal)
   std::vector<std::string> ids;
   Reply first;
   {
-    WorkerProcess w1({"--model=" + Model(), "--kvstore=" + kvstore_flag});
+    WorkerProcess w1(
+        {"--model=" + Model(), "--served_model_name=" + Model(), "--kvstore=" + kvstore_flag});
     ASSERT_TRUE(w1.Start().ok());
     first = Generate(w1.stub(), req);
     ASSERT_TRUE(first.status.ok()) << first.status.error_message();
@@ -232,7 +235,8 @@ void RestartComesBackFromStore(const std::string &kvstore_flag, int stop_signal)
     WaitForPuts(w1, double(first.last.document_ids_size()));
     w1.Stop(stop_signal);
   }
-  WorkerProcess w2({"--model=" + Model(), "--kvstore=" + kvstore_flag});
+  WorkerProcess w2(
+      {"--model=" + Model(), "--served_model_name=" + Model(), "--kvstore=" + kvstore_flag});
   ASSERT_TRUE(w2.Start().ok());
   Reply second = Generate(w2.stub(), req);
   ASSERT_TRUE(second.status.ok()) << second.status.error_message();

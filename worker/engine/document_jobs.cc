@@ -295,7 +295,7 @@ void DocumentJobs::Complete(const std::shared_ptr<DocJob> &job, Source source) {
       r.usage.computed_tokens += n;
     } else if (job->is_doc) {
       // "peer": another worker's pool (worker/peer), counted as a store hit in the usage.
-      const char *tier = !w.initiator              ? "gpu"
+      const char *tier = !w.initiator              ? (metrics_ ? metrics_->pool_tier() : "gpu")
                          : source == Source::kHost ? "host"
                          : job->origin.empty()     ? "store"
                                                    : "peer";

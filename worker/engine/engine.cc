@@ -24,7 +24,8 @@ Engine::Engine(std::unique_ptr<Backend> backend, const EngineOptions &options,
   allocator_ = std::make_unique<PageAllocator>(options.num_pages);
   table_ = std::make_unique<DocumentTable>(allocator_.get());
   if (options.registry != nullptr) {
-    metrics_ = std::make_unique<EngineMetrics>(options.registry, options.model_name);
+    metrics_ = std::make_unique<EngineMetrics>(options.registry, options.model_name,
+                                               options.pool_tier);
   }
   scheduler_ = std::make_unique<Scheduler>(backend_.get(), table_.get(), allocator_.get(),
                                            host_.get(), options_, metrics_.get());

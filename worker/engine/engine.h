@@ -47,6 +47,7 @@ struct EngineOptions {
   int max_waiting = 256;        // queued beyond that: RESOURCE_EXHAUSTED
   std::string fingerprint;      // model fingerprint, part of every document id
   std::string model_name;       // `model` label of the metrics
+  std::string pool_tier = "gpu";  // `tier` label of KV pool hits: "gpu" (cuda) or "cpu"
   // Optional, not owned, must outlive the engine: the store tier (pool -> store
   // -> compute).
   DocumentStore *store = nullptr;

@@ -2,7 +2,28 @@
 
 namespace lazyrag {
 
-EngineMetrics::EngineMetrics(metrics::Registry *r, const std::string &model) : model_(model) {
+namespace {
+
+constexpr AttentionMode kModes[] = {AttentionMode::kLazy, AttentionMode::kMaterialize,
+                                    AttentionMode::kPrefix, AttentionMode::kFull};
+// requests_finished_total's outcomes: the finish reasons (request.h) and the status codes a
+// request ends with (lower case, as StatusLabel writes them).
+constexpr const char *kOutcomes[] = {
+    "length", "stop", "eos", "cancelled", "invalid_argument",
+    "resource_exhausted", "deadline_exceeded", "unavailable", "internal"};
+// kvstore_requests_total's results (document_fetcher.cc, document_jobs.cc).
+constexpr const char *kGetResults[] = {
+    "hit",       "miss",        "skipped",           "slower_than_compute", "hedged",
+    "cancelled", "unavailable", "deadline_exceeded", "data_loss"};
+constexpr const char *kPutResults[] = {
+    "ok",          "skipped",           "corrupt", "already_stored",
+    "unavailable", "deadline_exceeded", "resource_exhausted"};
+
+}  // namespace
+
+EngineMetrics::EngineMetrics(metrics::Registry *r, const std::string &model,
+                             const std::string &pool_tier)
+    : model_(model), pool_tier_(pool_tier) {
   const metrics::Labels m{{"model", model}};
   const auto latency = metrics::ExponentialBuckets(0.001, 2, 16);  // 1 ms .. 33 s
   ttft_ = &r->AddHistogram("lazyrag_time_to_first_token_seconds",
@@ -14,6 +35,9 @@ EngineMetrics::EngineMetrics(metrics::Registry *r, const std::string &model) : m
   prompt_tokens_ =
       &r->AddCounter("lazyrag_prompt_tokens_total", "Prompt tokens of admitted requests.");
   generation_tokens_ = &r->AddCounter("lazyrag_generation_tokens_total", "Tokens generated.");
+  queue_time_ = &r->AddHistogram("lazyrag_queue_time_seconds",
+                                 "Request arrival to its first admission by the scheduler.",
+                                 latency);
   finished_ = &r->AddCounter("lazyrag_requests_finished_total",
                              "Requests ended, by outcome (finish reason or status code).");
   running = &r->AddGauge("lazyrag_requests_running", "Requests admitted by the scheduler.").Add(m);
@@ -22,12 +46,13 @@ EngineMetrics::EngineMetrics(metrics::Registry *r, const std::string &model) : m
       &r->AddCounter("lazyrag_doc_cache_lookups_total", "Documents looked up by admitted requests.")
            .Add(m);
   hits_ = &r->AddCounter("lazyrag_doc_cache_hits_total",
-                         "Document lookups served without computing, by tier (gpu = the KV pool "
-                         "on any device; host = this worker's host-memory tier; peer = another "
+                         "Document lookups served without computing, by tier (gpu or cpu = the "
+                         "KV pool, named by its device; host = this worker's host-memory tier; "
+                         "peer = another "
                          "worker of this host; store = the kvstore).");
   hit_tokens_ = &r->AddCounter("lazyrag_doc_cache_hit_tokens_total",
                                "Tokens of the document lookups served without computing.");
-  for (const char *tier : {"gpu", "host", "peer", "store"}) {
+  for (const char *tier : {pool_tier_.c_str(), "host", "peer", "store"}) {
     Hits(tier);
     HitTokens(tier);
   }
@@ -59,6 +84,8 @@ EngineMetrics::EngineMetrics(metrics::Registry *r, const std::string &model) : m
                      .Add();
   kv_requests_ = &r->AddCounter("lazyrag_kvstore_requests_total",
                                 "Worker calls to the kvstore, by op and result.");
+  for (const char *result : kGetResults) KvRequests("get", result);
+  for (const char *result : kPutResults) KvRequests("put", result);
   writeback_dropped = &r->AddCounter("lazyrag_kvstore_writeback_dropped_total",
                                      "Computed documents not written back: queue full.")
                            .Add();
@@ -92,6 +119,15 @@ EngineMetrics::EngineMetrics(metrics::Registry *r, const std::string &model) : m
                        "Time to copy a document from the host-memory tier into the KV pool.",
                        transfer)
            .Add(m);
+  for (AttentionMode mode : kModes) {
+    Ttft(mode);
+    Itl(mode);
+    Duration(mode);
+    QueueTime(mode);
+    PromptTokens(mode);
+    GenerationTokens(mode);
+    for (const char *outcome : kOutcomes) Finished(mode, outcome);
+  }
 }
 
 metrics::Labels EngineMetrics::ModeLabels(AttentionMode mode) const {

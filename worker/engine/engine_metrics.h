@@ -33,6 +33,10 @@
 //                                                written back)
 //   kvstore_writeback_dropped_total              write-backs dropped, queue
 //   full
+//   queue_time_seconds{mode,model}               arrival -> first admission
+// Every labelled series whose label values are known up front (modes, outcomes, tiers, the
+// usual kvstore results) is created at zero in the constructor: a series that appears on first
+// use loses its first increment to rate(), and a mode with one request would read NaN.
 #pragma once
 
 #include <string>
@@ -46,7 +50,13 @@ namespace lazyrag {
 // object.
 class EngineMetrics {
  public:
-  EngineMetrics(metrics::Registry *registry, const std::string &model);
+  // `pool_tier`: the tier label of KV pool hits ("gpu" on cuda, "cpu" on cpu).
+  EngineMetrics(metrics::Registry *registry, const std::string &model,
+                const std::string &pool_tier = "gpu");
+
+  // The `tier` label of hits in this worker's KV pool.
+  const char *pool_tier() const { return pool_tier_.c_str(); }
+  metrics::Histogram &QueueTime(AttentionMode m) { return queue_time_->Add(ModeLabels(m)); }
 
   metrics::Histogram &Ttft(AttentionMode m) { return ttft_->Add(ModeLabels(m)); }
   metrics::Histogram &Itl(AttentionMode m) { return itl_->Add(ModeLabels(m)); }
@@ -93,7 +103,9 @@ class EngineMetrics {
   metrics::Labels ModeLabels(AttentionMode m) const;
 
   std::string model_;
+  std::string pool_tier_;
   metrics::Family<metrics::Histogram> *ttft_;
+  metrics::Family<metrics::Histogram> *queue_time_;
   metrics::Family<metrics::Histogram> *itl_;
   metrics::Family<metrics::Histogram> *duration_;
   metrics::Family<metrics::Counter> *prompt_tokens_;

@@ -359,6 +359,9 @@ void Scheduler::Admit(const RequestPtr &r) {
     r->admitted_once = true;
     absl::MutexLock l(&r->ch->mu);
     r->ch->timings.queue_ms = MsBetween(r->arrival, r->admitted);
+    if (metrics_ && !r->encode_only) {
+      metrics_->QueueTime(r->opts.mode).Observe(MsBetween(r->arrival, r->admitted) / 1000);
+    }
   }
   if (!r->usage_done) r->usage = Usage{};
   r->blocks.clear();
@@ -384,8 +387,8 @@ void Scheduler::Admit(const RequestPtr &r) {
         r->usage.cached_document_tokens += n;
         r->usage.pool_document_tokens += n;
         if (metrics_) {
-          metrics_->Hits("gpu").Increment();
-          metrics_->HitTokens("gpu").Increment(double(n));
+          metrics_->Hits(metrics_->pool_tier()).Increment();
+          metrics_->HitTokens(metrics_->pool_tier()).Increment(double(n));
         }
       }
       continue;

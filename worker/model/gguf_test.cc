@@ -255,6 +255,18 @@ std::string WriteTemp(const std::string& name, const std::string& bytes) {
   return path;
 }
 
+// The served model's default name (issue 27): general.name when the GGUF has one.
+TEST(GgufModelTest, NameIsGeneralName) {
+  testing_gguf::TinyLlamaOptions o;
+  o.name = "Tiny Llama 2L";
+  const std::string path = WriteTemp(
+      "tiny_llama_named.Q8_0.gguf", testing_gguf::TinyLlamaGguf(testing_gguf::TinyGgufConfig(), o));
+  auto m = LoadModel(path);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->name, "Tiny Llama 2L");
+  EXPECT_EQ(LoadModel("synthetic:tiny@3")->name, "synthetic:tiny@3");
+}
+
 TEST(GgufModelTest, LoadsTinyLlamaAndUnpermutesQK) {
   const ModelConfig c = testing_gguf::TinyGgufConfig();
   const std::string path = WriteTemp("tiny_llama.gguf", testing_gguf::TinyLlamaGguf(c));
@@ -269,6 +281,7 @@ TEST(GgufModelTest, LoadsTinyLlamaAndUnpermutesQK) {
   EXPECT_EQ(m->tokenizer.chat_template, "{{ messages }}");
   EXPECT_FALSE(m->synthetic);
   EXPECT_EQ(m->fingerprint.size(), 64u);
+  EXPECT_EQ(m->name, "tiny_llama");  // no general.name: the file name without extension
   const LayerWeights& L = m->weights->layers[1];
   // Tensor tags in file order: embd 0, then per layer 9 tensors; layer 1 attn_q is tag 11.
   const int64_t in = c.hidden_size, hd = c.head_dim, half = hd / 2;

@@ -129,12 +129,14 @@ struct TinyLlamaOptions {
   std::string skip_tensor;                // leave this tensor out
   std::string q8_tensor;                  // write this tensor as Q8_0 (row length % 32 == 0)
   std::string bad_type_tensor;            // write this tensor as Q5_0 (valid GGUF, unsupported)
+  std::string name;                       // general.name, when not empty
 };
 
 inline std::string TinyLlamaGguf(const ModelConfig& c, const TinyLlamaOptions& o) {
   const ModelConfig& mc = o.metadata ? *o.metadata : c;
   GgufWriter w;
   w.AddString("general.architecture", "llama");
+  if (!o.name.empty()) w.AddString("general.name", o.name);
   w.AddU32("llama.block_count", mc.num_layers);
   w.AddU32("llama.embedding_length", mc.hidden_size);
   w.AddU32("llama.feed_forward_length", mc.intermediate_size);

@@ -181,6 +181,16 @@ absl::Status CheckHostBytes(const ModelConfig& c, int64_t max_host_bytes, absl::
   return absl::OkStatus();
 }
 
+// "/models/SmolLM2-135M.Q4_1.gguf" -> "SmolLM2-135M.Q4_1"; "/models/llama3-8b/" -> "llama3-8b".
+std::string ModelFileStem(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const size_t slash = path.rfind('/');
+  if (slash != std::string::npos) path = path.substr(slash + 1);
+  const size_t dot = path.rfind('.');
+  if (dot != std::string::npos && dot > 0) path = path.substr(0, dot);
+  return path;
+}
+
 absl::StatusOr<LoadedModel> LoadSynthetic(const std::string& full, const LoadOptions& options) {
   ASSIGN_OR_RETURN(SyntheticName sn, ParseSyntheticName(full));
   ASSIGN_OR_RETURN(ModelConfig config, SyntheticConfig(sn.name));
@@ -190,6 +200,7 @@ absl::StatusOr<LoadedModel> LoadSynthetic(const std::string& full, const LoadOpt
   m.config = config;
   m.fingerprint = ToHex(Sha256Of(absl::StrCat(kSyntheticPrefix, sn.name, "@", m.seed)));
   m.tokenizer = BytesTokenizerSpec();
+  m.name = full;
   if (options.synthetic_host_weights) {
     RETURN_IF_ERROR(CheckHostBytes(config, options.max_host_bytes, full));
     m.weights = MakeSyntheticWeights(config, m.seed);
@@ -397,6 +408,8 @@ absl::StatusOr<LoadedModel> LoadGguf(const std::string& path, const LoadOptions&
   absl::StatusOr<LoadedModel> m = LoadGgufImpl(*file, options);
   if (!m.ok())
     return absl::Status(m.status().code(), absl::StrCat(path, ": ", m.status().message()));
+  absl::StatusOr<std::string> name = file->GetString("general.name");
+  m->name = name.ok() && !name->empty() ? *name : ModelFileStem(path);
   return m;
 }
 
@@ -408,6 +421,7 @@ absl::StatusOr<LoadedModel> LoadHf(const std::string& dir, const LoadOptions& op
   m.fingerprint = std::move(ckpt.fingerprint);
   // TODO(model): read tokenizer.json of Hugging Face checkpoints. Until then the byte-level spec.
   m.tokenizer = BytesTokenizerSpec();
+  m.name = ModelFileStem(dir);
   return m;
 }
 

@@ -39,6 +39,10 @@ struct LoadedModel {
   bool synthetic = false;
   uint64_t seed = 0;
   TokenizerSpec tokenizer;
+  // The model's own name: a GGUF's general.name, else the file's (or directory's) name without
+  // its extension; synthetic models: "synthetic:NAME" as given. The worker's default
+  // --served_model_name.
+  std::string name;
 };
 
 absl::StatusOr<LoadedModel> LoadModel(const std::string& path_or_name,

@@ -88,7 +88,9 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
   auto rt = std::make_unique<Runtime>();
   rt->config = loaded->config;
   rt->fingerprint = loaded->fingerprint;
-  rt->model_name = o.model;
+  rt->model_name = !o.served_model_name.empty() ? o.served_model_name
+                   : !loaded->name.empty()        ? loaded->name
+                                                  : o.model;
   auto tok = Tokenizer::Create(loaded->tokenizer, loaded->config.vocab_size);
   if (!tok.ok()) return tok.status();
   rt->tokenizer = std::move(*tok);
@@ -115,7 +117,8 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
   eo.page_size = o.page_size;
   eo.prefill_chunk = o.prefill_chunk;
   eo.fingerprint = rt->fingerprint;
-  eo.model_name = o.model;
+  eo.model_name = rt->model_name;
+  eo.pool_tier = o.device == "cuda" ? "gpu" : "cpu";
   eo.max_batch_tokens = o.max_batch_tokens;
   eo.max_running = o.max_running;
   eo.max_waiting = o.max_waiting;

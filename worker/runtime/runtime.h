@@ -20,6 +20,9 @@ namespace lazyrag {
 struct RuntimeOptions {
   std::string model;           // GGUF path, HF directory or synthetic:NAME[@SEED]
   std::string device = "cpu";  // cpu | cuda
+  // The `model` label of the metrics and Stats' model (--served_model_name). Empty: the
+  // model's own name (LoadedModel::name: a GGUF's general.name, else the file's stem).
+  std::string served_model_name;
   int page_size = 16;          // tokens per KV page
   int64_t kv_pool_bytes = 0;   // all ranks together; 0: 256 MiB on the CPU, 16 GiB per GPU
   int prefill_chunk = 512;     // query rows per forward step during prefill
@@ -56,7 +59,7 @@ struct RuntimeOptions {
 struct Runtime {
   ModelConfig config;
   std::string fingerprint;
-  std::string model_name;
+  std::string model_name;  // served_model_name, or the model's own name
   int64_t page_bytes = 0;  // bytes of one KV page of the pool (all ranks together)
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<DocumentStore> store;  // null without a store; outlives the engine

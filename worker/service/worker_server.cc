@@ -60,7 +60,7 @@ absl::Status WorkerServer::Start() {
   }
 
   InferenceServiceOptions so;
-  so.model_name = options_.runtime.model;
+  so.model_name = runtime_->model_name;
   so.max_tokens_limit = options_.max_tokens_limit;
   service_ = std::make_unique<InferenceService>(runtime_->generator.get(), so);
   GrpcServerOptions go;
