@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "common/build_info.h"
+#include "common/metrics.h"
 #include "common/logging.h"
 
 ABSL_FLAG(std::string, log_level, "info",
@@ -98,6 +99,7 @@ BinaryCommandLine ParseBinaryCommandLine(int argc, char** argv, const std::strin
   config.version_string = [binary] { return VersionLine(binary) + "\n"; };
   absl::SetFlagsUsageConfig(config);
 
+  metrics::SetBuildInfo(BuildVersion(), BuildCommit());
   BinaryCommandLine result;
   // absl answers --help with exit code 1 and --version only after parsing every other flag;
   // both are answered here first, with exit code 0.

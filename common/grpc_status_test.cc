@@ -35,11 +35,14 @@ TEST(GrpcServerTest, ParseHostPort) {
 }
 
 TEST(GrpcServerTest, PicksPortAndShutsDown) {
-  GrpcServer server({.listen = "127.0.0.1:0"});
+  GrpcServerOptions options;
+  options.listen = "127.0.0.1:0";
+  GrpcServer server(options);
   ASSERT_TRUE(server.Start().ok());
   EXPECT_GT(server.port(), 0);
   EXPECT_EQ(server.address(), "127.0.0.1:" + std::to_string(server.port()));
-  GrpcServer bad({.listen = "nonsense"});
+  options.listen = "nonsense";
+  GrpcServer bad(options);
   EXPECT_EQ(bad.Start().code(), absl::StatusCode::kInvalidArgument);
   server.Shutdown(absl::Now() + absl::Seconds(1));
   server.Shutdown(absl::Now());  // idempotent

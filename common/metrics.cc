@@ -372,23 +372,33 @@ void AppendProcessMetrics(std::string* out) {
 #endif
 }
 
+namespace {
+absl::Mutex build_info_mu;
+std::string* build_version ABSL_GUARDED_BY(build_info_mu) = nullptr;
+std::string* build_commit ABSL_GUARDED_BY(build_info_mu) = nullptr;
+}  // namespace
+
+void SetBuildInfo(std::string_view version, std::string_view commit) {
+  absl::MutexLock l(&build_info_mu);
+  delete build_version;
+  delete build_commit;
+  build_version = new std::string(version);
+  build_commit = new std::string(commit);
+}
+
 void AppendBuildInfo(std::string* out) {
-#ifdef LAZYRAG_VERSION
-  const char* version = LAZYRAG_VERSION;
-#else
-  const char* version = "unknown";
-#endif
-#ifdef LAZYRAG_COMMIT
-  const char* commit = LAZYRAG_COMMIT;
-#else
-  const char* commit = "unknown";
-#endif
+  std::string version = "unknown", commit = "unknown";
+  {
+    absl::MutexLock l(&build_info_mu);
+    if (build_version != nullptr && !build_version->empty()) version = *build_version;
+    if (build_commit != nullptr && !build_commit->empty()) commit = *build_commit;
+  }
   out->append("# HELP lazyrag_build_info The version and commit the server was built from.\n");
   out->append("# TYPE lazyrag_build_info gauge\n");
   out->append("lazyrag_build_info{version=\"")
-      .append(internal::EscapeLabelValue(version[0] ? version : "unknown"))
+      .append(internal::EscapeLabelValue(version))
       .append("\",commit=\"")
-      .append(internal::EscapeLabelValue(commit[0] ? commit : "unknown"))
+      .append(internal::EscapeLabelValue(commit))
       .append("\"} 1\n");
 }
 

@@ -153,8 +153,10 @@ class Registry {
 // answer, so every server exports them.
 void AppendProcessMetrics(std::string* out);
 
-// lazyrag_build_info{version, commit} 1: from the compile definitions LAZYRAG_VERSION and
-// LAZYRAG_COMMIT, "unknown" where absent. Also appended to every /metrics answer.
+// lazyrag_build_info{version, commit} 1, from SetBuildInfo ("unknown" before it: the binaries
+// set it from common/build_info.h when they parse their flags). Also appended to every /metrics
+// answer. Thread-safe.
+void SetBuildInfo(std::string_view version, std::string_view commit);
 void AppendBuildInfo(std::string* out);
 
 // Exposed for tests.
