@@ -10,7 +10,8 @@
 // that prints a large integer without int64 shows 5.1539607552e+10 here exactly as under
 // Helm.
 //
-// Not covered: chart dependencies (subcharts), .Files, tpl, .Capabilities.APIVersions,
+// .Files offers Get (a file of the chart folder as a string, "" when missing), as Helm's does.
+// Not covered: chart dependencies (subcharts), the other .Files methods, tpl, .Capabilities.APIVersions,
 // hooks, schema validation (values.schema.json: tests/deploy/chart_check.py schema checks it), --set, and Helm's kind-based output order
 // (manifests come out in file-name order).
 package main
@@ -125,6 +126,7 @@ func Render(opts Options) (*Result, error) {
 		data := map[string]interface{}{
 			"Values": values,
 			"Chart":  chart,
+			"Files":  Files{dir: opts.ChartDir},
 			"Release": map[string]interface{}{
 				"Name": opts.ReleaseName, "Namespace": opts.Namespace, "Service": "Helm",
 				"IsInstall": true, "IsUpgrade": false, "Revision": 1,
@@ -153,6 +155,23 @@ func Render(opts Options) (*Result, error) {
 		}
 	}
 	return result, nil
+}
+
+// Files is Helm's .Files, reduced to Get.
+type Files struct{ dir string }
+
+// Get returns the chart file at path (relative to the chart folder), or "" as Helm does when
+// the file is missing or outside the chart.
+func (f Files) Get(path string) string {
+	clean := filepath.Clean(filepath.FromSlash(path))
+	if filepath.IsAbs(clean) || strings.HasPrefix(clean, "..") {
+		return ""
+	}
+	b, err := os.ReadFile(filepath.Join(f.dir, clean))
+	if err != nil {
+		return ""
+	}
+	return string(b)
 }
 
 // Format writes the manifests as `helm template` prints them.
