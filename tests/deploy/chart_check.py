@@ -15,7 +15,10 @@ MODE is one of
               unknown fields) for the oldest (Chart.yaml kubeVersion) and newest Kubernetes.
 
 Value sets: the chart's defaults (GPU workers), testdata/values-cpu.yaml (CPU only),
-values-tls.yaml (TLS), values-ipv6.yaml (IPv6), values-multi.yaml (production-shaped). Each mode
+values-tls.yaml (TLS), values-ipv6.yaml (IPv6), values-multi.yaml (production-shaped),
+values-monitoring.yaml (PrometheusRule, dashboard ConfigMap, helm test pod, pass-through pod
+values). PrometheusRule and ServiceMonitor are CRDs: kubernetes mode skips them (the Go test
+TestMonitoringObjects checks the PrometheusRule's structure). Each mode
 also runs on deliberately bad input and fails if the bad input passes.
 Exit status: 0 pass, 1 fail, 77 skip (a Python module is missing).
 """
@@ -41,6 +44,7 @@ VALUE_SETS = {
     "tls": ["values-tls.yaml"],
     "ipv6": ["values-ipv6.yaml"],
     "multi": ["values-multi.yaml"],
+    "monitoring": ["values-monitoring.yaml"],
 }
 COMPONENTS = ("kvstore", "worker", "router")  # container name == binary folder
 
@@ -189,7 +193,8 @@ def check_schema(args):
     got = {"/".join(map(str, e.absolute_path)) or "(root)": e.message
            for e in validator.iter_errors(bad)}
     want = ["kvstore/shards", "kvstore/grpcPort", "worker/device", "worker/gpus", "worker/pageSize",
-            "worker/extraArgs/0", "router/service/type", "router"]  # router: replicaz unknown
+            "worker/extraArgs/0", "router/service/type", "router", "kvstore/priorityClassName",
+            "worker/extraVolumeMounts/0", "monitoring/grafanaDashboard"]  # router: replicaz unknown
     for path in want:
         if path not in got:
             print("FAIL: bad-schema.yaml: no schema error at %s; errors: %s" % (path, got))

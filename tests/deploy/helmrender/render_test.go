@@ -525,8 +525,8 @@ func TestDefaultValues(t *testing.T) {
 	if len(r.ofKind("ServiceMonitor")) != 0 || len(r.ofKind("Secret")) != 0 {
 		t.Errorf("ServiceMonitor and TLS Secret must be off by default")
 	}
-	if got := len(r.docs); got != 13 {
-		t.Errorf("%d manifests for default values, want 13 (3 workloads, 4 Services, 3 PDBs, 3 NetworkPolicies)", got)
+	if got := len(r.docs); got != 14 {
+		t.Errorf("%d manifests for default values, want 14 (3 workloads, 4 Services, 3 PDBs, 3 NetworkPolicies, the helm test Pod)", got)
 	}
 }
 
@@ -808,5 +808,212 @@ func TestNetworkPolicies(t *testing.T) {
 	}
 	if n := len(render(t, "off", writeValues(t, "networkPolicy:\n  enabled: false\n")).ofKind("NetworkPolicy")); n != 0 {
 		t.Errorf("networkPolicy.enabled false: %d NetworkPolicies", n)
+	}
+}
+
+// repoFile reads a file of the repository (the chart is deploy/helm/lazyrag in it).
+func repoFile(t *testing.T, rel string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(*chartDir, "..", "..", "..", rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// Issue 27: with values-monitoring.yaml the chart renders a PrometheusRule holding exactly the
+// rule groups of deploy/prometheus/alerts.yml and a dashboard ConfigMap holding exactly
+// deploy/grafana/lazyrag.json (with the configured sidecar label); both are off by default.
+func TestMonitoringObjects(t *testing.T) {
+	r := render(t, "mon", filepath.Join(*testdataDir, "values-monitoring.yaml"))
+	checkDesign(t, r)
+	rules := r.ofKind("PrometheusRule")
+	if len(rules) != 1 {
+		t.Fatalf("%d PrometheusRules, want 1", len(rules))
+	}
+	pr := rules[0]
+	if str(pr["apiVersion"]) != "monitoring.coreos.com/v1" || str(get(pr, "metadata", "labels", "release")) != "kube-prometheus-stack" {
+		t.Errorf("PrometheusRule apiVersion %v labels %v", pr["apiVersion"], get(pr, "metadata", "labels"))
+	}
+	var alerts obj
+	if err := yaml.Unmarshal(repoFile(t, "deploy/prometheus/alerts.yml"), &alerts); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(jsonish(get(pr, "spec", "groups")), jsonish(alerts["groups"])) {
+		t.Errorf("PrometheusRule spec.groups differ from deploy/prometheus/alerts.yml")
+	}
+	groups, _ := get(pr, "spec", "groups").([]interface{})
+	nrules := 0
+	for _, g := range groups {
+		if str(get(g, "name")) == "" {
+			t.Errorf("a rule group without a name")
+		}
+		rs, _ := get(g, "rules").([]interface{})
+		for _, rule := range rs {
+			nrules++
+			if (str(get(rule, "alert")) == "") == (str(get(rule, "record")) == "") || str(get(rule, "expr")) == "" {
+				t.Errorf("rule %v: needs exactly one of alert/record and an expr", rule)
+			}
+			for k := range rule.(obj) {
+				switch k {
+				case "alert", "record", "expr", "for", "labels", "annotations", "keep_firing_for":
+				default:
+					t.Errorf("rule %v: field %q is not a PrometheusRule Rule field", get(rule, "alert"), k)
+				}
+			}
+		}
+	}
+	if len(groups) == 0 || nrules == 0 {
+		t.Errorf("PrometheusRule has %d groups, %d rules", len(groups), nrules)
+	}
+
+	cm := r.byKey["ConfigMap/mon-lazyrag-dashboard"]
+	if cm == nil {
+		t.Fatalf("no dashboard ConfigMap: %v", r.byKey)
+	}
+	if str(get(cm, "metadata", "labels", "lazyrag_dashboard")) != "yes" || str(get(cm, "metadata", "annotations", "grafana_folder")) != "lazyrag" {
+		t.Errorf("dashboard ConfigMap labels %v annotations %v", get(cm, "metadata", "labels"), get(cm, "metadata", "annotations"))
+	}
+	if got, want := str(get(cm, "data", "lazyrag.json")), string(repoFile(t, "deploy/grafana/lazyrag.json")); got != want {
+		t.Errorf("dashboard ConfigMap data differs from deploy/grafana/lazyrag.json (%d vs %d bytes)", len(got), len(want))
+	}
+
+	def := render(t, "def")
+	if len(def.ofKind("PrometheusRule")) != 0 || len(def.ofKind("ConfigMap")) != 0 {
+		t.Errorf("PrometheusRule / dashboard ConfigMap must be off by default")
+	}
+	sidecar := render(t, "sc", writeValues(t, "monitoring:\n  grafanaDashboard:\n    enabled: true\n"))
+	if str(get(sidecar.byKey["ConfigMap/sc-lazyrag-dashboard"], "metadata", "labels", "grafana_dashboard")) != "1" {
+		t.Errorf("default sidecar label grafana_dashboard: \"1\" missing")
+	}
+}
+
+// Issue 27: env, extraVolumes, extraVolumeMounts, priorityClassName and
+// topologySpreadConstraints of each component reach its pods; by default none is set.
+func TestPodPassThroughValues(t *testing.T) {
+	contains := func(list interface{}, item interface{}) bool {
+		l, _ := list.([]interface{})
+		for _, x := range l {
+			if reflect.DeepEqual(jsonish(x), jsonish(item)) {
+				return true
+			}
+		}
+		return false
+	}
+	kinds := map[string]string{"kvstore": "StatefulSet", "worker": "StatefulSet", "router": "Deployment"}
+	r := render(t, "pt", filepath.Join(*testdataDir, "values-monitoring.yaml"))
+	def := render(t, "pt")
+	for component, kind := range kinds {
+		pod := get(r.workload(t, kind, component), "spec", "template", "spec")
+		c := get(pod, "containers", 0)
+		for _, key := range []string{"env", "extraVolumes", "extraVolumeMounts", "topologySpreadConstraints"} {
+			items, _ := r.value(component, key).([]interface{})
+			if len(items) == 0 {
+				t.Fatalf("values-monitoring.yaml sets no %s.%s", component, key)
+			}
+			target := map[string]interface{}{"env": get(c, "env"), "extraVolumes": get(pod, "volumes"),
+				"extraVolumeMounts": get(c, "volumeMounts"), "topologySpreadConstraints": get(pod, "topologySpreadConstraints")}[key]
+			for _, item := range items {
+				if !contains(target, item) {
+					t.Errorf("%s: %s item %v not rendered (got %v)", component, key, item, target)
+				}
+			}
+		}
+		if got, want := str(get(pod, "priorityClassName")), str(r.value(component, "priorityClassName")); got != want || want == "" {
+			t.Errorf("%s priorityClassName %q, want %q", component, got, want)
+		}
+		// Every mount names a volume of the pod (or a claim template).
+		names := map[string]bool{}
+		for _, v := range append(asList(get(pod, "volumes")), asList(get(r.workload(t, kind, component), "spec", "volumeClaimTemplates"))...) {
+			names[str(get(v, "name"))] = true
+			names[str(get(v, "metadata", "name"))] = true
+		}
+		for _, m := range asList(get(c, "volumeMounts")) {
+			if !names[str(get(m, "name"))] {
+				t.Errorf("%s mounts %v, which is no volume of the pod", component, get(m, "name"))
+			}
+		}
+		dpod := get(def.workload(t, kind, component), "spec", "template", "spec")
+		if get(dpod, "priorityClassName") != nil || get(dpod, "topologySpreadConstraints") != nil {
+			t.Errorf("%s: priorityClassName / topologySpreadConstraints set by default", component)
+		}
+		if component != "worker" && get(dpod, "containers", 0, "env") != nil {
+			t.Errorf("%s: env set by default", component)
+		}
+	}
+}
+
+func asList(v interface{}) []interface{} {
+	l, _ := v.([]interface{})
+	return l
+}
+
+// Issue 27: the `helm test` pod connects to the router Service's gRPC port with the router
+// image (it has bash), restricted like the other pods; helmTest.image / enabled work.
+func TestHelmTestPod(t *testing.T) {
+	for _, files := range [][]string{nil, {filepath.Join(*testdataDir, "values-tls.yaml")}, {filepath.Join(*testdataDir, "values-monitoring.yaml")}} {
+		r := render(t, "ht", files...)
+		pods := r.ofKind("Pod")
+		if len(pods) != 1 {
+			t.Fatalf("%v: %d test pods, want 1", files, len(pods))
+		}
+		pod := pods[0]
+		if str(get(pod, "metadata", "annotations", "helm.sh/hook")) != "test" || str(get(pod, "spec", "restartPolicy")) != "Never" {
+			t.Errorf("test pod annotations %v restartPolicy %v", get(pod, "metadata", "annotations"), get(pod, "spec", "restartPolicy"))
+		}
+		rt := r.workload(t, "Deployment", "router")
+		c := get(pod, "spec", "containers", 0)
+		if got, want := str(get(c, "image")), str(get(rt, "spec", "template", "spec", "containers", 0, "image")); got != want {
+			t.Errorf("test pod image %q, want the router image %q", got, want)
+		}
+		svc := r.byKey["Service/"+str(get(rt, "metadata", "name"))]
+		target := fmt.Sprintf("/dev/tcp/%s.rag.svc.%s/%d", get(svc, "metadata", "name"), r.value("clusterDomain"), num(t, get(svc, "spec", "ports", 0, "port")))
+		cmd := fmt.Sprint(get(c, "command"))
+		if !strings.HasPrefix(cmd, "[bash -c ") || !strings.Contains(cmd, target) {
+			t.Errorf("test pod command %s does not open %s", cmd, target)
+		}
+		if get(pod, "spec", "securityContext", "runAsNonRoot") != true || str(get(pod, "spec", "securityContext", "seccompProfile", "type")) != "RuntimeDefault" ||
+			get(c, "securityContext", "allowPrivilegeEscalation") != false || !reflect.DeepEqual(get(c, "securityContext", "capabilities", "drop"), []interface{}{"ALL"}) {
+			t.Errorf("test pod is not restricted: %v %v", get(pod, "spec", "securityContext"), get(c, "securityContext"))
+		}
+	}
+	if n := len(render(t, "ht", writeValues(t, "helmTest:\n  enabled: false\n")).ofKind("Pod")); n != 0 {
+		t.Errorf("helmTest.enabled false: %d test pods", n)
+	}
+	r := render(t, "ht", writeValues(t, "helmTest:\n  image: busybox-with-bash:1\n"))
+	if img := str(get(r.ofKind("Pod")[0], "spec", "containers", 0, "image")); img != "busybox-with-bash:1" {
+		t.Errorf("helmTest.image not used: %q", img)
+	}
+}
+
+// Issue 27: the default image tag is the project version (CMakeLists.txt project VERSION),
+// which is also the chart's appVersion, and every rendered image carries it.
+func TestImageTagIsProjectVersion(t *testing.T) {
+	m := regexp.MustCompile(`(?m)^project\(\s*lazyrag\s+VERSION\s+([0-9][0-9.]*)`).FindSubmatch(repoFile(t, "CMakeLists.txt"))
+	if m == nil {
+		t.Fatal("no project(lazyrag VERSION ...) in CMakeLists.txt")
+	}
+	version := string(m[1])
+	r := render(t, "ver")
+	if got := str(r.value("image", "tag")); got != version {
+		t.Errorf("values.yaml image.tag %q, want the project version %q", got, version)
+	}
+	chart, err := loadChart(filepath.Join(*chartDir, "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := str(chart["AppVersion"]); got != version {
+		t.Errorf("Chart.yaml appVersion %q, want the project version %q", got, version)
+	}
+	for _, d := range r.docs {
+		spec := get(d, "spec", "template", "spec")
+		if spec == nil {
+			spec = get(d, "spec")
+		}
+		for _, c := range asList(get(spec, "containers")) {
+			if img := str(get(c, "image")); !strings.HasSuffix(img, ":"+version) {
+				t.Errorf("%s/%s image %q is not tagged %s", d["kind"], get(d, "metadata", "name"), img, version)
+			}
+		}
 	}
 }
