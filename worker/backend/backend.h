@@ -87,11 +87,7 @@ class Backend {
   virtual int page_size() const = 0;
   virtual KvDtype kv_dtype() const = 0;
   // Bytes of one page across all layers, K and V.
-  int64_t BytesPerPage() const {
-    const ModelConfig& c = config();
-    return int64_t(2) * c.num_layers * page_size() * c.kv_dim() *
-           (kv_dtype() == KvDtype::kFloat32 ? 4 : 2);
-  }
+  int64_t BytesPerPage() const { return KvBytes(page_size()); }
 
   // Writes the batch's new K/V into the pool, runs attention over the view and returns
   // logits [logit_rows.size(), vocab] (row-major) in `logits`.

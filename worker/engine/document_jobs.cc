@@ -35,6 +35,14 @@ void DocumentJobs::ReleaseHost(DocJob &job) {
   job.host.reset();
 }
 
+int64_t DocumentJobs::PromotingTokens() const {
+  int64_t tokens = 0;
+  for (const auto &[id, job] : jobs_) {
+    if (job->state == DocJob::kPromoting) tokens += int64_t(job->tokens.size());
+  }
+  return tokens;
+}
+
 bool DocumentJobs::promoting() const {
   for (const auto &[id, job] : jobs_) {
     if (job->state == DocJob::kPromoting) return true;
@@ -58,17 +66,14 @@ void DocumentJobs::Join(const std::shared_ptr<ScheduledRequest> &r, int block) {
   job->order = r->order;
   job->waiters.push_back({r, block, r->epoch, true});
   jobs_[blk.id] = job;
-  // The host tier, unless the cost model (which needs a store) predicts recomputing faster.
-  int64_t promoting_tokens = 0;
-  for (const auto &[id, other] : jobs_) {
-    if (other->state == DocJob::kPromoting) promoting_tokens += int64_t(other->tokens.size());
-  }
-  if (host_ != nullptr &&
-      (fetcher_ == nullptr ||
-       !fetcher_->PreferComputeToHost(int64_t(job->tokens.size()), promoting_tokens))) {
+  // The host tier, unless the cost model (which needs a store) predicts recomputing the
+  // document faster than promoting it behind the promotions in flight.
+  if (host_ != nullptr) {
     std::optional<HostTier::Ref> ref = host_->Acquire(job->id);
-    if (ref.has_value() && ref->num_tokens == int32_t(job->tokens.size()) &&
-        (ref->tokens.empty() || ref->tokens == job->tokens)) {
+    const bool usable = ref.has_value() && ref->num_tokens == int32_t(job->tokens.size()) &&
+                        (ref->tokens.empty() || ref->tokens == job->tokens);
+    if (usable && (fetcher_ == nullptr || !fetcher_->PreferComputeToHost(
+                                              int64_t(job->tokens.size()), PromotingTokens()))) {
       job->host = std::move(ref);
       job->state = DocJob::kNeedPages;
       return;

@@ -79,6 +79,8 @@ class DocumentJobs {
  private:
   // Puts `job` in the fetcher's queue (state kFetching).
   void QueueFetch(DocJob &job);
+  // Tokens of the documents being promoted (the copies queued ahead of a new one).
+  int64_t PromotingTokens() const;
   // Drops the job's pin on its host-tier copy.
   void ReleaseHost(DocJob &job);
 

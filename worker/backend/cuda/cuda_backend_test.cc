@@ -395,6 +395,24 @@ TEST(CudaBackendTest, MultiRequestBatchesMatchCpu) {
   }
 }
 
+// One request that writes `len` random tokens' K/V into the page run `run` at local positions
+// 0..len-1, each token attending to those before it: a document being encoded.
+ForwardBatch DocumentBatch(const std::vector<int32_t>& run, int len, int page_size,
+                           std::mt19937& rng, int vocab) {
+  ForwardBatch b;
+  b.view.page_size = page_size;
+  b.view.AddSegment(0, len, run);
+  std::vector<int32_t> pos;
+  for (int i = 0; i < len; ++i) {
+    b.tokens.push_back(RandomTokens(rng, 1, vocab)[0]);
+    b.kv_pos.push_back(i);
+    b.kv_slot.push_back(int64_t(run[i / page_size]) * page_size + i % page_size);
+    pos.push_back(i);
+  }
+  b.view.EndRequest(pos);
+  return b;
+}
+
 TEST(CudaBackendTest, KvExportImportRoundTripAndMatchesCpu) {
   SKIP_WITHOUT_DEVICE();
   LoadedModel m = LoadWithHostWeights("synthetic:smollm2-135m@2");
@@ -407,17 +425,7 @@ TEST(CudaBackendTest, KvExportImportRoundTripAndMatchesCpu) {
   const std::vector<int32_t> pages{3, 5, 9}, other{20, 21, 22};
   for (Backend* be : {gpu->get(), cpu->get()}) ASSERT_TRUE(be->InitPool(32, ps).ok());
   std::mt19937 rng(3);
-  ForwardBatch b;
-  b.view.page_size = ps;
-  b.view.AddSegment(0, n, pages);
-  std::vector<int32_t> pos;
-  for (int i = 0; i < n; ++i) {
-    b.tokens.push_back(RandomTokens(rng, 1, c.vocab_size)[0]);
-    b.kv_pos.push_back(i);
-    b.kv_slot.push_back(int64_t(pages[i / ps]) * ps + i % ps);
-    pos.push_back(i);
-  }
-  b.view.EndRequest(pos);
+  const ForwardBatch b = DocumentBatch(pages, n, ps, rng, c.vocab_size);
   std::vector<float> unused;
   ASSERT_TRUE((*gpu)->Forward(b, &unused).ok());
   ASSERT_TRUE((*cpu)->Forward(b, &unused).ok());
@@ -466,19 +474,8 @@ TEST(CudaBackendTest, KvToHostAndBackIsBitIdentical) {
   ASSERT_TRUE(be.InitPool(48, ps).ok());
   std::mt19937 rng(5);
   const auto encode = [&](const std::vector<int32_t>& run, int len) {
-    ForwardBatch b;
-    b.view.page_size = ps;
-    b.view.AddSegment(0, len, run);
-    std::vector<int32_t> pos;
-    for (int i = 0; i < len; ++i) {
-      b.tokens.push_back(RandomTokens(rng, 1, c.vocab_size)[0]);
-      b.kv_pos.push_back(i);
-      b.kv_slot.push_back(int64_t(run[i / ps]) * ps + i % ps);
-      pos.push_back(i);
-    }
-    b.view.EndRequest(pos);
     std::vector<float> unused;
-    return be.Forward(b, &unused);
+    return be.Forward(DocumentBatch(run, len, ps, rng, c.vocab_size), &unused);
   };
   // Logits of a 3-token query block at logical position 100 over the document in `run`.
   const std::vector<int32_t> query = RandomTokens(rng, 3, c.vocab_size);

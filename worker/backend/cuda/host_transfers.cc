@@ -106,7 +106,7 @@ HostTransfers::Transfer* HostTransfers::Find(KvTransferId id) {
   return nullptr;
 }
 
-absl::StatusOr<uint64_t> HostTransfers::Finish(Transfer& t) {
+uint64_t HostTransfers::Finish(Transfer& t) {
   const uint64_t checksum = *reinterpret_cast<const uint64_t*>(t.checksum_host.data());
   t.id = 0;
   t.pages.clear();
@@ -122,8 +122,7 @@ absl::StatusOr<std::optional<uint64_t>> HostTransfers::Poll(KvTransferId id) {
     t->id = 0;
     return CudaErrorStatus(st, "kv transfer");
   }
-  ASSIGN_OR_RETURN(uint64_t checksum, Finish(*t));
-  return std::optional<uint64_t>(checksum);
+  return std::optional<uint64_t>(Finish(*t));
 }
 
 absl::StatusOr<uint64_t> HostTransfers::Wait(KvTransferId id) {

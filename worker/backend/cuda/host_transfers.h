@@ -62,7 +62,7 @@ class HostTransfers {
   struct Transfer;
   Transfer* Find(KvTransferId id);
   // The transfer's result once its event completed; frees its slot.
-  absl::StatusOr<uint64_t> Finish(Transfer& t);
+  uint64_t Finish(Transfer& t);
 
   cudaStream_t stream_ = nullptr;
   cudaEvent_t compute_mark_ = nullptr;  // recorded on the compute stream at each Start
