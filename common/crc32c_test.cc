@@ -34,5 +34,21 @@ TEST(Crc32cTest, ExtendMatchesWholeAndPortableMatchesFast) {
   EXPECT_NE(Crc32c(data), whole);
 }
 
+// The fast path checksums three 4 KiB streams at once: lengths around multiples of 12 KiB, odd
+// start addresses and a continued CRC all agree with the table-driven path.
+TEST(Crc32cTest, InterleavedStreamsMatchPortable) {
+  std::mt19937 rng(11);
+  std::string data(3 * 12288 + 100, 0);
+  for (char& c : data) c = static_cast<char>(rng());
+  for (size_t len : {12287ul, 12288ul, 12289ul, 24576ul, 36863ul, 36864ul, 36964ul}) {
+    for (size_t start : {0ul, 1ul, 3ul}) {
+      if (start + len > data.size()) continue;
+      std::string_view v(data.data() + start, len);
+      EXPECT_EQ(Crc32c(v), internal::Crc32cExtendPortable(0, v)) << len << " at " << start;
+      EXPECT_EQ(Crc32cExtend(0x12345678u, v), internal::Crc32cExtendPortable(0x12345678u, v));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace lazyrag
