@@ -5,8 +5,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -50,6 +52,13 @@ class ValueReader {
   // Reads chunk `index` and checks it against its stored CRC-32C: DATA_LOSS on mismatch (the
   // data is not returned). REQUIRES: index < layout().num_chunks.
   virtual absl::Status ReadChunk(uint32_t index, std::string* data, uint32_t* crc32c) = 0;
+  // The same into `dst` (layout().ChunkEnd(index) - ChunkBegin(index) bytes); on DATA_LOSS the
+  // bytes in `dst` are unspecified. Default: through ReadChunk.
+  virtual absl::Status ReadChunkInto(uint32_t index, char* dst, uint32_t* crc32c);
+  // Where a same-host reader finds the value's bytes: an immutable file holding exactly the
+  // value, and the stored CRC-32C of each chunk. Empty when the engine keeps no such files.
+  virtual std::string file_path() const { return {}; }
+  virtual std::span<const uint32_t> chunk_crcs() const { return {}; }
 };
 
 // Thread-safe.
@@ -61,6 +70,15 @@ class KvEngine {
   // RESOURCE_EXHAUSTED when the value alone is larger than the capacity.
   virtual absl::StatusOr<std::unique_ptr<PutSession>> BeginPut(std::string_view key,
                                                                const ValueLayout& layout) = 0;
+  // A put whose bytes are already in the file at `path` (a same-host client wrote it under
+  // local_dir()/incoming): chunk i must match crcs[i] (checked here; DATA_LOSS otherwise).
+  // The file is consumed: on return it is the value's, or deleted. Returns whether a value was
+  // replaced. Default: read through BeginPut / AddChunk / Commit.
+  virtual absl::StatusOr<bool> PutFile(std::string_view key, const ValueLayout& layout,
+                                       std::span<const uint32_t> crcs, const std::string& path);
+  // The directory same-host clients may read value files from and hand files over in
+  // (<dir>/incoming); empty when the engine keeps no value files.
+  virtual std::string local_dir() const { return {}; }
   // NOT_FOUND when absent. Counts as an access for LRU.
   virtual absl::StatusOr<std::unique_ptr<ValueReader>> Open(std::string_view key) = 0;
   virtual absl::StatusOr<KeyStat> Stat(std::string_view key) = 0;
@@ -75,24 +93,26 @@ class KvEngine {
 class KvStoreMetrics;
 
 struct RocksEngineOptions {
-  // Directory of the RocksDB database; created when missing. Required.
+  // Directory of the RocksDB index (headers, chunk checksums, access times) and of the value
+  // files (kvstore/value_files.h); created when missing. Required.
   std::string data_dir;
   // Byte capacity of stored values (sum of total_size). Default 64 GiB.
   uint64_t capacity_bytes = 64ull << 30;
-  // fsync the write-ahead log on every commit, so a committed put survives a machine crash,
-  // not only a process crash. Default true.
+  // fdatasync every value file and fsync the write-ahead log on every commit, so a committed
+  // put survives a machine crash, not only a process crash. Default true.
   bool sync_commits = true;
   // Metrics to update (entries, bytes, evictions, corruptions). Optional, not owned.
   KvStoreMetrics* metrics = nullptr;
 };
 
-// Opens (or creates) the database and drops what interrupted puts left behind.
-// One database per shard process: a second open of the same directory fails (UNAVAILABLE).
+// Opens (or creates) the database and drops what interrupted puts left behind (and values
+// stored in the earlier chunks-in-RocksDB format, which are recomputed). One database per
+// shard process: a second open of the same directory fails (UNAVAILABLE).
 absl::StatusOr<std::unique_ptr<KvEngine>> OpenRocksEngine(const RocksEngineOptions& options);
 
-// The RocksDB key prefix under which the chunks of `encoded_key` live, whatever their put
-// generation. Exposed for tests that corrupt stored bytes through RocksDB; a chunk's stored
-// value is its CRC-32C (4 bytes, little-endian) followed by its bytes.
-std::string RocksChunkKeyPrefix(std::string_view encoded_key);
+// The file holding the value of `encoded_key` in the closed database at `data_dir` (opened
+// read-only). For tests that corrupt stored bytes; NOT_FOUND when the key is not stored.
+absl::StatusOr<std::string> StoredValuePath(const std::string& data_dir,
+                                            std::string_view encoded_key);
 
 }  // namespace lazyrag::kvstore

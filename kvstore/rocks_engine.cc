@@ -1,21 +1,27 @@
-// KvEngine on RocksDB (one database per shard process).
+// KvEngine on a RocksDB index plus one file per value (kvstore/value_files.h).
 //
-// Key schema (bytewise order; integers big-endian so they sort numerically):
-//   'H' key                          -> u64 generation, serialized lazyrag.v1.ValueHeader
-//   'C' u32(len key) key u64(gen) u32(index) -> u32le CRC-32C, chunk bytes
-//   'T' key                          -> u64 last access, Unix ms (best effort, not synced)
-//   'M' "epoch"                      -> u64, bumped at every open
+// Index schema (bytewise order; integers big-endian so they sort numerically):
+//   'V' key -> u64 generation, u32 n, n x u32le chunk CRC-32C, serialized lazyrag.v1.ValueHeader
+//   'T' key -> u64 last access, Unix ms (best effort, not synced)
+//   'M' "epoch" -> u64, bumped at every open
+// The bytes of the value of generation g are the file values/<g>. (Rows 'H' and 'C' are the
+// earlier format, chunks inside RocksDB; an open drops them.)
 //
-// Atomic visibility: a put writes its chunks under a fresh generation that no header points
-// to, then commits with ONE WriteBatch holding the new header, the deletion of the previous
-// generation's chunks and any evictions. Readers go through the header, so they see the old
-// value or the new one, never a mix. A crash before the commit leaves unreferenced chunks,
-// which the next open deletes. Chunks are written without the write-ahead log and flushed into
-// blob files just before the commit, so a value reaches the disk once and the commit's sync
-// covers only the small batch. Readers use a RocksDB snapshot, so a value being replaced or
-// evicted while it streams out stays readable to the end.
+// Atomic visibility: a put writes its file under a fresh generation that no header points to,
+// makes it durable and gives it its final name, then commits with ONE WriteBatch holding the
+// new header, the deletion of evicted headers; the files of the replaced and evicted values
+// are unlinked after that commit. Readers open the file the header names and keep reading it
+// through their descriptor, so they see the old value or the new one, never a mix, also while
+// it is replaced or evicted. A crash before the commit leaves a file no header refers to,
+// which the next open deletes. Each put syncs only its own file and the small commit, so
+// concurrent puts do not wait for each other's bytes.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <set>
 #include <unordered_map>
@@ -27,10 +33,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/crc32c.h"
+#include "common/file_io.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "kvstore/kv_engine.h"
 #include "kvstore/kvstore_metrics.h"
+#include "kvstore/value_files.h"
 #include "rocksdb/db.h"
 #include "rocksdb/options.h"
 #include "rocksdb/slice.h"
@@ -39,10 +47,15 @@
 namespace lazyrag::kvstore {
 namespace {
 
-constexpr char kHeaderTag = 'H';
-constexpr char kChunkTag = 'C';
+constexpr char kValueTag = 'V';
 constexpr char kAccessTag = 'T';
 constexpr char kEpochKey[] = "Mepoch";
+// The earlier format's header and chunk rows: dropped at open.
+constexpr char kLegacyHeaderTag = 'H';
+constexpr char kLegacyChunkTag = 'C';
+// Written bytes of a put after which the kernel is told to start writing them out, so that
+// the commit's fdatasync finds most of the value on disk already.
+constexpr uint64_t kWriteBehindBytes = 16ull << 20;
 
 void AppendU32(uint32_t v, std::string* out) {
   for (int shift = 24; shift >= 0; shift -= 8) out->push_back(static_cast<char>(v >> shift));
@@ -61,52 +74,52 @@ std::string TaggedKey(char tag, std::string_view key) {
   out.append(key);
   return out;
 }
-std::string HeaderKey(std::string_view key) { return TaggedKey(kHeaderTag, key); }
+std::string ValueKey(std::string_view key) { return TaggedKey(kValueTag, key); }
 std::string AccessKey(std::string_view key) { return TaggedKey(kAccessTag, key); }
 
-std::string ChunkGenPrefix(std::string_view key, uint64_t gen) {
-  std::string out = RocksChunkKeyPrefix(key);
-  AppendU64(gen, &out);
-  return out;
-}
+struct ValueRecord {
+  uint64_t gen = 0;
+  ValueLayout layout;
+  std::vector<uint32_t> crcs;
+};
 
-std::string ChunkKey(std::string_view key, uint64_t gen, uint32_t index) {
-  std::string out = ChunkGenPrefix(key, gen);
-  AppendU32(index, &out);
-  return out;
-}
-
-// Parses a 'C' key into (key, gen). False when malformed.
-bool ParseChunkKey(rocksdb::Slice k, std::string* key, uint64_t* gen) {
-  if (k.size() < 1 + 4 || k[0] != kChunkTag) return false;
-  const uint32_t len = ReadU32(k.data() + 1);
-  if (k.size() != 1 + 4 + size_t{len} + 8 + 4) return false;
-  key->assign(k.data() + 5, len);
-  *gen = ReadU64(k.data() + 5 + len);
-  return true;
-}
-
-std::string EncodeHeaderRecord(uint64_t gen, const ValueLayout& layout) {
+std::string EncodeValueRecord(uint64_t gen, const ValueLayout& layout,
+                              std::span<const uint32_t> crcs) {
   std::string out;
   AppendU64(gen, &out);
+  AppendU32(static_cast<uint32_t>(crcs.size()), &out);
+  for (uint32_t crc : crcs) {
+    for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(crc >> (8 * i)));
+  }
   lazyrag::v1::ValueHeader header;
   LayoutToProto(layout, &header);
   header.AppendToString(&out);
   return out;
 }
 
-absl::Status DecodeHeaderRecord(std::string_view record, uint64_t* gen, ValueLayout* layout) {
+absl::Status DecodeValueRecord(std::string_view record, ValueRecord* out) {
+  if (record.size() < 12) return absl::DataLossError("stored header truncated");
+  out->gen = ReadU64(record.data());
+  const uint32_t n = ReadU32(record.data() + 8);
+  if (record.size() < 12 + uint64_t{n} * 4) return absl::DataLossError("stored header truncated");
+  out->crcs.resize(n);
+  const auto* p = reinterpret_cast<const uint8_t*>(record.data() + 12);
+  for (uint32_t i = 0; i < n; ++i, p += 4) {
+    out->crcs[i] = uint32_t{p[0]} | (uint32_t{p[1]} << 8) | (uint32_t{p[2]} << 16) |
+                   (uint32_t{p[3]} << 24);
+  }
+  const size_t proto_at = 12 + size_t{n} * 4;
   lazyrag::v1::ValueHeader header;
-  if (record.size() < 8 ||
-      !header.ParseFromArray(record.data() + 8, static_cast<int>(record.size() - 8))) {
+  if (!header.ParseFromArray(record.data() + proto_at,
+                             static_cast<int>(record.size() - proto_at))) {
     return absl::DataLossError("stored header unreadable");
   }
-  *gen = ReadU64(record.data());
   auto parsed = LayoutFromProto(header);
   if (!parsed.ok()) {
     return absl::DataLossError(absl::StrCat("stored header invalid: ", parsed.status().message()));
   }
-  *layout = *std::move(parsed);
+  if (parsed->num_chunks != n) return absl::DataLossError("stored header: checksum count");
+  out->layout = *std::move(parsed);
   return absl::OkStatus();
 }
 
@@ -125,8 +138,15 @@ class RocksEngine;
 
 class RocksPutSession final : public PutSession {
  public:
-  RocksPutSession(RocksEngine* engine, std::string key, ValueLayout layout, uint64_t gen)
-      : engine_(engine), key_(std::move(key)), layout_(std::move(layout)), gen_(gen) {}
+  RocksPutSession(RocksEngine* engine, std::string key, ValueLayout layout, uint64_t gen,
+                  UniqueFd fd)
+      : engine_(engine),
+        key_(std::move(key)),
+        layout_(std::move(layout)),
+        gen_(gen),
+        fd_(std::move(fd)) {
+    crcs_.reserve(layout_.num_chunks);
+  }
   ~RocksPutSession() override;
 
   absl::Status AddChunk(uint32_t index, std::string_view data, uint32_t crc32c) override;
@@ -137,30 +157,41 @@ class RocksPutSession final : public PutSession {
   const std::string key_;
   const ValueLayout layout_;
   const uint64_t gen_;
-  uint32_t added_ = 0;
+  UniqueFd fd_;
+  std::vector<uint32_t> crcs_;
+  uint64_t written_ = 0;
+  uint64_t write_behind_at_ = 0;  // bytes before this offset were handed to write-back
   bool committed_ = false;
 };
 
 class RocksValueReader final : public ValueReader {
  public:
-  RocksValueReader(RocksEngine* engine, std::string key, ValueLayout layout, uint64_t gen,
-                   const rocksdb::Snapshot* snapshot);
-  ~RocksValueReader() override;
+  RocksValueReader(RocksEngine* engine, std::string key, ValueRecord record, std::string path,
+                   UniqueFd fd)
+      : engine_(engine),
+        key_(std::move(key)),
+        record_(std::move(record)),
+        path_(std::move(path)),
+        fd_(std::move(fd)) {}
 
-  const ValueLayout& layout() const override { return layout_; }
+  const ValueLayout& layout() const override { return record_.layout; }
   absl::Status ReadChunk(uint32_t index, std::string* data, uint32_t* crc32c) override;
+  absl::Status ReadChunkInto(uint32_t index, char* dst, uint32_t* crc32c) override;
+  std::string file_path() const override { return path_; }
+  std::span<const uint32_t> chunk_crcs() const override { return record_.crcs; }
 
  private:
   RocksEngine* const engine_;
   const std::string key_;
-  const ValueLayout layout_;
-  const uint64_t gen_;
-  const rocksdb::Snapshot* const snapshot_;
+  const ValueRecord record_;
+  const std::string path_;
+  UniqueFd fd_;
 };
 
 class RocksEngine final : public KvEngine {
  public:
-  explicit RocksEngine(RocksEngineOptions options) : options_(std::move(options)) {}
+  RocksEngine(RocksEngineOptions options, ValueFiles files)
+      : options_(std::move(options)), files_(std::move(files)) {}
   ~RocksEngine() override {
     if (db_ != nullptr) {
       rocksdb::Status s = db_->Close();
@@ -174,14 +205,14 @@ class RocksEngine final : public KvEngine {
 
   absl::StatusOr<std::unique_ptr<PutSession>> BeginPut(std::string_view key,
                                                        const ValueLayout& layout) override {
-    if (layout.total_size > options_.capacity_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat("value of ", layout.total_size,
-                                                       " bytes is larger than the capacity of ",
-                                                       options_.capacity_bytes, " bytes"));
-    }
+    RETURN_IF_ERROR(CheckCapacity(layout));
     const uint64_t gen = next_gen_.fetch_add(1);
-    return std::make_unique<RocksPutSession>(this, std::string(key), layout, gen);
+    ASSIGN_OR_RETURN(UniqueFd fd, files_.CreateStaging(gen));
+    return std::make_unique<RocksPutSession>(this, std::string(key), layout, gen, std::move(fd));
   }
+  absl::StatusOr<bool> PutFile(std::string_view key, const ValueLayout& layout,
+                               std::span<const uint32_t> crcs, const std::string& path) override;
+  std::string local_dir() const override { return options_.data_dir; }
 
   absl::StatusOr<std::unique_ptr<ValueReader>> Open(std::string_view key) override;
   absl::StatusOr<KeyStat> Stat(std::string_view key) override;
@@ -193,8 +224,13 @@ class RocksEngine final : public KvEngine {
   }
 
   // For sessions and readers.
-  rocksdb::DB* db() { return db_.get(); }
-  absl::StatusOr<bool> CommitPut(const std::string& key, const ValueLayout& layout, uint64_t gen);
+  const ValueFiles& files() const { return files_; }
+  bool sync_commits() const { return options_.sync_commits; }
+  // Publishes the file of `gen` (written whole at `path`) and commits its header. On error the
+  // file is deleted.
+  absl::StatusOr<bool> PublishAndCommit(int fd, const std::string& path, const std::string& key,
+                                        const ValueLayout& layout, uint64_t gen,
+                                        std::span<const uint32_t> crcs);
   void CountCorruption() {
     if (options_.metrics != nullptr) options_.metrics->CountCorruption("disk");
   }
@@ -203,21 +239,25 @@ class RocksEngine final : public KvEngine {
   struct Entry {
     uint64_t gen = 0;
     uint64_t size = 0;
-    uint32_t num_chunks = 0;
     int64_t last_access_ms = 0;
     uint64_t tick = 0;  // position in lru_
   };
 
+  absl::Status CheckCapacity(const ValueLayout& layout) const {
+    if (layout.total_size > options_.capacity_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat("value of ", layout.total_size,
+                                                       " bytes is larger than the capacity of ",
+                                                       options_.capacity_bytes, " bytes"));
+    }
+    return absl::OkStatus();
+  }
   int64_t NowMs() const { return absl::ToUnixMillis(absl::Now()); }
-  static void AddChunkDeletes(const std::string& key, const Entry& e, rocksdb::WriteBatch* batch) {
-    for (uint32_t i = 0; i < e.num_chunks; ++i) batch->Delete(ChunkKey(key, e.gen, i));
-  }
-  static void AddEntryDeletes(const std::string& key, const Entry& e, rocksdb::WriteBatch* batch) {
-    batch->Delete(HeaderKey(key));
+  static void AddEntryDeletes(const std::string& key, rocksdb::WriteBatch* batch) {
+    batch->Delete(ValueKey(key));
     batch->Delete(AccessKey(key));
-    AddChunkDeletes(key, e, batch);
   }
-  void EraseLocked(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets `key` in memory; returns its generation (0 when absent).
+  uint64_t EraseLocked(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishUsageLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (options_.metrics != nullptr) options_.metrics->SetUsage(entries_.size(), bytes_);
   }
@@ -225,9 +265,16 @@ class RocksEngine final : public KvEngine {
   std::vector<std::string> PickVictimsLocked(uint64_t target, std::string_view keep,
                                              uint64_t* bytes, rocksdb::WriteBatch* batch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status RemoveOrphanChunks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Erases `victims` in memory and returns their generations (whose files to remove).
+  std::vector<uint64_t> EraseVictimsLocked(const std::vector<std::string>& victims)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveFiles(const std::vector<uint64_t>& gens) const {
+    for (uint64_t gen : gens) files_.Remove(gen);
+  }
+  absl::Status DropLegacyRows();
 
   const RocksEngineOptions options_;
+  const ValueFiles files_;
   std::unique_ptr<rocksdb::DB> db_;
   std::atomic<uint64_t> next_gen_{0};
 
@@ -239,99 +286,71 @@ class RocksEngine final : public KvEngine {
 };
 
 RocksPutSession::~RocksPutSession() {
-  if (committed_ || added_ == 0) return;
-  rocksdb::WriteBatch batch;
-  for (uint32_t i = 0; i < added_; ++i) batch.Delete(ChunkKey(key_, gen_, i));
-  rocksdb::Status s = engine_->db()->Write(rocksdb::WriteOptions(), &batch);
-  if (!s.ok()) {
-    LOG_WARNING << "kvstore: dropping an abandoned put: " << s.ToString();
-  }
+  if (committed_) return;
+  fd_.reset();
+  engine_->files().RemoveStaging(gen_);
 }
 
 absl::Status RocksPutSession::AddChunk(uint32_t index, std::string_view data, uint32_t crc32c) {
-  if (committed_ || index != added_ || index >= layout_.num_chunks) {
+  if (committed_ || index != crcs_.size() || index >= layout_.num_chunks) {
     return absl::FailedPreconditionError(absl::StrCat("chunk ", index, " out of order"));
   }
-  char crc_le[4];
-  for (int i = 0; i < 4; ++i) crc_le[i] = static_cast<char>(crc32c >> (8 * i));
-  const std::string k = ChunkKey(key_, gen_, index);
-  rocksdb::Slice key_part(k);
-  rocksdb::Slice value_parts[2] = {rocksdb::Slice(crc_le, 4),
-                                   rocksdb::Slice(data.data(), data.size())};
-  rocksdb::WriteBatch batch(k.size() + data.size() + 64);
-  rocksdb::Status s =
-      batch.Put(rocksdb::SliceParts(&key_part, 1), rocksdb::SliceParts(value_parts, 2));
-  // Chunks skip the write-ahead log: nothing points to them until the commit, which first
-  // flushes them into blob files (Commit), so the value is written to disk once, not twice. A
-  // crash before that loses only chunks no header refers to.
-  rocksdb::WriteOptions wo;
-  wo.disableWAL = true;
-  if (s.ok()) s = engine_->db()->Write(wo, &batch);
-  RETURN_IF_ERROR(FromRocks(s, "writing a chunk"));
-  ++added_;
+  RETURN_IF_ERROR(PwriteAll(fd_.get(), data, written_));
+  written_ += data.size();
+  crcs_.push_back(crc32c);
+  if (engine_->sync_commits() && written_ - write_behind_at_ >= kWriteBehindBytes) {
+    // Start writing these bytes out now; the commit's fdatasync then waits for less.
+    (void)::sync_file_range(fd_.get(), static_cast<off_t>(write_behind_at_),
+                            static_cast<off_t>(written_ - write_behind_at_),
+                            SYNC_FILE_RANGE_WRITE);
+    write_behind_at_ = written_;
+  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<bool> RocksPutSession::Commit() {
-  if (committed_ || added_ != layout_.num_chunks) {
+  if (committed_ || crcs_.size() != layout_.num_chunks) {
     return absl::FailedPreconditionError(
-        absl::StrCat("commit after ", added_, " of ", layout_.num_chunks, " chunks"));
+        absl::StrCat("commit after ", crcs_.size(), " of ", layout_.num_chunks, " chunks"));
   }
-  // The chunks (written without the log) reach their files before the header that makes them
-  // visible is written.
-  rocksdb::FlushOptions fo;
-  fo.wait = true;
-  fo.allow_write_stall = true;
-  RETURN_IF_ERROR(FromRocks(engine_->db()->Flush(fo), "flushing a put's chunks"));
-  auto replaced = engine_->CommitPut(key_, layout_, gen_);
-  if (replaced.ok()) committed_ = true;
+  const std::string staging = engine_->files().StagingPathOf(gen_);
+  auto replaced = engine_->PublishAndCommit(fd_.get(), staging, key_, layout_, gen_, crcs_);
+  // Published or deleted either way: nothing is left for the destructor.
+  committed_ = true;
   return replaced;
 }
 
-RocksValueReader::RocksValueReader(RocksEngine* engine, std::string key, ValueLayout layout,
-                                   uint64_t gen, const rocksdb::Snapshot* snapshot)
-    : engine_(engine),
-      key_(std::move(key)),
-      layout_(std::move(layout)),
-      gen_(gen),
-      snapshot_(snapshot) {}
-
-RocksValueReader::~RocksValueReader() { engine_->db()->ReleaseSnapshot(snapshot_); }
-
-absl::Status RocksValueReader::ReadChunk(uint32_t index, std::string* data, uint32_t* crc32c) {
-  if (index >= layout_.num_chunks) {
-    return absl::OutOfRangeError(absl::StrCat("chunk ", index, " of ", layout_.num_chunks));
+absl::Status RocksValueReader::ReadChunkInto(uint32_t index, char* dst, uint32_t* crc32c) {
+  const ValueLayout& layout = record_.layout;
+  if (index >= layout.num_chunks) {
+    return absl::OutOfRangeError(absl::StrCat("chunk ", index, " of ", layout.num_chunks));
   }
-  rocksdb::ReadOptions ro;
-  ro.snapshot = snapshot_;
-  ro.fill_cache = false;
-  rocksdb::PinnableSlice value;
-  rocksdb::Status s = engine_->db()->Get(ro, engine_->db()->DefaultColumnFamily(),
-                                         ChunkKey(key_, gen_, index), &value);
+  const uint64_t begin = layout.ChunkBegin(index);
+  const uint64_t size = layout.ChunkEnd(index) - begin;
   auto where = [&] { return absl::StrCat(DescribeKey(key_), " chunk ", index); };
-  if (s.IsNotFound()) {
+  absl::Status st = PreadAll(fd_.get(), dst, size, begin);
+  if (absl::IsDataLoss(st)) {
     engine_->CountCorruption();
-    return absl::DataLossError(absl::StrCat(where(), " missing from disk"));
+    return absl::DataLossError(absl::StrCat(where(), ": value file too short"));
   }
-  if (s.IsCorruption()) engine_->CountCorruption();
-  if (!s.ok()) return FromRocks(s, absl::StrCat("reading ", where()));
-  const uint64_t want = layout_.ChunkEnd(index) - layout_.ChunkBegin(index);
-  if (value.size() != 4 + want) {
-    engine_->CountCorruption();
-    return absl::DataLossError(
-        absl::StrCat(where(), " has ", value.size() - 4, " bytes on disk, ", want, " expected"));
-  }
-  const auto* p = reinterpret_cast<const uint8_t*>(value.data());
-  const uint32_t stored =
-      uint32_t{p[0]} | (uint32_t{p[1]} << 8) | (uint32_t{p[2]} << 16) | (uint32_t{p[3]} << 24);
-  std::string_view bytes(value.data() + 4, value.size() - 4);
-  if (Crc32c(bytes) != stored) {
+  if (!st.ok()) return absl::Status(st.code(), absl::StrCat("reading ", where(), ": ", st.message()));
+  if (Crc32c(std::string_view(dst, size)) != record_.crcs[index]) {
     engine_->CountCorruption();
     return absl::DataLossError(absl::StrCat(where(), " failed its CRC-32C check on disk"));
   }
-  data->assign(bytes);
-  *crc32c = stored;
+  *crc32c = record_.crcs[index];
   return absl::OkStatus();
+}
+
+absl::Status RocksValueReader::ReadChunk(uint32_t index, std::string* data, uint32_t* crc32c) {
+  if (index >= record_.layout.num_chunks) {
+    return absl::OutOfRangeError(
+        absl::StrCat("chunk ", index, " of ", record_.layout.num_chunks));
+  }
+  data->resize(record_.layout.ChunkEnd(index) - record_.layout.ChunkBegin(index));
+  absl::Status st = ReadChunkInto(index, data->data(), crc32c);
+  if (!st.ok()) data->clear();
+  return st;
 }
 
 absl::Status RocksEngine::Init() {
@@ -339,13 +358,7 @@ absl::Status RocksEngine::Init() {
   rocksdb::Options o;
   o.create_if_missing = true;
   o.max_background_jobs = 2;
-  // Values are MiB-sized chunks: keep them in blob files, out of the LSM tree, so compaction
-  // does not rewrite them.
-  o.enable_blob_files = true;
-  o.min_blob_size = 64 << 10;
-  o.blob_file_size = 256 << 20;
-  o.enable_blob_garbage_collection = true;
-  o.write_buffer_size = 64 << 20;
+  o.write_buffer_size = 16 << 20;  // headers and access times only
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(o, options_.data_dir, &raw);
   if (!s.ok()) {
@@ -370,25 +383,26 @@ absl::Status RocksEngine::Init() {
   sync.sync = true;
   RETURN_IF_ERROR(FromRocks(db_->Put(sync, kEpochKey, epoch_value), "writing epoch"));
   next_gen_ = epoch << 32;
+  RETURN_IF_ERROR(DropLegacyRows());
 
   absl::MutexLock lock(&mu_);
   {
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
     rocksdb::WriteBatch bad;
-    for (it->Seek(std::string(1, kHeaderTag)); it->Valid() && it->key()[0] == kHeaderTag;
+    for (it->Seek(std::string(1, kValueTag)); it->Valid() && it->key()[0] == kValueTag;
          it->Next()) {
       std::string key = it->key().ToString().substr(1);
-      Entry e;
-      ValueLayout layout;
-      absl::Status st = DecodeHeaderRecord(it->value().ToStringView(), &e.gen, &layout);
+      ValueRecord record;
+      absl::Status st = DecodeValueRecord(it->value().ToStringView(), &record);
       if (!st.ok()) {
         LOG_ERROR << "kvstore: dropping " << DescribeKey(key) << ": " << st;
         CountCorruption();
         bad.Delete(it->key());
         continue;
       }
-      e.size = layout.total_size;
-      e.num_chunks = layout.num_chunks;
+      Entry e;
+      e.gen = record.gen;
+      e.size = record.layout.total_size;
       bytes_ += e.size;
       entries_.emplace(std::move(key), e);
     }
@@ -413,13 +427,21 @@ absl::Status RocksEngine::Init() {
     e.tick = next_tick_++;
     lru_.emplace(e.tick, key);
   }
-  RETURN_IF_ERROR(RemoveOrphanChunks());
+  // Files no header refers to were left by puts that never committed (or by a crash between a
+  // commit and its unlinks). A header whose file is missing is found on its first read.
+  std::set<uint64_t> live;
+  for (const auto& [key, e] : entries_) live.insert(e.gen);
+  ASSIGN_OR_RETURN(const uint64_t orphans,
+                   files_.RemoveUnreferenced([&](uint64_t gen) { return live.count(gen) > 0; }));
+  if (orphans > 0) {
+    LOG_INFO << "kvstore: removed " << orphans << " files of uncommitted puts";
+  }
   if (bytes_ > options_.capacity_bytes) {
     uint64_t bytes = bytes_;
     rocksdb::WriteBatch batch;
     auto victims = PickVictimsLocked(options_.capacity_bytes, "", &bytes, &batch);
     RETURN_IF_ERROR(FromRocks(db_->Write(sync, &batch), "evicting at open"));
-    for (const auto& v : victims) EraseLocked(v);
+    RemoveFiles(EraseVictimsLocked(victims));
     if (options_.metrics != nullptr) options_.metrics->CountEvictions(victims.size());
   }
   if (options_.metrics != nullptr) {
@@ -431,43 +453,47 @@ absl::Status RocksEngine::Init() {
   return absl::OkStatus();
 }
 
-// Chunks of a generation no header points at were left by a put that never committed.
-absl::Status RocksEngine::RemoveOrphanChunks() {
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
-  rocksdb::WriteBatch batch;
-  uint64_t orphans = 0;
-  std::string key;
-  uint64_t gen = 0;
-  for (it->Seek(std::string(1, kChunkTag)); it->Valid() && it->key()[0] == kChunkTag;) {
-    if (!ParseChunkKey(it->key(), &key, &gen)) {
-      batch.Delete(it->key());
-      ++orphans;
-      it->Next();
+// Values of the earlier format (chunks inside RocksDB) are dropped: the store is a cache of
+// recomputable KV.
+absl::Status RocksEngine::DropLegacyRows() {
+  uint64_t dropped = 0;
+  for (char tag : {kLegacyHeaderTag, kLegacyChunkTag}) {
+    const std::string begin(1, tag), end(1, static_cast<char>(tag + 1));
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+    it->Seek(begin);
+    if (!it->Valid() || it->key()[0] != tag) {
+      RETURN_IF_ERROR(FromRocks(it->status(), "scanning old rows"));
       continue;
     }
-    auto e = entries_.find(key);
-    if (e != entries_.end() && e->second.gen == gen) {
-      it->Seek(ChunkGenPrefix(key, gen + 1));  // skip this live value's chunks
-      continue;
+    if (tag == kLegacyHeaderTag) {
+      for (; it->Valid() && it->key()[0] == tag; it->Next()) ++dropped;
     }
-    batch.Delete(it->key());
-    ++orphans;
-    it->Next();
+    it.reset();
+    RETURN_IF_ERROR(FromRocks(
+        db_->DeleteRange(rocksdb::WriteOptions(), db_->DefaultColumnFamily(), begin, end),
+        "dropping old rows"));
   }
-  RETURN_IF_ERROR(FromRocks(it->status(), "scanning chunks"));
-  if (orphans > 0) {
-    LOG_INFO << "kvstore: removing " << orphans << " chunks of puts that never committed";
-    RETURN_IF_ERROR(FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), "removing orphans"));
+  if (dropped > 0) {
+    LOG_WARNING << "kvstore: dropped " << dropped
+                << " values stored in the earlier format (chunks in RocksDB); they are recomputed";
   }
   return absl::OkStatus();
 }
 
-void RocksEngine::EraseLocked(const std::string& key) {
+uint64_t RocksEngine::EraseLocked(const std::string& key) {
   auto it = entries_.find(key);
-  if (it == entries_.end()) return;
+  if (it == entries_.end()) return 0;
+  const uint64_t gen = it->second.gen;
   lru_.erase({it->second.tick, key});
   bytes_ -= it->second.size;
   entries_.erase(it);
+  return gen;
+}
+
+std::vector<uint64_t> RocksEngine::EraseVictimsLocked(const std::vector<std::string>& victims) {
+  std::vector<uint64_t> gens;
+  for (const auto& v : victims) gens.push_back(EraseLocked(v));
+  return gens;
 }
 
 std::vector<std::string> RocksEngine::PickVictimsLocked(uint64_t target, std::string_view keep,
@@ -477,90 +503,127 @@ std::vector<std::string> RocksEngine::PickVictimsLocked(uint64_t target, std::st
   for (auto it = lru_.begin(); *bytes > target && it != lru_.end(); ++it) {
     if (it->second == keep) continue;
     const Entry& e = entries_.at(it->second);
-    AddEntryDeletes(it->second, e, batch);
+    AddEntryDeletes(it->second, batch);
     *bytes -= e.size;
     victims.push_back(it->second);
   }
   return victims;
 }
 
-absl::StatusOr<bool> RocksEngine::CommitPut(const std::string& key, const ValueLayout& layout,
-                                            uint64_t gen) {
-  const int64_t now = NowMs();
-  std::string access;
-  AppendU64(static_cast<uint64_t>(now), &access);
-  absl::MutexLock lock(&mu_);
-  rocksdb::WriteBatch batch;
-  batch.Put(HeaderKey(key), EncodeHeaderRecord(gen, layout));
-  batch.Put(AccessKey(key), access);
-  auto old = entries_.find(key);
-  const bool replaced = old != entries_.end();
-  uint64_t bytes = bytes_ + layout.total_size;
-  if (replaced) {
-    AddChunkDeletes(key, old->second, &batch);
-    bytes -= old->second.size;
-  }
-  std::vector<std::string> victims =
-      PickVictimsLocked(options_.capacity_bytes, key, &bytes, &batch);
-  rocksdb::WriteOptions wo;
-  wo.sync = options_.sync_commits;
-  RETURN_IF_ERROR(FromRocks(db_->Write(wo, &batch), "committing a put"));
-  for (const auto& v : victims) EraseLocked(v);
-  EraseLocked(key);
-  Entry e{gen, layout.total_size, layout.num_chunks, now, next_tick_++};
-  lru_.emplace(e.tick, key);
-  bytes_ += e.size;
-  entries_[key] = e;
-  if (options_.metrics != nullptr && !victims.empty()) {
-    options_.metrics->CountEvictions(victims.size());
-  }
-  PublishUsageLocked();
-  return replaced;
-}
-
-absl::StatusOr<std::unique_ptr<ValueReader>> RocksEngine::Open(std::string_view key) {
-  const rocksdb::Snapshot* snapshot = db_->GetSnapshot();
-  rocksdb::ReadOptions ro;
-  ro.snapshot = snapshot;
-  std::string record;
-  rocksdb::Status s = db_->Get(ro, HeaderKey(key), &record);
-  if (!s.ok()) {
-    db_->ReleaseSnapshot(snapshot);
-    if (s.IsNotFound()) return absl::NotFoundError(absl::StrCat(DescribeKey(key), " not stored"));
-    return FromRocks(s, "reading a header");
-  }
-  uint64_t gen = 0;
-  ValueLayout layout;
-  absl::Status st = DecodeHeaderRecord(record, &gen, &layout);
-  if (!st.ok()) {
-    db_->ReleaseSnapshot(snapshot);
-    CountCorruption();
+absl::StatusOr<bool> RocksEngine::PublishAndCommit(int fd, const std::string& path,
+                                                   const std::string& key,
+                                                   const ValueLayout& layout, uint64_t gen,
+                                                   std::span<const uint32_t> crcs) {
+  if (absl::Status st = files_.Publish(fd, path, gen, options_.sync_commits); !st.ok()) {
+    ::unlink(path.c_str());
     return st;
   }
   const int64_t now = NowMs();
-  bool touched = false;
+  std::string access;
+  AppendU64(static_cast<uint64_t>(now), &access);
+  std::vector<uint64_t> dead;  // generations whose files go once the commit is durable
+  bool replaced = false;
   {
     absl::MutexLock lock(&mu_);
-    auto it = entries_.find(std::string(key));
-    if (it != entries_.end() && it->second.gen == gen) {
-      lru_.erase({it->second.tick, it->first});
-      it->second.tick = next_tick_++;
-      it->second.last_access_ms = now;
-      lru_.emplace(it->second.tick, it->first);
-      touched = true;
+    rocksdb::WriteBatch batch;
+    batch.Put(ValueKey(key), EncodeValueRecord(gen, layout, crcs));
+    batch.Put(AccessKey(key), access);
+    auto old = entries_.find(key);
+    replaced = old != entries_.end();
+    uint64_t bytes = bytes_ + layout.total_size;
+    if (replaced) bytes -= old->second.size;
+    std::vector<std::string> victims =
+        PickVictimsLocked(options_.capacity_bytes, key, &bytes, &batch);
+    rocksdb::WriteOptions wo;
+    wo.sync = options_.sync_commits;
+    if (absl::Status st = FromRocks(db_->Write(wo, &batch), "committing a put"); !st.ok()) {
+      files_.Remove(gen);
+      return st;
     }
-  }
-  if (touched) {
-    std::string access;
-    AppendU64(static_cast<uint64_t>(now), &access);
-    // Best effort: losing an access time in a crash only makes eviction slightly less fair.
-    rocksdb::Status ws = db_->Put(rocksdb::WriteOptions(), AccessKey(key), access);
-    if (!ws.ok()) {
-      LOG_WARNING << "kvstore: recording an access: " << ws.ToString();
+    dead = EraseVictimsLocked(victims);
+    if (const uint64_t old_gen = EraseLocked(key); replaced) dead.push_back(old_gen);
+    Entry e{gen, layout.total_size, now, next_tick_++};
+    lru_.emplace(e.tick, key);
+    bytes_ += e.size;
+    entries_[key] = e;
+    if (options_.metrics != nullptr && !victims.empty()) {
+      options_.metrics->CountEvictions(victims.size());
     }
+    PublishUsageLocked();
   }
-  return std::make_unique<RocksValueReader>(this, std::string(key), std::move(layout), gen,
-                                            snapshot);
+  RemoveFiles(dead);
+  return replaced;
+}
+
+absl::StatusOr<bool> RocksEngine::PutFile(std::string_view key, const ValueLayout& layout,
+                                          std::span<const uint32_t> crcs,
+                                          const std::string& path) {
+  auto fd = OpenFile(path, O_RDONLY | O_NOFOLLOW);
+  if (!fd.ok()) {
+    ::unlink(path.c_str());
+    return fd.status();
+  }
+  struct stat st;
+  absl::Status check = CheckCapacity(layout);
+  if (check.ok() && (::fstat(fd->get(), &st) != 0 || !S_ISREG(st.st_mode))) {
+    check = absl::InvalidArgumentError("put: the handed-over file is not a regular file");
+  }
+  if (check.ok()) check = VerifyValueFile(fd->get(), layout, crcs);
+  if (!check.ok()) {
+    ::unlink(path.c_str());
+    return check;
+  }
+  return PublishAndCommit(fd->get(), path, std::string(key), layout, next_gen_.fetch_add(1), crcs);
+}
+
+absl::StatusOr<std::unique_ptr<ValueReader>> RocksEngine::Open(std::string_view key) {
+  // A value replaced or evicted between reading its header and opening its file: read the
+  // header again (at most once more; then the key is treated as absent).
+  for (int attempt = 0;; ++attempt) {
+    std::string raw;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), ValueKey(key), &raw);
+    if (s.IsNotFound()) return absl::NotFoundError(absl::StrCat(DescribeKey(key), " not stored"));
+    if (!s.ok()) return FromRocks(s, "reading a header");
+    ValueRecord record;
+    if (absl::Status st = DecodeValueRecord(raw, &record); !st.ok()) {
+      CountCorruption();
+      return st;
+    }
+    auto fd = files_.OpenForRead(record.gen);
+    if (absl::IsNotFound(fd.status())) {
+      if (attempt == 0) continue;
+      // The header outlived its file (a crash between a commit and a later unlink cannot cause
+      // this; a file deleted by hand can).
+      CountCorruption();
+      return absl::DataLossError(absl::StrCat(DescribeKey(key), ": value file missing"));
+    }
+    if (!fd.ok()) return fd.status();
+    const int64_t now = NowMs();
+    bool touched = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = entries_.find(std::string(key));
+      if (it != entries_.end() && it->second.gen == record.gen) {
+        lru_.erase({it->second.tick, it->first});
+        it->second.tick = next_tick_++;
+        it->second.last_access_ms = now;
+        lru_.emplace(it->second.tick, it->first);
+        touched = true;
+      }
+    }
+    if (touched) {
+      std::string access;
+      AppendU64(static_cast<uint64_t>(now), &access);
+      // Best effort: losing an access time in a crash only makes eviction slightly less fair.
+      rocksdb::Status ws = db_->Put(rocksdb::WriteOptions(), AccessKey(key), access);
+      if (!ws.ok()) {
+        LOG_WARNING << "kvstore: recording an access: " << ws.ToString();
+      }
+    }
+    std::string path = files_.PathOf(record.gen);
+    return std::make_unique<RocksValueReader>(this, std::string(key), std::move(record),
+                                              std::move(path), *std::move(fd));
+  }
 }
 
 absl::StatusOr<KeyStat> RocksEngine::Stat(std::string_view key) {
@@ -571,47 +634,68 @@ absl::StatusOr<KeyStat> RocksEngine::Stat(std::string_view key) {
 }
 
 absl::StatusOr<bool> RocksEngine::Delete(std::string_view key) {
-  absl::MutexLock lock(&mu_);
-  auto it = entries_.find(std::string(key));
-  if (it == entries_.end()) return false;
-  rocksdb::WriteBatch batch;
-  AddEntryDeletes(it->first, it->second, &batch);
-  rocksdb::WriteOptions wo;
-  wo.sync = options_.sync_commits;
-  RETURN_IF_ERROR(FromRocks(db_->Write(wo, &batch), "deleting"));
-  EraseLocked(std::string(key));
-  PublishUsageLocked();
+  uint64_t gen = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(std::string(key));
+    if (it == entries_.end()) return false;
+    rocksdb::WriteBatch batch;
+    AddEntryDeletes(it->first, &batch);
+    rocksdb::WriteOptions wo;
+    wo.sync = options_.sync_commits;
+    RETURN_IF_ERROR(FromRocks(db_->Write(wo, &batch), "deleting"));
+    gen = EraseLocked(std::string(key));
+    PublishUsageLocked();
+  }
+  files_.Remove(gen);
   return true;
 }
 
 absl::StatusOr<uint64_t> RocksEngine::EvictTo(uint64_t target_bytes) {
-  absl::MutexLock lock(&mu_);
-  uint64_t bytes = bytes_;
-  rocksdb::WriteBatch batch;
-  auto victims = PickVictimsLocked(target_bytes, "", &bytes, &batch);
-  if (victims.empty()) return 0;
-  rocksdb::WriteOptions wo;
-  wo.sync = options_.sync_commits;
-  RETURN_IF_ERROR(FromRocks(db_->Write(wo, &batch), "evicting"));
-  for (const auto& v : victims) EraseLocked(v);
-  if (options_.metrics != nullptr) options_.metrics->CountEvictions(victims.size());
-  PublishUsageLocked();
-  return victims.size();
+  std::vector<uint64_t> dead;
+  {
+    absl::MutexLock lock(&mu_);
+    uint64_t bytes = bytes_;
+    rocksdb::WriteBatch batch;
+    auto victims = PickVictimsLocked(target_bytes, "", &bytes, &batch);
+    if (victims.empty()) return 0;
+    rocksdb::WriteOptions wo;
+    wo.sync = options_.sync_commits;
+    RETURN_IF_ERROR(FromRocks(db_->Write(wo, &batch), "evicting"));
+    dead = EraseVictimsLocked(victims);
+    if (options_.metrics != nullptr) options_.metrics->CountEvictions(victims.size());
+    PublishUsageLocked();
+  }
+  RemoveFiles(dead);
+  return dead.size();
 }
 
 }  // namespace
 
-std::string RocksChunkKeyPrefix(std::string_view encoded_key) {
-  std::string out(1, kChunkTag);
-  AppendU32(static_cast<uint32_t>(encoded_key.size()), &out);
-  out.append(encoded_key);
-  return out;
-}
-
 absl::StatusOr<std::unique_ptr<KvEngine>> OpenRocksEngine(const RocksEngineOptions& options) {
-  auto engine = std::make_unique<RocksEngine>(options);
+  if (options.data_dir.empty()) return absl::InvalidArgumentError("kvstore: data_dir is empty");
+  if (::mkdir(options.data_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return ErrnoStatus(errno, absl::StrCat("creating ", options.data_dir));
+  }
+  ASSIGN_OR_RETURN(ValueFiles files, ValueFiles::Open(options.data_dir));
+  auto engine = std::make_unique<RocksEngine>(options, std::move(files));
   RETURN_IF_ERROR(engine->Init());
   return engine;
+}
+
+absl::StatusOr<std::string> StoredValuePath(const std::string& data_dir,
+                                            std::string_view encoded_key) {
+  rocksdb::DB* raw = nullptr;
+  RETURN_IF_ERROR(FromRocks(rocksdb::DB::OpenForReadOnly(rocksdb::Options(), data_dir, &raw),
+                            "opening read-only"));
+  std::unique_ptr<rocksdb::DB> db(raw);
+  std::string record;
+  RETURN_IF_ERROR(FromRocks(db->Get(rocksdb::ReadOptions(), ValueKey(encoded_key), &record),
+                            "reading a header"));
+  ValueRecord decoded;
+  RETURN_IF_ERROR(DecodeValueRecord(record, &decoded));
+  ASSIGN_OR_RETURN(ValueFiles files, ValueFiles::Open(data_dir));
+  return files.PathOf(decoded.gen);
 }
 
 }  // namespace lazyrag::kvstore

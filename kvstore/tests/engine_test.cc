@@ -2,6 +2,8 @@
 // on-disk corruption.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "common/crc32c.h"
 #include "common/metrics.h"
 #include "kvstore/kv_engine.h"
@@ -64,16 +66,12 @@ class EngineTest : public ::testing::Test {
     }
     return out;
   }
-  // REQUIRES: no engine open on the directory (its compactions delete files under us).
-  int CountChunkRows() {
-    rocksdb::DB* raw = nullptr;
-    rocksdb::Status s = rocksdb::DB::OpenForReadOnly(rocksdb::Options(), dir_.path() + "/db", &raw);
-    EXPECT_TRUE(s.ok()) << s.ToString();
-    if (!s.ok()) return -1;
-    std::unique_ptr<rocksdb::DB> db(raw);
-    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
+  // Files under values/ (committed values and staging files of puts in progress).
+  int CountValueFiles() {
     int n = 0;
-    for (it->Seek("C"); it->Valid() && it->key()[0] == 'C'; it->Next()) ++n;
+    for (const auto& e : std::filesystem::directory_iterator(dir_.path() + "/db/values")) {
+      n += e.is_regular_file() ? 1 : 0;
+    }
     return n;
   }
 
@@ -107,8 +105,7 @@ TEST_F(EngineTest, CommitIsAtomicAndSurvivesReopen) {
   auto engine = Open();
   EXPECT_EQ(*Read(*engine, "Rk"), v2);
   EXPECT_EQ(engine->Usage().bytes, v2.size());
-  engine.reset();  // a read-only open beside a live engine races its background compactions
-  EXPECT_EQ(CountChunkRows(), 0 + 3) << "old generation's chunks should be gone";
+  EXPECT_EQ(CountValueFiles(), 1) << "the old generation's file should be gone";
 }
 
 TEST_F(EngineTest, AbandonedAndCrashedPutsLeaveNothing) {
@@ -125,12 +122,38 @@ TEST_F(EngineTest, AbandonedAndCrashedPutsLeaveNothing) {
     Stage(*engine, "Rkeep", PatternBytes(4500, 4)).release();
     Stage(*engine, "Rcrash", PatternBytes(4500, 5)).release();
   }
-  EXPECT_EQ(CountChunkRows(), 5 + 5 + 5);
-  auto engine = Open();  // drops chunks that no header points at
+  EXPECT_EQ(CountValueFiles(), 1 + 2);
+  auto engine = Open();  // drops files that no header points at
   EXPECT_EQ(*Read(*engine, "Rkeep"), v);
   EXPECT_EQ(engine->Open("Rcrash").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(CountValueFiles(), 1);
+}
+
+// A database of the earlier format (header and chunk rows inside RocksDB) opens empty: its
+// values are dropped, to be recomputed, and nothing of them is served.
+TEST_F(EngineTest, EarlierFormatRowsAreDroppedAtOpen) {
+  {
+    rocksdb::Options o;
+    o.create_if_missing = true;
+    rocksdb::DB* raw = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(o, dir_.path() + "/db", &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), "HRold", std::string(40, 'h')).ok());
+    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), "C\x00\x00\x00\x04Rold", "chunk").ok());
+  }
+  auto engine = Open();
+  EXPECT_EQ(engine->Usage().entries, 0u);
+  EXPECT_EQ(engine->Open("Rold").status().code(), absl::StatusCode::kNotFound);
+  Put(*engine, "Rnew", PatternBytes(100, 1));
+  EXPECT_EQ(*Read(*engine, "Rnew"), PatternBytes(100, 1));
   engine.reset();
-  EXPECT_EQ(CountChunkRows(), 5);
+  rocksdb::DB* raw = nullptr;
+  ASSERT_TRUE(rocksdb::DB::OpenForReadOnly(rocksdb::Options(), dir_.path() + "/db", &raw).ok());
+  std::unique_ptr<rocksdb::DB> db(raw);
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    EXPECT_TRUE(it->key()[0] != 'H' && it->key()[0] != 'C') << it->key().ToString();
+  }
 }
 
 TEST_F(EngineTest, EvictsLeastRecentlyUsedWithinCapacity) {
@@ -166,17 +189,10 @@ TEST_F(EngineTest, FlippedByteOnDiskIsDataLoss) {
     auto engine = Open();
     Put(*engine, "Rk", PatternBytes(4500, 1));
   }
-  {
-    rocksdb::DB* raw = nullptr;
-    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), dir_.path() + "/db", &raw).ok());
-    std::unique_ptr<rocksdb::DB> db(raw);
-    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
-    it->Seek(RocksChunkKeyPrefix("Rk"));
-    ASSERT_TRUE(it->Valid());
-    std::string key = it->key().ToString(), value = it->value().ToString();
-    it.reset();
-    value[10] ^= 0x01;
-    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), key, value).ok());
+  {  // Flip one byte of the value's file; its stored CRC stays.
+    auto path = StoredValuePath(dir_.path() + "/db", "Rk");
+    ASSERT_TRUE(path.ok()) << path.status();
+    ASSERT_TRUE(testing::FlipByte(*path, 1010).ok());
   }
   auto engine = Open();
   auto got = Read(*engine, "Rk");

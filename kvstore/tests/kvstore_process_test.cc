@@ -20,6 +20,7 @@ namespace {
 using testing::FetchMetrics;
 using testing::KvStoreProcess;
 using testing::MetricValue;
+using testing::FlipByte;
 using testing::PatternBytes;
 using testing::TempDir;
 
@@ -210,20 +211,9 @@ TEST(KvStoreProcessTest, BytesFlippedOnDiskAreDetectedAndCounted) {
   server.Stop(15);  // graceful
 
   {  // Flip one byte in the middle of the victim's second chunk, keeping its stored CRC.
-    rocksdb::DB* raw = nullptr;
-    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), db_path, &raw).ok());
-    std::unique_ptr<rocksdb::DB> db(raw);
-    const std::string prefix = RocksChunkKeyPrefix("Rvictim");
-    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
-    it->Seek(prefix);
-    ASSERT_TRUE(it->Valid() && it->key().starts_with(prefix));
-    it->Next();
-    ASSERT_TRUE(it->Valid() && it->key().starts_with(prefix));
-    std::string chunk_key = it->key().ToString(), stored = it->value().ToString();
-    it.reset();
-    stored[4 + 1000] ^= 0x20;
-    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), chunk_key, stored).ok());
-    ASSERT_TRUE(db->Close().ok());
+    auto path = StoredValuePath(db_path, "Rvictim");
+    ASSERT_TRUE(path.ok()) << path.status();
+    ASSERT_TRUE(FlipByte(*path, (2u << 20) + 1000).ok());
   }
 
   ASSERT_TRUE(server.Restart().ok());

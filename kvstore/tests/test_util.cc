@@ -3,9 +3,11 @@
 #include <fcntl.h>
 #include <httplib.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +16,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/file_io.h"
 
 namespace lazyrag::kvstore::testing {
 
@@ -27,6 +30,21 @@ TempDir::TempDir() {
 TempDir::~TempDir() {
   std::error_code ec;
   if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+}
+
+absl::Status FlipByte(const std::string& path, uint64_t offset) {
+  if (::chmod(path.c_str(), 0600) != 0) return ErrnoStatus(errno, "chmod " + path);
+  absl::Status status;
+  {
+    auto fd = OpenFile(path, O_RDWR);
+    if (!fd.ok()) return fd.status();
+    char byte = 0;
+    status = PreadAll(fd->get(), &byte, 1, offset);
+    byte ^= 0x20;
+    if (status.ok()) status = PwriteAll(fd->get(), std::string_view(&byte, 1), offset);
+  }
+  (void)::chmod(path.c_str(), 0400);
+  return status;
 }
 
 std::string PatternBytes(uint64_t size, uint64_t seed) {

@@ -29,6 +29,10 @@ class TempDir {
 // `size` pseudo-random bytes determined by `seed`.
 std::string PatternBytes(uint64_t size, uint64_t seed);
 
+// Flips one bit of the byte at `offset` of the file at `path` (a stored value file, read-only:
+// made writable for the change and read-only again), as a failing disk would.
+absl::Status FlipByte(const std::string& path, uint64_t offset);
+
 // A lazyrag server child process (kvstore, worker, router) that prints one line
 // "NAME ready grpc=HOST:PORT metrics=PORT" on stdout once serving (common/server_main.h);
 // stderr is inherited.
