@@ -1,6 +1,9 @@
 #include "kvstore/kvstore_handler.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
@@ -40,6 +43,86 @@ absl::StatusOr<DeleteResponse> KvStoreHandler::Delete(const DeleteRequest& reque
   auto result = DoDelete(request);
   metrics_->CountRequest("delete", result.status());
   return result;
+}
+
+absl::StatusOr<lazyrag::v1::DescribeResponse> KvStoreHandler::Describe() const {
+  lazyrag::v1::DescribeResponse response;
+  response.set_local_dir(local_dir_);
+  response.set_local_token(local_token_);
+  return response;
+}
+
+absl::StatusOr<lazyrag::v1::GetLocalResponse> KvStoreHandler::GetLocal(
+    const lazyrag::v1::GetLocalRequest& request) {
+  auto result = DoGetLocal(request);
+  metrics_->CountRequest("get", result.status());
+  return result;
+}
+
+absl::StatusOr<PutResponse> KvStoreHandler::PutLocal(const lazyrag::v1::PutLocalRequest& request) {
+  auto result = DoPutLocal(request);
+  metrics_->CountRequest("put", result.status());
+  return result;
+}
+
+absl::StatusOr<lazyrag::v1::GetLocalResponse> KvStoreHandler::DoGetLocal(
+    const lazyrag::v1::GetLocalRequest& request) {
+  if (local_dir_.empty()) {
+    return absl::FailedPreconditionError("get: this shard does not serve same-host clients");
+  }
+  ASSIGN_OR_RETURN(const std::string key, EncodeKey(request.key()));
+  ASSIGN_OR_RETURN(std::unique_ptr<ValueReader> reader, engine_->Open(key));
+  if (reader->file_path().empty()) {
+    return absl::FailedPreconditionError("get: this shard keeps no value files");
+  }
+  lazyrag::v1::GetLocalResponse response;
+  LayoutToProto(reader->layout(), response.mutable_value());
+  response.set_path(reader->file_path());
+  const auto crcs = reader->chunk_crcs();
+  response.mutable_chunk_crc32c()->Assign(crcs.begin(), crcs.end());
+  metrics_->CountBytes("out", reader->layout().total_size);
+  return response;
+}
+
+absl::StatusOr<PutResponse> KvStoreHandler::DoPutLocal(
+    const lazyrag::v1::PutLocalRequest& request) {
+  if (local_dir_.empty()) {
+    return absl::FailedPreconditionError("put: this shard does not serve same-host clients");
+  }
+  const std::string& name = request.file();
+  if (name.empty() || name.size() > 255 || name == "." || name == ".." ||
+      name.find('/') != std::string::npos || name.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError("put: the file must be a plain name in incoming/");
+  }
+  const std::string path = absl::StrCat(local_dir_, "/incoming/", name);
+  absl::Status bad;
+  auto key = EncodeKey(request.header().key());
+  auto layout = LayoutFromProto(request.header().value());
+  if (!key.ok()) {
+    bad = key.status();
+  } else if (!layout.ok()) {
+    bad = layout.status();
+  } else if (uint64_t(request.chunk_crc32c_size()) != layout->num_chunks) {
+    bad = absl::InvalidArgumentError(absl::StrCat("put: ", request.chunk_crc32c_size(),
+                                                  " chunk checksums for ", layout->num_chunks,
+                                                  " chunks"));
+  }
+  if (!bad.ok()) {
+    ::unlink(path.c_str());
+    return bad;
+  }
+  const std::vector<uint32_t> crcs(request.chunk_crc32c().begin(), request.chunk_crc32c().end());
+  auto replaced = engine_->PutFile(*key, *layout, crcs, path);
+  if (absl::IsDataLoss(replaced.status())) metrics_->CountCorruption("transit");
+  if (!replaced.ok()) {
+    return absl::Status(replaced.status().code(),
+                        absl::StrCat("put: ", replaced.status().message()));
+  }
+  metrics_->CountBytes("in", layout->total_size);
+  PutResponse response;
+  response.set_stored_bytes(layout->total_size);
+  response.set_replaced(*replaced);
+  return response;
 }
 
 absl::StatusOr<PutResponse> KvStoreHandler::DoPut(MessageReader<PutRequest>& in) {

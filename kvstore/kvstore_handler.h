@@ -2,6 +2,8 @@
 // fills replies. KvStoreService (kvstore_service.h) adapts it to gRPC streams.
 #pragma once
 
+#include <string>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kvstore/kv_engine.h"
@@ -48,6 +50,22 @@ class KvStoreHandler {
   absl::StatusOr<lazyrag::v1::StatResponse> Stat(const lazyrag::v1::StatRequest& request);
   absl::StatusOr<lazyrag::v1::DeleteResponse> Delete(const lazyrag::v1::DeleteRequest& request);
 
+  // Same-host clients (kvstore.proto, DescribeRequest). Off until EnableLocalClients; then
+  // Describe names `dir` and `token` (the content of <dir>/local-token). REQUIRES: called
+  // before the first call is served.
+  void EnableLocalClients(std::string dir, std::string token) {
+    local_dir_ = std::move(dir);
+    local_token_ = std::move(token);
+  }
+  absl::StatusOr<lazyrag::v1::DescribeResponse> Describe() const;
+  // FAILED_PRECONDITION when same-host clients are off; else as Get of the whole value.
+  absl::StatusOr<lazyrag::v1::GetLocalResponse> GetLocal(
+      const lazyrag::v1::GetLocalRequest& request);
+  // FAILED_PRECONDITION when same-host clients are off; INVALID_ARGUMENT for a file name that
+  // is not a plain name, a bad key or header, or a checksum count other than the chunk count;
+  // DATA_LOSS when a chunk does not match. The file is consumed in every case.
+  absl::StatusOr<lazyrag::v1::PutResponse> PutLocal(const lazyrag::v1::PutLocalRequest& request);
+
  private:
   absl::StatusOr<lazyrag::v1::PutResponse> DoPut(MessageReader<lazyrag::v1::PutRequest>& in);
   absl::Status DoGet(const lazyrag::v1::GetRequest& request,
@@ -55,8 +73,14 @@ class KvStoreHandler {
   absl::StatusOr<lazyrag::v1::StatResponse> DoStat(const lazyrag::v1::StatRequest& request);
   absl::StatusOr<lazyrag::v1::DeleteResponse> DoDelete(const lazyrag::v1::DeleteRequest& request);
 
+  absl::StatusOr<lazyrag::v1::GetLocalResponse> DoGetLocal(
+      const lazyrag::v1::GetLocalRequest& request);
+  absl::StatusOr<lazyrag::v1::PutResponse> DoPutLocal(const lazyrag::v1::PutLocalRequest& request);
+
   KvEngine* const engine_;
   KvStoreMetrics* const metrics_;
+  std::string local_dir_;  // empty: same-host clients off
+  std::string local_token_;
 };
 
 }  // namespace lazyrag::kvstore

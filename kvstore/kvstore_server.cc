@@ -1,5 +1,14 @@
 #include "kvstore/kvstore_server.h"
 
+#include <fcntl.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_io.h"
+
 #include "common/grpc_server.h"
 #include "common/logging.h"
 #include "common/metrics_http.h"
@@ -9,6 +18,27 @@
 #include "kvstore/kvstore_service.h"
 
 namespace lazyrag::kvstore {
+namespace {
+
+// A fresh random token in <dir>/local-token (written whole, then renamed): a client that reads
+// the token Describe names there sees this process's filesystem.
+absl::StatusOr<std::string> WriteLocalToken(const std::string& dir) {
+  std::random_device rd;
+  const std::string token =
+      absl::StrCat(absl::Hex(uint64_t{rd()} << 32 | rd(), absl::kZeroPad16),
+                   absl::Hex(uint64_t{rd()} << 32 | rd(), absl::kZeroPad16));
+  const std::string path = dir + "/local-token", tmp = path + ".tmp";
+  {
+    ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600));
+    RETURN_IF_ERROR(PwriteAll(fd.get(), token, 0));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("renaming ", tmp));
+  }
+  return token;
+}
+
+}  // namespace
 
 KvStoreServer::KvStoreServer(KvStoreServerOptions options, EngineFactory engine_factory)
     : options_(std::move(options)), engine_factory_(std::move(engine_factory)) {
@@ -33,6 +63,10 @@ absl::Status KvStoreServer::Start() {
   }
   metrics_->capacity_bytes().Set(static_cast<double>(engine_->Usage().capacity_bytes));
   handler_ = std::make_unique<KvStoreHandler>(engine_.get(), metrics_.get());
+  if (options_.local_clients && !engine_->local_dir().empty()) {
+    ASSIGN_OR_RETURN(std::string token, WriteLocalToken(engine_->local_dir()));
+    handler_->EnableLocalClients(engine_->local_dir(), std::move(token));
+  }
   service_ = std::make_unique<KvStoreService>(handler_.get());
 
   GrpcServerOptions grpc_options;
@@ -62,6 +96,7 @@ absl::Status KvStoreServer::Start() {
           .With("entries", usage.entries)
           .With("sync_commits", options_.sync_commits)
           .With("tls", options_.tls.enabled())
+          .With("local_clients", options_.local_clients && !engine_->local_dir().empty())
       << "lazyrag-kvstore: serving";
   return absl::OkStatus();
 }

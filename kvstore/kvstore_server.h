@@ -40,6 +40,10 @@ struct KvStoreServerOptions {
   std::string metrics_host = "0.0.0.0";
   // gRPC over TLS (common/tls.h); empty: plaintext.
   TlsFiles tls;
+  // Serve same-host clients (kvstore.proto, DescribeRequest): they read value files in
+  // data_dir and hand over files they wrote there, so they need the filesystem access of this
+  // process (same user). Default true.
+  bool local_clients = true;
 };
 
 // Makes the engine; receives the server's metrics so the engine can update them.

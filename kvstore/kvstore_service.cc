@@ -70,4 +70,29 @@ grpc::Status KvStoreService::Delete(grpc::ServerContext*, const lazyrag::v1::Del
   return ToGrpcStatus(result.status());
 }
 
+namespace {
+template <typename T>
+grpc::Status Reply(absl::StatusOr<T> result, T* response) {
+  if (result.ok()) *response = *std::move(result);
+  return ToGrpcStatus(result.status());
+}
+}  // namespace
+
+grpc::Status KvStoreService::Describe(grpc::ServerContext*, const lazyrag::v1::DescribeRequest*,
+                                      lazyrag::v1::DescribeResponse* response) {
+  return Reply(handler_->Describe(), response);
+}
+
+grpc::Status KvStoreService::GetLocal(grpc::ServerContext*,
+                                      const lazyrag::v1::GetLocalRequest* request,
+                                      lazyrag::v1::GetLocalResponse* response) {
+  return Reply(handler_->GetLocal(*request), response);
+}
+
+grpc::Status KvStoreService::PutLocal(grpc::ServerContext*,
+                                      const lazyrag::v1::PutLocalRequest* request,
+                                      lazyrag::v1::PutResponse* response) {
+  return Reply(handler_->PutLocal(*request), response);
+}
+
 }  // namespace lazyrag::kvstore

@@ -21,6 +21,12 @@ class KvStoreService final : public lazyrag::v1::KvStore::Service {
                     lazyrag::v1::StatResponse* response) override;
   grpc::Status Delete(grpc::ServerContext* context, const lazyrag::v1::DeleteRequest* request,
                       lazyrag::v1::DeleteResponse* response) override;
+  grpc::Status Describe(grpc::ServerContext* context, const lazyrag::v1::DescribeRequest* request,
+                        lazyrag::v1::DescribeResponse* response) override;
+  grpc::Status GetLocal(grpc::ServerContext* context, const lazyrag::v1::GetLocalRequest* request,
+                        lazyrag::v1::GetLocalResponse* response) override;
+  grpc::Status PutLocal(grpc::ServerContext* context, const lazyrag::v1::PutLocalRequest* request,
+                        lazyrag::v1::PutResponse* response) override;
 
  private:
   KvStoreHandler* const handler_;

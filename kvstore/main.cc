@@ -20,7 +20,10 @@ ABSL_FLAG(uint64_t, capacity_bytes, 64ull << 30,
           "byte capacity; least recently used values are evicted beyond it");
 ABSL_FLAG(int, metrics_port, 0, "port of the /metrics endpoint; 0 picks one, -1 disables");
 ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "address the /metrics endpoint binds");
-ABSL_FLAG(bool, sync_commits, true, "fsync the write-ahead log on every committed put");
+ABSL_FLAG(bool, sync_commits, true,
+          "fdatasync every value file and fsync the write-ahead log on every committed put");
+ABSL_FLAG(bool, local_clients, true,
+          "serve same-host clients through files in --data_dir (they need this process's user)");
 ABSL_FLAG(double, shutdown_grace_s, 10, "seconds running calls get to finish at shutdown");
 
 int main(int argc, char** argv) {
@@ -37,6 +40,7 @@ int main(int argc, char** argv) {
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   options.sync_commits = absl::GetFlag(FLAGS_sync_commits);
   options.tls = lazyrag::TlsFilesFromFlags();
+  options.local_clients = absl::GetFlag(FLAGS_local_clients);
   if (options.data_dir.empty()) {
     std::cerr << "lazyrag-kvstore: --data_dir is required\n";
     return 2;

@@ -1,8 +1,13 @@
 #include "kvstore/client/kvstore_client.h"
 
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -13,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/crc32c.h"
+#include "common/file_io.h"
 #include "common/grpc_channel.h"
 #include "common/grpc_status.h"
 #include "common/metrics.h"
@@ -100,6 +106,16 @@ class Shard {
     absl::MutexLock lock(&mu_);
     return consecutive_failures_;
   }
+  // The shard's data directory when its same-host fast path was found usable from here, ""
+  // when found unusable, nullopt when not known yet.
+  std::optional<std::string> local_dir() const {
+    absl::MutexLock lock(&mu_);
+    return local_dir_;
+  }
+  void set_local_dir(std::string dir) {
+    absl::MutexLock lock(&mu_);
+    local_dir_ = std::move(dir);
+  }
   // Records how a call went: transport-level failures make the shard unhealthy for a while.
   void Record(const absl::Status& status, absl::Duration unhealthy_for) {
     absl::MutexLock lock(&mu_);
@@ -119,7 +135,34 @@ class Shard {
   mutable absl::Mutex mu_;
   int consecutive_failures_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time unhealthy_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::optional<std::string> local_dir_ ABSL_GUARDED_BY(mu_);
 };
+
+// Values at least this large are read and written by several threads on the fast path.
+constexpr uint64_t kParallelLocalBytes = 64ull << 20;
+// Bytes written to a hand-over file after which the kernel is told to start writing them out.
+constexpr uint64_t kWriteBehindBytes = 16ull << 20;
+
+// Runs fn(first, last) over [0, n) cut into at most `threads` contiguous ranges, each on its
+// own thread but the first; returns the first error.
+absl::Status ForRanges(uint32_t n, int threads,
+                       const std::function<absl::Status(uint32_t, uint32_t)>& fn) {
+  threads = std::max(1, std::min<int>(threads, static_cast<int>(n)));
+  if (threads <= 1) return fn(0, n);
+  std::vector<absl::Status> results(threads);
+  std::vector<std::thread> workers;
+  for (int t = 1; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      results[t] = fn(uint32_t(uint64_t(n) * t / threads), uint32_t(uint64_t(n) * (t + 1) / threads));
+    });
+  }
+  results[0] = fn(0, uint32_t(uint64_t(n) / threads));
+  for (auto& w : workers) w.join();
+  for (auto& r : results) {
+    if (!r.ok()) return r;
+  }
+  return absl::OkStatus();
+}
 
 struct ChunkPlan {
   uint64_t offset;
@@ -157,6 +200,9 @@ class KvClientImpl final : public KvClient {
                    const CallOptions& call) override;
   absl::StatusOr<Value> Get(const Key& key, const LayerSelection& layers,
                             const CallOptions& call) override;
+  absl::StatusOr<ValueInfo> GetInto(const Key& key, const GetDestination& destination,
+                                    const LayerSelection& layers,
+                                    const CallOptions& call) override;
   absl::StatusOr<std::vector<KeyInfo>> Stat(std::span<const Key> keys,
                                             const CallOptions& call) override;
   absl::StatusOr<bool> Delete(const Key& key, const CallOptions& call) override;
@@ -224,7 +270,18 @@ class KvClientImpl final : public KvClient {
     context.set_deadline(absl::ToChronoTime(deadline));
   }
   absl::Status GetFrom(Shard& shard, const pb::GetRequest& request, absl::Time deadline, bool retry,
-                       Value* out);
+                       const GetDestination& destination, ValueInfo* out);
+  // The shard's data directory when the same-host fast path works with it, else "". Asks the
+  // shard once (Describe, within `deadline`) and remembers the answer.
+  std::string LocalDirOf(Shard& shard, absl::Time deadline);
+  // The fast-path forms of GetFrom and PutTo. *fall_back is set when the file path could not be
+  // used (the caller then streams through gRPC); the status is meaningful otherwise.
+  absl::Status GetLocalFrom(Shard& shard, const pb::KvKey& key, absl::Time deadline, bool retry,
+                            const GetDestination& destination, ValueInfo* out, bool* fall_back);
+  absl::Status PutLocalTo(Shard& shard, const std::string& dir, const pb::KvKey& key,
+                          const pb::ValueHeader& header, std::string_view value,
+                          const std::vector<ChunkPlan>& plan, absl::Time deadline, bool retry,
+                          bool* fall_back);
 
   const KvClientOptions options_;
   std::vector<std::unique_ptr<Shard>> shards_;
@@ -293,10 +350,19 @@ absl::Status KvClientImpl::Put(const Key& key, const ValueHeader& header, std::s
     // most about reconnect_wait.
     const absl::Time retry_deadline = std::min(deadline, absl::Now() + options_.reconnect_wait);
     absl::Status st;
+    bool local = true;  // until the fast path falls back
     for (int attempt = 0; attempt < options_.max_attempts; ++attempt) {
       if (attempt > 0 && !Backoff(attempt, retry_deadline)) break;
-      st = PutTo(shard, proto_key, proto_header, value, plan,
-                 attempt > 0 ? retry_deadline : deadline, attempt > 0);
+      const absl::Time attempt_deadline = attempt > 0 ? retry_deadline : deadline;
+      bool fall_back = true;
+      if (const std::string dir = local ? LocalDirOf(shard, attempt_deadline) : ""; !dir.empty()) {
+        st = PutLocalTo(shard, dir, proto_key, proto_header, value, plan, attempt_deadline,
+                        attempt > 0, &fall_back);
+        local = !fall_back;
+      }
+      if (fall_back) {
+        st = PutTo(shard, proto_key, proto_header, value, plan, attempt_deadline, attempt > 0);
+      }
       shard.Record(st, options_.unhealthy_for);
       // DATA_LOSS here means a chunk was damaged on its way: sending again may work.
       if (st.ok() || !(IsTransient(st.code()) || st.code() == absl::StatusCode::kDataLoss)) break;
@@ -328,14 +394,15 @@ absl::Status KvClientImpl::Put(const Key& key, const ValueHeader& header, std::s
 }
 
 absl::Status KvClientImpl::GetFrom(Shard& shard, const pb::GetRequest& request, absl::Time deadline,
-                                   bool retry, Value* out) {
+                                   bool retry, const GetDestination& destination,
+                                   ValueInfo* out) {
   grpc::ClientContext context;
   SetAttemptDeadline(context, deadline, retry);
   std::unique_ptr<grpc::ClientReader<pb::GetResponse>> reader =
       shard.stub()->Get(&context, request);
   pb::GetResponse message;
   absl::Status bad;  // a problem found on our side; the stream is cancelled
-  uint64_t range_size = 0;
+  uint64_t range_size = 0, received = 0;
   if (!reader->Read(&message)) {
     // Finish() below tells why.
   } else if (!message.has_header()) {
@@ -352,23 +419,26 @@ absl::Status KvClientImpl::GetFrom(Shard& shard, const pb::GetRequest& request, 
       out->header.layer_offsets = layout->layer_offsets;
       out->total_size = layout->total_size;
       out->range_begin = h.range_begin();
-      range_size = h.range_end() - h.range_begin();
-      out->bytes.clear();
-      out->bytes.reserve(range_size);
+      out->range_size = range_size = h.range_end() - h.range_begin();
+      out->local = false;
+      absl::StatusOr<char*> dst = destination(out->header, range_size);
+      if (!dst.ok()) bad = dst.status();
       uint32_t next = 0;
-      while (reader->Read(&message)) {
+      while (bad.ok() && reader->Read(&message)) {
+        const std::string& data = message.chunk().data();
         if (!message.has_chunk() || message.chunk().index() != next ||
-            out->bytes.size() + message.chunk().data().size() > range_size) {
+            received + data.size() > range_size) {
           bad = absl::InternalError(absl::StrCat("get: unexpected message after chunk ", next));
           break;
         }
-        if (Crc32c(message.chunk().data()) != message.chunk().crc32c()) {
+        if (Crc32c(data) != message.chunk().crc32c()) {
           CountCorruption();
           bad = absl::DataLossError(absl::StrCat(
               "get: chunk ", next, " failed its CRC-32C check (corrupted in transit)"));
           break;
         }
-        out->bytes.append(message.chunk().data());
+        std::memcpy(*dst + received, data.data(), data.size());
+        received += data.size();
         ++next;
       }
     }
@@ -380,20 +450,181 @@ absl::Status KvClientImpl::GetFrom(Shard& shard, const pb::GetRequest& request, 
   }
   absl::Status status = FromGrpcStatus(reader->Finish());
   if (!bad.ok()) status = bad;
-  if (status.ok() && out->bytes.size() != range_size) {
-    status = absl::DataLossError(
-        absl::StrCat("get: ", out->bytes.size(), " of ", range_size, " bytes arrived"));
+  if (status.ok() && received != range_size) {
+    status = absl::DataLossError(absl::StrCat("get: ", received, " of ", range_size,
+                                              " bytes arrived"));
   }
   if (!status.ok()) {
-    out->bytes.clear();
-    out->bytes.shrink_to_fit();
     status = absl::Status(status.code(), absl::StrCat(shard.address(), ": ", status.message()));
   }
   return status;
 }
 
+std::string KvClientImpl::LocalDirOf(Shard& shard, absl::Time deadline) {
+  if (!options_.local_fast_path) return "";
+  if (auto known = shard.local_dir(); known.has_value()) return *known;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(1))));
+  pb::DescribeResponse response;
+  const absl::Status st =
+      FromGrpcStatus(shard.stub()->Describe(&context, pb::DescribeRequest(), &response));
+  if (!st.ok()) {
+    // A shard without Describe (an older build) never offers it; any other failure is asked
+    // again next time.
+    if (st.code() == absl::StatusCode::kUnimplemented) shard.set_local_dir("");
+    return "";
+  }
+  std::string dir;
+  if (!response.local_dir().empty() && !response.local_token().empty()) {
+    auto fd = OpenFile(response.local_dir() + "/local-token", O_RDONLY);
+    std::string token(response.local_token().size() + 1, '\0');
+    ssize_t n = fd.ok() ? ::pread(fd->get(), token.data(), token.size(), 0) : -1;
+    if (n == ssize_t(response.local_token().size()) &&
+        token.compare(0, size_t(n), response.local_token()) == 0) {
+      dir = response.local_dir();
+    }
+  }
+  shard.set_local_dir(dir);
+  return dir;
+}
+
+absl::Status KvClientImpl::GetLocalFrom(Shard& shard, const pb::KvKey& key, absl::Time deadline,
+                                        bool retry, const GetDestination& destination,
+                                        ValueInfo* out, bool* fall_back) {
+  *fall_back = false;
+  grpc::ClientContext context;
+  SetAttemptDeadline(context, deadline, retry);
+  pb::GetLocalRequest request;
+  *request.mutable_key() = key;
+  pb::GetLocalResponse response;
+  absl::Status st = FromGrpcStatus(shard.stub()->GetLocal(&context, request, &response));
+  if (st.code() == absl::StatusCode::kFailedPrecondition ||
+      st.code() == absl::StatusCode::kUnimplemented) {
+    *fall_back = true;
+    return st;
+  }
+  if (!st.ok()) return absl::Status(st.code(), absl::StrCat(shard.address(), ": ", st.message()));
+  auto layout = LayoutFromProto(response.value());
+  if (!layout.ok() || uint64_t(response.chunk_crc32c_size()) != layout->num_chunks) {
+    return absl::InternalError(absl::StrCat(shard.address(), ": get: bad fast-path reply"));
+  }
+  auto fd = OpenFile(response.path(), O_RDONLY);
+  if (!fd.ok()) {
+    // Unlinked since (replaced or evicted), or not readable from here: stream it instead.
+    *fall_back = true;
+    return fd.status();
+  }
+  out->header.metadata = layout->metadata;
+  out->header.layer_offsets = layout->layer_offsets;
+  out->total_size = layout->total_size;
+  out->range_begin = 0;
+  out->range_size = layout->total_size;
+  out->local = true;
+  ASSIGN_OR_RETURN(char* dst, destination(out->header, layout->total_size));
+  const int threads = layout->total_size >= kParallelLocalBytes ? options_.local_read_threads : 1;
+  const int file = fd->get();
+  std::atomic<bool> corrupt{false};
+  absl::Status read = ForRanges(layout->num_chunks, threads, [&](uint32_t first, uint32_t last) {
+    for (uint32_t i = first; i < last; ++i) {
+      const uint64_t begin = layout->ChunkBegin(i), size = layout->ChunkEnd(i) - begin;
+      absl::Status read = PreadAll(file, dst + begin, size, begin);
+      if (!read.ok()) {
+        return absl::Status(read.code(), absl::StrCat(shard.address(), ": get: chunk ", i,
+                                                      " of the value file: ", read.message()));
+      }
+      if (Crc32c(std::string_view(dst + begin, size)) != response.chunk_crc32c(int(i))) {
+        CountCorruption();
+        // Streamed instead: the shard then reads the damaged chunk itself, answers DATA_LOSS
+        // and counts it (and a value that changed since is served whole).
+        corrupt = true;
+        return absl::DataLossError(absl::StrCat(shard.address(), ": get: chunk ", i,
+                                                " failed its CRC-32C check"));
+      }
+    }
+    return absl::OkStatus();
+  });
+  *fall_back = corrupt.load();
+  return read;
+}
+
+absl::Status KvClientImpl::PutLocalTo(Shard& shard, const std::string& dir, const pb::KvKey& key,
+                                      const pb::ValueHeader& header, std::string_view value,
+                                      const std::vector<ChunkPlan>& plan, absl::Time deadline,
+                                      bool retry, bool* fall_back) {
+  *fall_back = false;
+  static std::atomic<uint64_t> counter{0};
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  const std::string name =
+      absl::StrCat(::getpid(), "-", counter.fetch_add(1), "-", absl::Hex(rng()), ".in");
+  const std::string path = absl::StrCat(dir, "/incoming/", name);
+  {
+    auto fd = OpenFile(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (!fd.ok()) {
+      *fall_back = true;  // no write access here: stream it instead
+      return fd.status();
+    }
+    const int file = fd->get();
+    const int threads = value.size() >= kParallelLocalBytes ? options_.local_read_threads : 1;
+    absl::Status written =
+        ForRanges(uint32_t(plan.size()), threads, [&](uint32_t first, uint32_t last) {
+          uint64_t behind = first < last ? plan[first].offset : 0;
+          for (uint32_t i = first; i < last; ++i) {
+            RETURN_IF_ERROR(PwriteAll(file, value.substr(plan[i].offset, plan[i].size),
+                                      plan[i].offset));
+            const uint64_t end = plan[i].offset + plan[i].size;
+            if (end - behind >= kWriteBehindBytes) {
+              // Start writing out now; the shard's fdatasync then waits for less.
+              (void)::sync_file_range(file, off_t(behind), off_t(end - behind),
+                                      SYNC_FILE_RANGE_WRITE);
+              behind = end;
+            }
+          }
+          return absl::OkStatus();
+        });
+    if (!written.ok()) {
+      ::unlink(path.c_str());
+      *fall_back = true;
+      return written;
+    }
+  }
+  pb::PutLocalRequest request;
+  *request.mutable_header()->mutable_key() = key;
+  *request.mutable_header()->mutable_value() = header;
+  request.set_file(name);
+  for (const ChunkPlan& c : plan) request.add_chunk_crc32c(c.crc);
+  grpc::ClientContext context;
+  SetAttemptDeadline(context, deadline, retry);
+  pb::PutResponse response;
+  absl::Status st = FromGrpcStatus(shard.stub()->PutLocal(&context, request, &response));
+  ::unlink(path.c_str());  // consumed by the shard; gone already unless the call never arrived
+  if (st.code() == absl::StatusCode::kFailedPrecondition ||
+      st.code() == absl::StatusCode::kUnimplemented) {
+    *fall_back = true;
+  }
+  if (!st.ok()) st = absl::Status(st.code(), absl::StrCat(shard.address(), ": ", st.message()));
+  return st;
+}
+
 absl::StatusOr<Value> KvClientImpl::Get(const Key& key, const LayerSelection& layers,
                                         const CallOptions& call) {
+  Value value;
+  auto info = GetInto(
+      key,
+      [&value](const ValueHeader&, uint64_t bytes) -> absl::StatusOr<char*> {
+        value.bytes.resize(bytes);
+        return value.bytes.data();
+      },
+      layers, call);
+  if (!info.ok()) return info.status();
+  value.header = std::move(info->header);
+  value.total_size = info->total_size;
+  value.range_begin = info->range_begin;
+  return value;
+}
+
+absl::StatusOr<ValueInfo> KvClientImpl::GetInto(const Key& key, const GetDestination& destination,
+                                                const LayerSelection& layers,
+                                                const CallOptions& call) {
   const absl::Time start = absl::Now();
   const absl::Time deadline = DeadlineOf(call);
   pb::GetRequest request;
@@ -401,6 +632,7 @@ absl::StatusOr<Value> KvClientImpl::Get(const Key& key, const LayerSelection& la
   request.set_first_layer(layers.first_layer);
   request.set_num_layers(layers.num_layers);
   ASSIGN_OR_RETURN(const std::string encoded, EncodeKey(request.key()));
+  const bool whole = layers.num_layers == 0 && layers.first_layer == 0;
 
   absl::Status last;
   for (int attempt = 0; attempt < options_.max_attempts; ++attempt) {
@@ -410,15 +642,23 @@ absl::StatusOr<Value> KvClientImpl::Get(const Key& key, const LayerSelection& la
     for (int index : ReadOrder(encoded)) {
       if (absl::Now() >= deadline) return absl::DeadlineExceededError("get: deadline passed");
       Shard& shard = *shards_[index];
-      Value value;
+      ValueInfo value;
       const absl::Time attempt_deadline =
           attempt > 0 ? std::min(deadline, absl::Now() + options_.read_reconnect_wait) : deadline;
-      absl::Status st = GetFrom(shard, request, attempt_deadline, attempt > 0, &value);
+      absl::Status st;
+      bool fall_back = true;
+      if (whole && !LocalDirOf(shard, attempt_deadline).empty()) {
+        st = GetLocalFrom(shard, request.key(), attempt_deadline, attempt > 0, destination, &value,
+                          &fall_back);
+      }
+      if (fall_back) {
+        st = GetFrom(shard, request, attempt_deadline, attempt > 0, destination, &value);
+      }
       shard.Record(st, options_.unhealthy_for);
       if (st.ok()) {
         if (fetch_seconds_ != nullptr) {
           fetch_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
-          fetch_bytes_->Increment(static_cast<double>(value.bytes.size()));
+          fetch_bytes_->Increment(static_cast<double>(value.range_size));
         }
         return value;
       }

@@ -5,6 +5,13 @@
 // all R; reads try them in ranking order, healthy shards first, and fall back to the next.
 // Every chunk is checked against its CRC-32C before its bytes are handed out.
 //
+// Same-host fast path: a shard that serves same-host clients (its Describe names a data
+// directory whose token file this process can read) is read and written through files there,
+// with gRPC only for the control calls: a Get preads the value file straight into the
+// caller's buffer (several threads for large values) and checks every chunk; a Put writes a
+// file the shard adopts. Any other shard, a layer range, or a failure of the file path (the
+// value file unlinked meanwhile, no permission) uses the gRPC streams.
+//
 // Status contract, so a worker knows what to do:
 //   NOT_FOUND        no reachable replica holds the key: compute it (and put it back).
 //   UNAVAILABLE      no replica could be reached: compute it; the store is in trouble.
@@ -68,6 +75,22 @@ struct Value {
   std::string bytes;
 };
 
+// What GetInto found; the bytes went to the caller's buffer.
+struct ValueInfo {
+  ValueHeader header;
+  uint64_t total_size = 0;   // of the whole stored value
+  uint64_t range_begin = 0;  // the buffer holds bytes [range_begin, range_begin + range_size)
+  uint64_t range_size = 0;
+  bool local = false;  // read through the same-host fast path
+};
+
+// Where GetInto's bytes land. Called with the value's header and the byte count of the range
+// before any byte is written; returns a buffer of at least `bytes` bytes that stays valid
+// until GetInto returns. Called again (the earlier buffer then unused) when a replica fails
+// and the next is read. An error ends the Get with that error.
+using GetDestination =
+    std::function<absl::StatusOr<char*>(const ValueHeader& header, uint64_t bytes)>;
+
 struct KeyInfo {
   bool present = false;
   uint64_t size = 0;
@@ -110,6 +133,10 @@ struct KvClientOptions {
   // Optional, not owned: exports lazyrag_kvstore_fetch_seconds, lazyrag_kvstore_fetch_bytes_total
   // and lazyrag_kvstore_client_corruptions_total.
   metrics::Registry* registry = nullptr;
+  // Use the same-host fast path with shards that offer it. Default true.
+  bool local_fast_path = true;
+  // Threads that read one value on the fast path (values of 64 MiB and more). Default 4.
+  int local_read_threads = 4;
 };
 
 struct CallOptions {
@@ -134,6 +161,10 @@ class KvClient {
                            const CallOptions& call = {}) = 0;
   virtual absl::StatusOr<Value> Get(const Key& key, const LayerSelection& layers = {},
                                     const CallOptions& call = {}) = 0;
+  // The same, into the caller's buffer (`destination`), without an intermediate copy.
+  virtual absl::StatusOr<ValueInfo> GetInto(const Key& key, const GetDestination& destination,
+                                            const LayerSelection& layers = {},
+                                            const CallOptions& call = {}) = 0;
   // One KeyInfo per key, in order. UNAVAILABLE when some key had no reachable replica.
   virtual absl::StatusOr<std::vector<KeyInfo>> Stat(std::span<const Key> keys,
                                                     const CallOptions& call = {}) = 0;
