@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -348,6 +349,165 @@ TEST_F(KvStoreServiceTest, MetricsPassPromtool) {
   const std::string path = dir_.path() + "/metrics.txt";
   std::ofstream(path) << text;
   EXPECT_EQ(std::system(("promtool check metrics < " + path).c_str()), 0) << text;
+}
+
+// The same-host fast path (kvstore.proto, DescribeRequest) against a real RocksDB engine.
+class KvStoreFastPathTest : public ::testing::Test {
+ protected:
+  void Start(bool local_clients) {
+    KvStoreServerOptions options;
+    options.listen = "127.0.0.1:0";
+    options.metrics_port = -1;
+    options.data_dir = dir_.path() + "/db";
+    options.sync_commits = false;
+    options.local_clients = local_clients;
+    server_ = std::make_unique<KvStoreServer>(options);
+    ASSERT_TRUE(server_->Start().ok());
+    stub_ = pb::KvStore::NewStub(
+        grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  }
+  std::unique_ptr<KvClient> Client(bool fast_path) {
+    KvClientOptions co;
+    co.shards = {server_->address()};
+    co.max_attempts = 1;
+    co.local_fast_path = fast_path;
+    co.chunk_size = 1 << 20;
+    return std::move(KvClient::Create(co)).value();
+  }
+  // GetInto into a fresh buffer; *local tells which path served it.
+  static absl::StatusOr<std::string> Read(KvClient& client, const Key& key, bool* local) {
+    std::string out;
+    auto info = client.GetInto(key, [&](const ValueHeader&, uint64_t n) -> absl::StatusOr<char*> {
+      out.assign(n, '\0');
+      return out.data();
+    });
+    if (!info.ok()) return info.status();
+    *local = info->local;
+    return out;
+  }
+  std::string Incoming(const std::string& name) { return dir_.path() + "/db/incoming/" + name; }
+  // A file in incoming/ holding `bytes`.
+  void HandOver(const std::string& name, const std::string& bytes) {
+    std::ofstream(Incoming(name), std::ios::binary) << bytes;
+  }
+  pb::PutLocalRequest LocalPut(const std::string& raw_key, const std::string& bytes,
+                               const std::string& file, uint32_t chunk = 1000) {
+    pb::PutLocalRequest r;
+    r.mutable_header()->mutable_key()->set_raw(raw_key);
+    auto* v = r.mutable_header()->mutable_value();
+    v->set_total_size(bytes.size());
+    v->set_chunk_size(chunk);
+    v->set_num_chunks(NumChunks(bytes.size(), chunk));
+    for (uint64_t at = 0; at < bytes.size(); at += chunk) {
+      r.add_chunk_crc32c(Crc32c(std::string_view(bytes).substr(at, chunk)));
+    }
+    r.set_file(file);
+    return r;
+  }
+  grpc::Status Call(const pb::PutLocalRequest& r) {
+    grpc::ClientContext context;
+    pb::PutResponse response;
+    return stub_->PutLocal(&context, r, &response);
+  }
+
+  TempDir dir_;
+  std::unique_ptr<KvStoreServer> server_;
+  std::unique_ptr<pb::KvStore::Stub> stub_;
+};
+
+TEST_F(KvStoreFastPathTest, FilesAndStreamsServeTheSameBytes) {
+  Start(/*local_clients=*/true);
+  auto fast = Client(true), streamed = Client(false);
+  const std::string a = PatternBytes(5'000'003, 1), b = PatternBytes(70 << 20, 2);
+  ASSERT_TRUE(fast->Put(Key::Raw("a"), {{"meta"}, {0, 1000}}, a).ok());   // by file
+  ASSERT_TRUE(streamed->Put(Key::Raw("b"), {}, b).ok());                  // by stream
+  for (KvClient* c : {fast.get(), streamed.get()}) {
+    for (const auto& [key, value] : {std::pair{"a", &a}, std::pair{"b", &b}}) {
+      bool local = false;
+      auto got = Read(*c, Key::Raw(key), &local);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_TRUE(*got == *value) << key;
+      EXPECT_EQ(local, c == fast.get()) << key;
+    }
+  }
+  // Metadata and layer table travel on the fast path too; a layer range is streamed.
+  auto got = fast->Get(Key::Raw("a"));
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->header.metadata, "meta");
+  EXPECT_EQ(got->header.layer_offsets, (std::vector<uint64_t>{0, 1000}));
+  auto layer = fast->Get(Key::Raw("a"), {1, 1});
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  EXPECT_TRUE(layer->bytes == a.substr(1000));
+  // Nothing is left behind in incoming/.
+  EXPECT_TRUE(std::filesystem::is_empty(dir_.path() + "/db/incoming"));
+}
+
+TEST_F(KvStoreFastPathTest, BadHandOversAreRefusedConsumedAndStoreNothing) {
+  Start(true);
+  const std::string v = PatternBytes(4500, 3);
+  for (const char* name : {"", ".", "..", "../x", "a/b"}) {
+    EXPECT_EQ(Call(LocalPut("k", v, name)).error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << name;
+  }
+  HandOver("crc", v);
+  auto bad_crc = LocalPut("k", v, "crc");
+  bad_crc.set_chunk_crc32c(2, bad_crc.chunk_crc32c(2) ^ 1);
+  EXPECT_EQ(Call(bad_crc).error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_FALSE(std::filesystem::exists(Incoming("crc")));
+  HandOver("count", v);
+  auto short_list = LocalPut("k", v, "count");
+  short_list.mutable_chunk_crc32c()->RemoveLast();
+  EXPECT_EQ(Call(short_list).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_FALSE(std::filesystem::exists(Incoming("count")));
+  HandOver("short", v.substr(0, 4000));
+  EXPECT_EQ(Call(LocalPut("k", v, "short")).error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_EQ(Call(LocalPut("k", v, "missing")).error_code(), grpc::StatusCode::NOT_FOUND);
+  std::filesystem::create_symlink(dir_.path() + "/db/local-token", Incoming("link"));
+  EXPECT_FALSE(Call(LocalPut("k", v, "link")).ok());
+  EXPECT_EQ(Client(true)->Get(Key::Raw("k")).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(std::filesystem::is_empty(dir_.path() + "/db/incoming"));
+  // And a good one is stored.
+  HandOver("good", v);
+  ASSERT_TRUE(Call(LocalPut("k", v, "good")).ok());
+  auto got = Client(false)->Get(Key::Raw("k"));
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE(got->bytes == v);
+}
+
+TEST_F(KvStoreFastPathTest, ShardWithoutLocalClientsIsStreamed) {
+  Start(/*local_clients=*/false);
+  auto fast = Client(true);
+  const std::string v = PatternBytes(3'000'000, 4);
+  ASSERT_TRUE(fast->Put(Key::Raw("k"), {}, v).ok());
+  bool local = true;
+  auto got = Read(*fast, Key::Raw("k"), &local);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got == v);
+  EXPECT_FALSE(local);
+  grpc::ClientContext context;
+  pb::GetLocalRequest request;
+  request.mutable_key()->set_raw("k");
+  pb::GetLocalResponse response;
+  EXPECT_EQ(stub_->GetLocal(&context, request, &response).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST_F(KvStoreFastPathTest, ByteFlippedOnDiskIsDataLossCountedByTheShard) {
+  Start(true);
+  auto fast = Client(true);
+  ASSERT_TRUE(fast->Put(Key::Raw("k"), {}, PatternBytes(3'000'000, 5)).ok());
+  std::string file;
+  for (const auto& e : std::filesystem::directory_iterator(dir_.path() + "/db/values")) {
+    file = e.path();
+  }
+  ASSERT_FALSE(file.empty());
+  ASSERT_TRUE(testing::FlipByte(file, 2'500'000).ok());
+  bool local = false;
+  auto got = Read(*fast, Key::Raw("k"), &local);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+  EXPECT_GE(testing::MetricValue(server_->registry().Serialize(),
+                                 "lazyrag_kvstore_corruptions_total{where=\"disk\"}"),
+            1);
 }
 
 }  // namespace
