@@ -357,8 +357,8 @@ void MeasureCrc(Bench& bench) {
 }
 
 // The engine the way the service drives it: the writer computes each 2 MiB chunk's CRC-32C,
-// the engine stores chunks and commits; a get opens a reader and appends every chunk (the
-// engine checks each chunk's CRC-32C) into a fresh buffer.
+// the engine stores chunks and commits; a get opens a reader and reads every chunk (the engine
+// checks each chunk's CRC-32C) into the client's buffer.
 void MeasureEngine(Bench& bench, const std::string& dir, bool sync_commits, bool with_get) {
   const std::string system =
       std::string("RocksDB engine in-process") + (sync_commits ? " (sync)" : " (no sync)");
@@ -393,48 +393,60 @@ void MeasureEngine(Bench& bench, const std::string& dir, bool sync_commits, bool
     }
     return (*session)->Commit().status();
   };
+  std::vector<std::string> buffers(with_get ? bench.client_counts().back() : 0,
+                                   std::string(bench.size(), '\1'));
   auto get = [&](int c) -> absl::StatusOr<Fetched> {
     absl::StatusOr<std::unique_ptr<ValueReader>> reader = (*engine)->Open(keys[c]);
     if (!reader.ok()) return reader.status();
-    auto out = std::make_shared<std::string>();
-    out->reserve((*reader)->layout().total_size);
-    std::string chunk;
     uint32_t crc = 0;
     for (uint32_t i = 0; i < (*reader)->layout().num_chunks; ++i) {
-      absl::Status s = (*reader)->ReadChunk(i, &chunk, &crc);
+      absl::Status s = (*reader)->ReadChunkInto(
+          i, buffers[c].data() + (*reader)->layout().ChunkBegin(i), &crc);
       if (!s.ok()) return s;
-      out->append(chunk);
     }
-    return Fetched{*out, out};
+    return Fetched{std::string_view(buffers[c].data(), (*reader)->layout().total_size), nullptr};
   };
   for (int clients : bench.client_counts()) {
     bench.PutGet(system, clients, put, with_get ? GetFn(get) : GetFn());
   }
 }
 
-// N clients, each its own KvClient (its own channel and TCP connection), against `address`.
+// N clients, each its own KvClient (its own channel and TCP connection), against `address`;
+// `fast_path`: the same-host fast path (files in the shard's data directory) where the shard
+// offers it, else the gRPC streams. A get lands in the client's buffer (allocated and touched
+// once, as a worker's pinned staging memory is), through KvClient::GetInto.
 void MeasureService(Bench& bench, const std::string& system, const std::string& address,
-                    bool with_get) {
+                    bool with_get, bool fast_path) {
   std::vector<std::unique_ptr<KvClient>> clients;
+  std::vector<std::string> buffers;
   for (int c = 0; c < bench.client_counts().back(); ++c) {
     KvClientOptions options;
     options.shards = {address};
     options.call_timeout = absl::Seconds(600);
+    options.local_fast_path = fast_path;
     absl::StatusOr<std::unique_ptr<KvClient>> client = KvClient::Create(options);
     if (!client.ok()) {
       bench.Skip(system, "put", "client: " + std::string(client.status().message()));
       return;
     }
     clients.push_back(*std::move(client));
+    if (with_get) buffers.emplace_back(bench.size(), '\1');
   }
   const ValueHeader header;
   auto key = [](int c) { return Key::Document("bench-model", "bench", DocumentId(c)); };
   auto put = [&](int c) { return clients[c]->Put(key(c), header, bench.source(c)); };
   auto get = [&](int c) -> absl::StatusOr<Fetched> {
-    absl::StatusOr<Value> value = clients[c]->Get(key(c));
-    if (!value.ok()) return value.status();
-    auto held = std::make_shared<Value>(*std::move(value));
-    return Fetched{held->bytes, held};
+    absl::StatusOr<ValueInfo> info = clients[c]->GetInto(
+        key(c), [&](const ValueHeader&, uint64_t bytes) -> absl::StatusOr<char*> {
+          if (bytes > buffers[c].size()) return absl::InternalError("value larger than expected");
+          return buffers[c].data();
+        });
+    if (!info.ok()) return info.status();
+    if (info->local != fast_path) {
+      return absl::InternalError(fast_path ? "the shard offered no same-host fast path"
+                                           : "the fast path was used although turned off");
+    }
+    return Fetched{std::string_view(buffers[c].data(), info->range_size), nullptr};
   };
   for (int n : bench.client_counts()) {
     bench.PutGet(system, n, put, with_get ? GetFn(get) : GetFn());
@@ -442,9 +454,11 @@ void MeasureService(Bench& bench, const std::string& system, const std::string& 
 }
 
 void MeasureKvStoreProcess(Bench& bench, const std::string& binary, const std::string& dir,
-                           bool sync_commits, bool with_get) {
+                           bool sync_commits, bool with_get, bool fast_path) {
   const std::string system =
-      std::string("lazyrag-kvstore gRPC") + (sync_commits ? " (sync)" : " (--sync_commits=false)");
+      std::string("lazyrag-kvstore ") +
+      (fast_path ? "same-host files" : "gRPC streams") +
+      (sync_commits ? " (sync)" : " (--sync_commits=false)");
   if (binary.empty() || access(binary.c_str(), X_OK) != 0) {
     bench.Skip(system, "put", "no lazyrag-kvstore binary (--kvstore_binary)");
     return;
@@ -455,7 +469,7 @@ void MeasureKvStoreProcess(Bench& bench, const std::string& binary, const std::s
     bench.Skip(system, "put", std::string(s.message()));
     return;
   }
-  MeasureService(bench, system, server.address(), with_get);
+  MeasureService(bench, system, server.address(), with_get, fast_path);
   server.Stop();
 }
 
@@ -550,7 +564,7 @@ void MeasureMemoryService(Bench& bench) {
     bench.Skip(system, "put", std::string(s.message()));
     return;
   }
-  MeasureService(bench, system, server.address(), /*with_get=*/true);
+  MeasureService(bench, system, server.address(), /*with_get=*/true, /*fast_path=*/false);
   server.Shutdown(absl::Now() + absl::Seconds(5));
 }
 
@@ -797,11 +811,17 @@ int Main() {
       MeasureEngine(bench, tmp + "/engine-nosync", /*sync_commits=*/false, /*with_get=*/false);
       std::filesystem::remove_all(tmp + "/engine-nosync");
     }
-    MeasureKvStoreProcess(bench, binary, tmp + "/kvstore-sync", true, /*with_get=*/true);
-    std::filesystem::remove_all(tmp + "/kvstore-sync");
+    for (bool fast_path : {true, false}) {
+      MeasureKvStoreProcess(bench, binary, tmp + "/kvstore-sync", true, /*with_get=*/true,
+                            fast_path);
+      std::filesystem::remove_all(tmp + "/kvstore-sync");
+    }
     if (breakdown) {
-      MeasureKvStoreProcess(bench, binary, tmp + "/kvstore-nosync", false, /*with_get=*/false);
-      std::filesystem::remove_all(tmp + "/kvstore-nosync");
+      for (bool fast_path : {true, false}) {
+        MeasureKvStoreProcess(bench, binary, tmp + "/kvstore-nosync", false, /*with_get=*/false,
+                              fast_path);
+        std::filesystem::remove_all(tmp + "/kvstore-nosync");
+      }
       MeasureMemoryService(bench);
     }
     MeasureRedis(bench, absl::GetFlag(FLAGS_redis_server), tmp + "/redis", &redis_version);
