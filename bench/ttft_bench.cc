@@ -14,15 +14,25 @@
 //                   [--warmup N] [--cold_runs N] [--chunk N] [--page_size N]
 //                   [--decode_steps N] [--cuda_graphs 0|1] [--step_times 0|1]
 //                   [--idle_ms N] [--early_kv 0|1] [--profile] [--out PATH]
+//                   [--kvstore_binary PATH]
+//
+// With --kvstore_binary: a lazyrag-kvstore shard on this host (a child process, data under
+// $TMPDIR) stores one document's KV; rows for fetching it through the client library into
+// pinned host memory (the same-host fast path) and on into the document's pool pages, and for
+// four concurrent fetches, beside recomputing it.
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
+
+#include <signal.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -30,6 +40,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench/bench_stats.h"
+#include "common/status.h"
+#include "common/testing/child_process.h"
+#include "kvstore/client/kvstore_client.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/engine/engine.h"
 #include "worker/model/model_source.h"
@@ -55,6 +68,7 @@ struct BenchOptions {
   // EngineOptions::host_cache_bytes in GiB (0: no host tier). With a host tier: a row for a
   // LAZY request whose documents are all in the host tier, none in the pool.
   double host_cache_gb = 0;
+  std::string kvstore_binary;  // rows for fetching a document from a same-host kvstore shard
   bool profile = false;  // one LAZY request (prefill + 1 decode step) between
                          // cudaProfilerStart/Stop after warm-up, then exit (for ncu)
   std::string out;
@@ -65,6 +79,83 @@ using bench::Stats;
 int Fail(const absl::Status& st, const char* what) {
   std::fprintf(stderr, "ttft_bench: %s: %s\n", what, std::string(st.ToString()).c_str());
   return 1;
+}
+
+// A document's KV fetched from a lazyrag-kvstore shard on this host.
+struct KvstoreFetch {
+  Stats to_pinned;      // KvClient::GetInto into pinned host memory
+  Stats to_pool;        // the same, then StartKvFromHost into the document's pages (end to end)
+  double four_gbps = 0;  // four concurrent fetches into pinned memory, total GB/s (median of 3)
+  bool local = false;    // served through the same-host fast path
+};
+
+absl::Status MeasureKvstoreFetch(const std::string& binary, Backend& backend,
+                                 const Engine::PinnedDocument& doc, const std::string& kv,
+                                 uint64_t checksum, KvstoreFetch* out) {
+  const char* tmp_env = std::getenv("TMPDIR");
+  std::string dir = std::string(tmp_env != nullptr ? tmp_env : "/tmp") + "/ttft_kvstore.XXXXXX";
+  if (mkdtemp(dir.data()) == nullptr) return absl::InternalError("mkdtemp");
+  testing::ChildProcess server({binary, "--listen=127.0.0.1:0", "--data_dir=" + dir + "/db",
+                                "--metrics_port=-1"});
+  RETURN_IF_ERROR(server.Start());
+  ASSIGN_OR_RETURN(const std::string line, server.WaitForLine("", absl::Seconds(30)));
+  kvstore::KvClientOptions co;
+  co.shards = {testing::FieldOf(line, "grpc")};
+  co.call_timeout = absl::Seconds(120);
+  ASSIGN_OR_RETURN(std::unique_ptr<kvstore::KvClient> client, kvstore::KvClient::Create(co));
+  constexpr int kParallel = 4;
+  auto key = [](int i) { return kvstore::Key::Document("ttft-bench", "", absl::StrCat("doc", i)); };
+  for (int i = 0; i < kParallel; ++i) RETURN_IF_ERROR(client->Put(key(i), {}, kv));
+  std::vector<std::unique_ptr<HostMemory>> pinned;
+  for (int i = 0; i < kParallel; ++i) {
+    ASSIGN_OR_RETURN(std::unique_ptr<HostMemory> m, backend.AllocateHostMemory(int64_t(kv.size())));
+    std::memset(m->data(), 0, kv.size());  // touched once, as the host tier's arena is
+    pinned.push_back(std::move(m));
+  }
+  auto fetch = [&](int i) -> absl::StatusOr<kvstore::ValueInfo> {
+    return client->GetInto(key(i), [&](const kvstore::ValueHeader&,
+                                       uint64_t bytes) -> absl::StatusOr<char*> {
+      if (bytes != kv.size()) return absl::DataLossError("stored size differs");
+      return pinned[i]->data();
+    });
+  };
+  for (int rep = 0; rep < 6; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(const kvstore::ValueInfo info, fetch(0));
+    const auto t1 = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(const KvTransferId in,
+                     backend.StartKvFromHost(doc.pages, doc.num_tokens, pinned[0]->data()));
+    ASSIGN_OR_RETURN(const uint64_t in_sum, backend.WaitKvTransfer(in));
+    const auto t2 = std::chrono::steady_clock::now();
+    if (in_sum != checksum) return absl::DataLossError("fetched KV differs from the pool's");
+    out->local = info.local;
+    if (rep == 0) continue;  // first: connection and fast-path handshake
+    out->to_pinned.ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    out->to_pool.ms.push_back(std::chrono::duration<double, std::milli>(t2 - t0).count());
+  }
+  std::vector<double> gbps;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<absl::Status> results(kParallel);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kParallel; ++i) {
+      threads.emplace_back([&, i] { results[i] = fetch(i).status(); });
+    }
+    for (auto& t : threads) t.join();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (const auto& r : results) RETURN_IF_ERROR(r);
+    gbps.push_back(double(kv.size()) * kParallel / s / 1e9);
+  }
+  std::sort(gbps.begin(), gbps.end());
+  out->four_gbps = gbps[1];
+  for (int i = 0; i < kParallel; ++i) {
+    if (std::memcmp(pinned[i]->data(), kv.data(), kv.size()) != 0) {
+      return absl::DataLossError("a concurrent fetch returned other bytes");
+    }
+  }
+  server.Stop(SIGTERM, absl::Seconds(20));
+  std::filesystem::remove_all(dir);
+  return absl::OkStatus();
 }
 
 int Main(int argc, char** argv) {
@@ -105,6 +196,8 @@ int Main(int argc, char** argv) {
       o.profile = true;
     else if (arg("--out"))
       o.out = argv[++i];
+    else if (arg("--kvstore_binary"))
+      o.kvstore_binary = argv[++i];
     else {
       std::fprintf(
           stderr,
@@ -112,7 +205,7 @@ int Main(int argc, char** argv) {
           "[--warmup N] [--cold_runs N] [--chunk N] [--page_size N] "
           "[--decode_steps N] [--cuda_graphs 0|1] "
           "[--step_times 0|1] [--idle_ms N] [--early_kv 0|1] [--host_cache_gb G] [--profile] "
-          "[--out PATH]\n",
+          "[--out PATH] [--kvstore_binary PATH]\n",
           argv[0]);
       return 2;
     }
@@ -293,6 +386,8 @@ int Main(int argc, char** argv) {
   Stats export_kv, import_kv;
   Stats to_host, from_host, bus_d2h, bus_h2d;  // the host tier's path and the bus ceiling
   double doc_kv_bytes = 0;
+  KvstoreFetch kv_fetch;
+  std::optional<uint64_t> out_checksum;  // KvChecksum of the document's KV
   {
     const std::string id = engine.BlockId(prompt.documents[0], "warm");
     auto pinned = engine.PinResidentDocument(id);
@@ -338,6 +433,7 @@ int Main(int argc, char** argv) {
       if (!in_sum.ok()) return Fail(in_sum.status(), "KvFromHost");
       const auto t2 = std::chrono::steady_clock::now();
       if (*in_sum != *out_sum) return Fail(absl::DataLossError("checksums differ"), "host tier");
+      out_checksum = *out_sum;
       if (i == 0 && std::memcmp((*host)->data(), kv.data(), kv.size()) != 0) {
         return Fail(absl::DataLossError("host bytes differ from ExportKv's"), "host tier");
       }
@@ -356,6 +452,14 @@ int Main(int argc, char** argv) {
       bus_h2d.ms.push_back(std::chrono::duration<double, std::milli>(t5 - t4).count());
     }
     cudaFree(dev);
+
+    if (!o.kvstore_binary.empty()) {
+      if (absl::Status st = MeasureKvstoreFetch(o.kvstore_binary, engine.backend(), *pinned, kv,
+                                                *out_checksum, &kv_fetch);
+          !st.ok()) {
+        return Fail(st, "kvstore fetch");
+      }
+    }
     engine.UnpinDocument(id);
   }
 
@@ -393,6 +497,14 @@ int Main(int argc, char** argv) {
   bus_row("host tier: back into its pages", from_host);
   bus_row("bus ceiling: cudaMemcpy to pinned", bus_d2h);
   bus_row("bus ceiling: cudaMemcpy from pinned", bus_h2d);
+  if (!kv_fetch.to_pool.ms.empty()) {
+    bus_row(kv_fetch.local ? "kvstore (same host) to pinned memory" : "kvstore (gRPC) to pinned",
+            kv_fetch.to_pinned);
+    bus_row("  and on into its pages (end to end)", kv_fetch.to_pool);
+    std::printf("%-36s %10.2f   (documents' encode time / %d)\n", "recomputing one document",
+                encode_ms / std::max(1, o.docs), o.docs);
+    std::printf("%-36s %10.2f GB/s in total\n", "kvstore: 4 concurrent fetches", kv_fetch.four_gbps);
+  }
   if (!steps.empty()) {
     std::printf(
         "\nwhere one LAZY request's time goes (TTFT %.2f ms), ms per forward step:\n"
@@ -439,6 +551,13 @@ int Main(int argc, char** argv) {
       << "  \"host_tier_from_host_ms\": " << from_host.Json() << ",\n"
       << "  \"bus_d2h_pinned_ms\": " << bus_d2h.Json() << ",\n"
       << "  \"bus_h2d_pinned_ms\": " << bus_h2d.Json() << ",\n";
+    if (!kv_fetch.to_pool.ms.empty()) {
+      f << "  \"kvstore_fetch\": {\"same_host_fast_path\": " << (kv_fetch.local ? "true" : "false")
+        << ", \"to_pinned_ms\": " << kv_fetch.to_pinned.Json()
+        << ", \"to_pool_ms\": " << kv_fetch.to_pool.Json()
+        << ", \"recompute_one_doc_ms\": " << encode_ms / std::max(1, o.docs)
+        << ", \"four_concurrent_gbps\": " << kv_fetch.four_gbps << "},\n";
+    }
     if (!lazy_gpu.ms.empty()) {
       f << "  \"lazy_step_gpu_ms\": " << lazy_gpu.Json() << ",\n"
         << "  \"lazy_ttft_minus_gpu_ms\": " << lazy_host.Json() << ",\n";
