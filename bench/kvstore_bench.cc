@@ -437,9 +437,10 @@ void MeasureService(Bench& bench, const std::string& system, const std::string& 
   auto put = [&](int c) { return clients[c]->Put(key(c), header, bench.source(c)); };
   auto get = [&](int c) -> absl::StatusOr<Fetched> {
     absl::StatusOr<ValueInfo> info = clients[c]->GetInto(
-        key(c), [&](const ValueHeader&, uint64_t bytes) -> absl::StatusOr<char*> {
+        key(c),
+        [&](const ValueHeader&, uint64_t bytes) -> absl::StatusOr<std::vector<MutableBytes>> {
           if (bytes > buffers[c].size()) return absl::InternalError("value larger than expected");
-          return buffers[c].data();
+          return std::vector<MutableBytes>{{buffers[c].data(), bytes}};
         });
     if (!info.ok()) return info.status();
     if (info->local != fast_path) {

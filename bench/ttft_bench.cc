@@ -113,11 +113,12 @@ absl::Status MeasureKvstoreFetch(const std::string& binary, Backend& backend,
     pinned.push_back(std::move(m));
   }
   auto fetch = [&](int i) -> absl::StatusOr<kvstore::ValueInfo> {
-    return client->GetInto(key(i), [&](const kvstore::ValueHeader&,
-                                       uint64_t bytes) -> absl::StatusOr<char*> {
-      if (bytes != kv.size()) return absl::DataLossError("stored size differs");
-      return pinned[i]->data();
-    });
+    return client->GetInto(
+        key(i), [&](const kvstore::ValueHeader&,
+                    uint64_t bytes) -> absl::StatusOr<std::vector<kvstore::MutableBytes>> {
+          if (bytes != kv.size()) return absl::DataLossError("stored size differs");
+          return std::vector<kvstore::MutableBytes>{{pinned[i]->data(), bytes}};
+        });
   };
   for (int rep = 0; rep < 6; ++rep) {
     const auto t0 = std::chrono::steady_clock::now();

@@ -138,6 +138,63 @@ class Shard {
   std::optional<std::string> local_dir_ ABSL_GUARDED_BY(mu_);
 };
 
+// The destination spans of a value's bytes, addressed by value offset.
+class Scatter {
+ public:
+  // INTERNAL when the spans hold fewer than `bytes` bytes.
+  static absl::StatusOr<Scatter> Of(std::vector<MutableBytes> spans, uint64_t bytes) {
+    Scatter s;
+    uint64_t at = 0;
+    for (const MutableBytes& span : spans) {
+      if (span.size == 0) continue;
+      s.spans_.push_back(span);
+      s.starts_.push_back(at);
+      at += span.size;
+    }
+    if (at < bytes) {
+      return absl::InternalError(
+          absl::StrCat("get: the destination holds ", at, " bytes, the value ", bytes));
+    }
+    return s;
+  }
+  // The pieces of [begin, begin + size), in order.
+  std::vector<MutableBytes> Pieces(uint64_t begin, uint64_t size) const {
+    std::vector<MutableBytes> out;
+    auto it = std::upper_bound(starts_.begin(), starts_.end(), begin);
+    for (size_t i = size_t(it - starts_.begin()) - 1; size > 0 && i < spans_.size(); ++i) {
+      const uint64_t offset = begin - starts_[i];
+      const uint64_t n = std::min(size, spans_[i].size - offset);
+      out.push_back({spans_[i].data + offset, n});
+      begin += n;
+      size -= n;
+    }
+    return out;
+  }
+  // Copies `data` to value offset `begin`.
+  void Write(uint64_t begin, std::string_view data) const {
+    for (const MutableBytes& piece : Pieces(begin, data.size())) {
+      std::memcpy(piece.data, data.data(), piece.size);
+      data.remove_prefix(piece.size);
+    }
+  }
+
+ private:
+  std::vector<MutableBytes> spans_;
+  std::vector<uint64_t> starts_;
+};
+
+// Reads [begin, begin + size) of `fd` into the pieces of `scatter` and returns the CRC-32C of
+// the bytes read.
+absl::StatusOr<uint32_t> ReadInto(int fd, const Scatter& scatter, uint64_t begin, uint64_t size) {
+  uint32_t crc = 0;
+  for (const MutableBytes& piece : scatter.Pieces(begin, size)) {
+    RETURN_IF_ERROR(PreadAll(fd, piece.data, piece.size, begin));
+    crc = Crc32cExtend(crc, std::string_view(piece.data, piece.size));
+    begin += piece.size;
+  }
+  return crc;
+}
+
 // Values at least this large are read and written by several threads on the fast path.
 constexpr uint64_t kParallelLocalBytes = 64ull << 20;
 // Bytes written to a hand-over file after which the kernel is told to start writing them out.
@@ -421,8 +478,13 @@ absl::Status KvClientImpl::GetFrom(Shard& shard, const pb::GetRequest& request, 
       out->range_begin = h.range_begin();
       out->range_size = range_size = h.range_end() - h.range_begin();
       out->local = false;
-      absl::StatusOr<char*> dst = destination(out->header, range_size);
-      if (!dst.ok()) bad = dst.status();
+      absl::StatusOr<Scatter> dst = absl::InternalError("unset");
+      if (auto spans = destination(out->header, range_size); !spans.ok()) {
+        bad = spans.status();
+      } else {
+        dst = Scatter::Of(*std::move(spans), range_size);
+        if (!dst.ok()) bad = dst.status();
+      }
       uint32_t next = 0;
       while (bad.ok() && reader->Read(&message)) {
         const std::string& data = message.chunk().data();
@@ -437,7 +499,7 @@ absl::Status KvClientImpl::GetFrom(Shard& shard, const pb::GetRequest& request, 
               "get: chunk ", next, " failed its CRC-32C check (corrupted in transit)"));
           break;
         }
-        std::memcpy(*dst + received, data.data(), data.size());
+        dst->Write(received, data);
         received += data.size();
         ++next;
       }
@@ -520,19 +582,21 @@ absl::Status KvClientImpl::GetLocalFrom(Shard& shard, const pb::KvKey& key, absl
   out->range_begin = 0;
   out->range_size = layout->total_size;
   out->local = true;
-  ASSIGN_OR_RETURN(char* dst, destination(out->header, layout->total_size));
+  ASSIGN_OR_RETURN(std::vector<MutableBytes> spans, destination(out->header, layout->total_size));
+  ASSIGN_OR_RETURN(const Scatter dst, Scatter::Of(std::move(spans), layout->total_size));
   const int threads = layout->total_size >= kParallelLocalBytes ? options_.local_read_threads : 1;
   const int file = fd->get();
   std::atomic<bool> corrupt{false};
   absl::Status read = ForRanges(layout->num_chunks, threads, [&](uint32_t first, uint32_t last) {
     for (uint32_t i = first; i < last; ++i) {
       const uint64_t begin = layout->ChunkBegin(i), size = layout->ChunkEnd(i) - begin;
-      absl::Status read = PreadAll(file, dst + begin, size, begin);
-      if (!read.ok()) {
-        return absl::Status(read.code(), absl::StrCat(shard.address(), ": get: chunk ", i,
-                                                      " of the value file: ", read.message()));
+      absl::StatusOr<uint32_t> crc = ReadInto(file, dst, begin, size);
+      if (!crc.ok()) {
+        return absl::Status(crc.status().code(),
+                            absl::StrCat(shard.address(), ": get: chunk ", i,
+                                         " of the value file: ", crc.status().message()));
       }
-      if (Crc32c(std::string_view(dst + begin, size)) != response.chunk_crc32c(int(i))) {
+      if (*crc != response.chunk_crc32c(int(i))) {
         CountCorruption();
         // Streamed instead: the shard then reads the damaged chunk itself, answers DATA_LOSS
         // and counts it (and a value that changed since is served whole).
@@ -610,9 +674,9 @@ absl::StatusOr<Value> KvClientImpl::Get(const Key& key, const LayerSelection& la
   Value value;
   auto info = GetInto(
       key,
-      [&value](const ValueHeader&, uint64_t bytes) -> absl::StatusOr<char*> {
+      [&value](const ValueHeader&, uint64_t bytes) -> absl::StatusOr<std::vector<MutableBytes>> {
         value.bytes.resize(bytes);
-        return value.bytes.data();
+        return std::vector<MutableBytes>{{value.bytes.data(), bytes}};
       },
       layers, call);
   if (!info.ok()) return info.status();

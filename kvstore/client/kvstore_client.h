@@ -84,12 +84,19 @@ struct ValueInfo {
   bool local = false;  // read through the same-host fast path
 };
 
+// Writable memory: `size` bytes at `data`.
+struct MutableBytes {
+  char* data = nullptr;
+  uint64_t size = 0;
+};
+
 // Where GetInto's bytes land. Called with the value's header and the byte count of the range
-// before any byte is written; returns a buffer of at least `bytes` bytes that stays valid
-// until GetInto returns. Called again (the earlier buffer then unused) when a replica fails
-// and the next is read. An error ends the Get with that error.
-using GetDestination =
-    std::function<absl::StatusOr<char*>(const ValueHeader& header, uint64_t bytes)>;
+// before any byte is written; returns spans that, in order, hold at least `bytes` bytes (the
+// range's bytes fill them one after the other) and stay valid until GetInto returns. Called
+// again (the earlier spans then unused) when a replica fails and the next is read. An error
+// ends the Get with that error.
+using GetDestination = std::function<absl::StatusOr<std::vector<MutableBytes>>(
+    const ValueHeader& header, uint64_t bytes)>;
 
 struct KeyInfo {
   bool present = false;

@@ -377,10 +377,15 @@ class KvStoreFastPathTest : public ::testing::Test {
   // GetInto into a fresh buffer; *local tells which path served it.
   static absl::StatusOr<std::string> Read(KvClient& client, const Key& key, bool* local) {
     std::string out;
-    auto info = client.GetInto(key, [&](const ValueHeader&, uint64_t n) -> absl::StatusOr<char*> {
-      out.assign(n, '\0');
-      return out.data();
-    });
+    // Three spans (the first shorter than a chunk, the second across chunk edges), as a
+    // document read into its token vector and its host-tier range is.
+    auto info = client.GetInto(
+        key, [&](const ValueHeader&, uint64_t n) -> absl::StatusOr<std::vector<MutableBytes>> {
+          out.assign(n, '\0');
+          const uint64_t a = std::min<uint64_t>(n, 1000), b = std::min<uint64_t>(n - a, 3'000'000);
+          return std::vector<MutableBytes>{{out.data(), a}, {out.data() + a, b},
+                                           {out.data() + a + b, n - a - b}};
+        });
     if (!info.ok()) return info.status();
     *local = info->local;
     return out;
