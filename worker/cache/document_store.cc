@@ -1,5 +1,7 @@
 #include "worker/cache/document_store.h"
 
+#include <algorithm>
+#include <cstring>
 #include <string_view>
 #include <utility>
 
@@ -42,6 +44,36 @@ class EmbeddedDocumentStore : public DocumentStore {
       return absl::DataLossError("embedded store: value shorter than its layout");
     }
     return doc;
+  }
+
+  absl::StatusOr<std::string> GetInto(const std::string &ns, const std::string &id,
+                                      const DocumentSink &sink) override {
+    auto key = Key(ns, id);
+    if (!key.ok()) return key.status();
+    auto reader = engine_->Open(*key);
+    if (!reader.ok()) return reader.status();
+    const kvstore::ValueLayout &layout = (*reader)->layout();
+    auto spans = sink(layout.metadata, layout.total_size);
+    if (!spans.ok()) return spans.status();
+    size_t span = 0;
+    uint64_t into = 0;  // bytes of spans[span] filled
+    std::string data;
+    for (uint32_t i = 0; i < layout.num_chunks; ++i) {
+      uint32_t crc = 0;
+      if (auto st = (*reader)->ReadChunk(i, &data, &crc); !st.ok()) return st;
+      for (std::string_view rest = data; !rest.empty();) {
+        while (span < spans->size() && into == (*spans)[span].size) {
+          ++span;
+          into = 0;
+        }
+        if (span == spans->size()) return absl::InternalError("embedded store: sink too small");
+        const uint64_t n = std::min<uint64_t>(rest.size(), (*spans)[span].size - into);
+        std::memcpy((*spans)[span].data + into, rest.data(), n);
+        into += n;
+        rest.remove_prefix(n);
+      }
+    }
+    return layout.metadata;
   }
 
   absl::StatusOr<bool> Contains(const std::string &ns, const std::string &id) override {
@@ -103,6 +135,22 @@ class RemoteDocumentStore : public DocumentStore {
     auto value = client_->Get(kvstore::Key::Document(fingerprint_, ns, id));
     if (!value.ok()) return value.status();
     return StoredDocument{std::move(value->header.metadata), std::move(value->bytes), ""};
+  }
+
+  absl::StatusOr<std::string> GetInto(const std::string &ns, const std::string &id,
+                                      const DocumentSink &sink) override {
+    auto info = client_->GetInto(
+        kvstore::Key::Document(fingerprint_, ns, id),
+        [&sink](const kvstore::ValueHeader &header,
+                uint64_t bytes) -> absl::StatusOr<std::vector<kvstore::MutableBytes>> {
+          auto spans = sink(header.metadata, bytes);
+          if (!spans.ok()) return spans.status();
+          std::vector<kvstore::MutableBytes> out;
+          for (const ByteSpan &b : *spans) out.push_back({b.data, b.size});
+          return out;
+        });
+    if (!info.ok()) return info.status();
+    return std::move(info->header.metadata);
   }
 
   absl::StatusOr<bool> Contains(const std::string &ns, const std::string &id) override {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,6 +56,19 @@ struct StoredDocument {
   std::shared_ptr<DeviceLease> lease = nullptr;
 };
 
+// Writable memory: `size` bytes at `data`.
+struct ByteSpan {
+  char *data = nullptr;
+  uint64_t size = 0;
+};
+
+// Where DocumentStore::GetInto puts a document's bytes: called with the stored metadata and
+// the value's byte count before any byte arrives; returns spans that, in order, hold at least
+// that many bytes (filled one after the other) and stay valid until GetInto returns. May be
+// called again when a replica fails. An error ends GetInto with it.
+using DocumentSink = std::function<absl::StatusOr<std::vector<ByteSpan>>(
+    const std::string &metadata, uint64_t bytes)>;
+
 // Thread-safe: the engine calls Get from its fetch thread and Put from its
 // write-back thread.
 class DocumentStore {
@@ -67,6 +81,17 @@ class DocumentStore {
   // the document instead.
   virtual absl::StatusOr<StoredDocument> Get(const std::string &cache_namespace,
                                              const std::string &document_id) = 0;
+  // Get from the durable store itself (not its front tiers) into the caller's memory, every
+  // chunk checked against its checksum on the way; returns the metadata. Errors as Get.
+  // UNIMPLEMENTED when the store cannot (the caller then uses Get). Default: UNIMPLEMENTED.
+  virtual absl::StatusOr<std::string> GetInto(const std::string &cache_namespace,
+                                              const std::string &document_id,
+                                              const DocumentSink &sink) {
+    (void)cache_namespace;
+    (void)document_id;
+    (void)sink;
+    return absl::UnimplementedError("document store: no GetInto");
+  }
   // Stores (or replaces) the document.
   virtual absl::Status Put(const std::string &cache_namespace, const std::string &document_id,
                            const StoredDocument &document) = 0;

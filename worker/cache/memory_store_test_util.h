@@ -2,6 +2,8 @@
 // call while `down` is set. Header-only; include from test files only.
 #pragma once
 
+#include <algorithm>
+#include <cstring>
 #include <map>
 #include <string>
 
@@ -20,6 +22,31 @@ class MemoryDocumentStore : public DocumentStore {
     auto it = docs.find(ns + "/" + id);
     if (it == docs.end()) return absl::NotFoundError("absent");
     return it->second;
+  }
+  // Copies into the sink's spans, like the kvstore client (unless `get_into` is cleared).
+  absl::StatusOr<std::string> GetInto(const std::string &ns, const std::string &id,
+                                      const DocumentSink &sink) override {
+    StoredDocument doc;
+    {
+      absl::MutexLock l(&mu);
+      if (!get_into) return absl::UnimplementedError("memory store: GetInto off");
+      ++gets;
+      ++gets_into;
+      if (down) return absl::UnavailableError("store down");
+      auto it = docs.find(ns + "/" + id);
+      if (it == docs.end()) return absl::NotFoundError("absent");
+      doc = it->second;
+    }
+    auto spans = sink(doc.metadata, doc.bytes.size());
+    if (!spans.ok()) return spans.status();
+    std::string_view rest = doc.bytes;
+    for (const ByteSpan &span : *spans) {
+      const size_t n = std::min<size_t>(rest.size(), span.size);
+      std::memcpy(span.data, rest.data(), n);
+      rest.remove_prefix(n);
+    }
+    if (!rest.empty()) return absl::InternalError("memory store: sink too small");
+    return doc.metadata;
   }
   absl::Status Put(const std::string &ns, const std::string &id,
                    const StoredDocument &doc) override {
@@ -47,7 +74,9 @@ class MemoryDocumentStore : public DocumentStore {
   absl::Mutex mu;
   std::map<std::string, StoredDocument> docs;
   int gets = 0, puts = 0, contains = 0;
+  int gets_into = 0;  // of `gets`, those through GetInto
   bool down = false;
+  bool get_into = true;
 };
 
 }  // namespace lazyrag

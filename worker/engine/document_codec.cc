@@ -44,39 +44,52 @@ StoredDocument EncodeDocument(const ModelConfig &c, KvDtype dtype,
   return doc;
 }
 
-absl::StatusOr<DecodedDocument> DecodeDocument(const StoredDocument &stored, const ModelConfig &c,
-                                               KvDtype dtype) {
+absl::StatusOr<DocumentKvHeader> DecodeDocumentHeader(std::string_view metadata,
+                                                      const ModelConfig &c, KvDtype dtype) {
   uint32_t w[kHeaderWords];
-  if (stored.metadata.size() != sizeof(w)) {
+  if (metadata.size() != sizeof(w)) {
     return absl::DataLossError("stored document: header has the wrong size");
   }
-  std::memcpy(w, stored.metadata.data(), sizeof(w));
+  std::memcpy(w, metadata.data(), sizeof(w));
   if (w[0] != kMagic || w[9] != kChecksumCrc32c) {
     return absl::DataLossError("stored document: not a lazyrag document header");
   }
   if (w[1] != kDocumentKvFormatVersion) {
     return absl::FailedPreconditionError(absl::StrCat("stored document: format version ", w[1]));
   }
-  DecodedDocument d;
-  d.header.version = w[1];
-  d.header.dtype = KvDtype(w[2]);
-  d.header.num_layers = w[3];
-  d.header.num_kv_heads = w[4];
-  d.header.head_dim = w[5];
-  d.header.num_tokens = w[6];
-  std::memcpy(&d.header.rope_theta, &w[7], sizeof(float));
-  d.header.payload_bytes = w[8];
-  if (d.header.dtype != dtype || int(d.header.num_layers) != c.num_layers ||
-      int(d.header.num_kv_heads) != c.num_kv_heads || int(d.header.head_dim) != c.head_dim ||
-      d.header.rope_theta != c.rope_theta) {
+  DocumentKvHeader h;
+  h.version = w[1];
+  h.dtype = KvDtype(w[2]);
+  h.num_layers = w[3];
+  h.num_kv_heads = w[4];
+  h.head_dim = w[5];
+  h.num_tokens = w[6];
+  std::memcpy(&h.rope_theta, &w[7], sizeof(float));
+  h.payload_bytes = w[8];
+  if (h.dtype != dtype || int(h.num_layers) != c.num_layers ||
+      int(h.num_kv_heads) != c.num_kv_heads || int(h.head_dim) != c.head_dim ||
+      h.rope_theta != c.rope_theta) {
     return absl::FailedPreconditionError("stored document: written for another shape or dtype");
   }
+  if (h.payload_bytes != DocumentPayloadBytes(c, dtype, h.num_tokens)) {
+    return absl::DataLossError("stored document: payload size does not match its header");
+  }
+  return h;
+}
+
+absl::StatusOr<DecodedDocument> DecodeDocument(const StoredDocument &stored, const ModelConfig &c,
+                                               KvDtype dtype) {
+  auto header = DecodeDocumentHeader(stored.metadata, c, dtype);
+  if (!header.ok()) return header.status();
+  DecodedDocument d;
+  d.header = *header;
   const uint64_t token_bytes = uint64_t(d.header.num_tokens) * sizeof(int32_t);
-  if (d.header.payload_bytes != DocumentPayloadBytes(c, dtype, d.header.num_tokens) ||
-      stored.bytes.size() != token_bytes + d.header.payload_bytes) {
+  if (stored.bytes.size() != token_bytes + d.header.payload_bytes) {
     return absl::DataLossError("stored document: value size does not match its header");
   }
-  if (Crc32c(stored.bytes) != w[10]) return absl::DataLossError("stored document: checksum");
+  uint32_t crc = 0;
+  std::memcpy(&crc, stored.metadata.data() + 10 * sizeof(uint32_t), sizeof(crc));
+  if (Crc32c(stored.bytes) != crc) return absl::DataLossError("stored document: checksum");
   d.tokens.resize(d.header.num_tokens);
   std::memcpy(d.tokens.data(), stored.bytes.data(), token_bytes);
   d.payload = stored.bytes.substr(token_bytes);

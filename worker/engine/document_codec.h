@@ -47,6 +47,12 @@ struct DecodedDocument {
   std::string payload;
 };
 
+// The header alone, from a stored value's metadata, checked against the shape: what a reader
+// needs before the bytes arrive (their size: num_tokens x 4 token bytes, then payload_bytes).
+// Errors as DecodeDocument's.
+absl::StatusOr<DocumentKvHeader> DecodeDocumentHeader(std::string_view metadata,
+                                                      const ModelConfig &config, KvDtype dtype);
+
 // DATA_LOSS when the value is malformed or its checksum fails;
 // FAILED_PRECONDITION when it was written for another shape or dtype (a model
 // or backend change).

@@ -149,6 +149,30 @@ FetchedDocument DocumentFetcher::ReadFromStore(const std::string &ns, const std:
   FetchedDocument f{id, absl::UnknownError("unset"), "", nullptr};
   *failed = false;
   const absl::Time t0 = clock_->Now();
+  if (tokens > 0) {
+    if (auto landed = ReadIntoHostTier(ns, id); landed.has_value()) {
+      const double seconds = absl::ToDoubleSeconds(clock_->Now() - t0);
+      if (landed->ok()) {
+        cost_.ObserveFetch(tokens, seconds);
+        if (metrics_) {
+          metrics_->fetch_seconds->Observe(seconds);
+          metrics_->fetch_bytes->Increment(double(landed->value().doc->header.payload_bytes));
+          metrics_->KvRequests("get", "hit").Increment();
+        }
+        return *std::move(*landed);
+      }
+      f.doc = landed->status();
+      const bool miss = absl::IsNotFound(landed->status());
+      if (metrics_) {
+        metrics_->KvRequests("get", miss ? "miss" : StatusLabel(landed->status())).Increment();
+      }
+      if (!miss) {
+        LOG_WARNING << "kvstore get failed (" << landed->status() << "): recomputing";
+        *failed = true;
+      }
+      return f;
+    }
+  }
   auto got = store_->Get(ns, id);
   if (got.ok() && got->lease != nullptr) {
     // Lent in a peer's device pool: the peer store counts it
@@ -183,6 +207,46 @@ FetchedDocument DocumentFetcher::ReadFromStore(const std::string &ns, const std:
       *failed = true;
     }
   }
+  return f;
+}
+
+std::optional<absl::StatusOr<FetchedDocument>> DocumentFetcher::ReadIntoHostTier(
+    const std::string &ns, const std::string &id) {
+  HostTier *const tier = options_.host_tier;
+  if (tier == nullptr) return std::nullopt;
+  DocumentKvHeader header;
+  std::vector<int32_t> tokens;
+  std::shared_ptr<LandedInHost> landed;
+  absl::Status no_room;  // the tier could not take it: not the store's failure
+  auto sink = [&](const std::string &metadata,
+                  uint64_t bytes) -> absl::StatusOr<std::vector<ByteSpan>> {
+    landed.reset();  // a replica that failed part-way: start over
+    auto h = DecodeDocumentHeader(metadata, config_, dtype_);
+    if (!h.ok()) return h.status();
+    header = *h;
+    const uint64_t token_bytes = uint64_t(header.num_tokens) * sizeof(int32_t);
+    if (bytes != token_bytes + header.payload_bytes) {
+      return absl::DataLossError("stored document: value size does not match its header");
+    }
+    auto range = tier->BeginInsert(id, int64_t(header.payload_bytes), int32_t(header.num_tokens),
+                                   {});
+    if (!range.ok()) {
+      no_room = range.status();
+      return range.status();
+    }
+    landed = std::make_shared<LandedInHost>(tier, id, *range);
+    tokens.resize(header.num_tokens);
+    return std::vector<ByteSpan>{{reinterpret_cast<char *>(tokens.data()), token_bytes},
+                                 {*range, header.payload_bytes}};
+  };
+  absl::StatusOr<std::string> got = store_->GetInto(ns, id, sink);
+  if (absl::IsUnimplemented(got.status()) || !no_room.ok()) return std::nullopt;
+  if (!got.ok()) return got.status();
+  if (landed == nullptr) return absl::InternalError("fetch: nothing landed");
+  FetchedDocument f;
+  f.id = id;
+  f.doc = DecodedDocument{header, std::move(tokens), {}};
+  f.landed = std::move(landed);
   return f;
 }
 

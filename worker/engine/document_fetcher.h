@@ -34,6 +34,7 @@
 #include "absl/time/time.h"
 #include "worker/backend/backend.h"
 #include "worker/cache/document_store.h"
+#include "worker/cache/host_tier.h"
 #include "worker/engine/clock.h"
 #include "worker/engine/document_codec.h"
 #include "worker/engine/engine_metrics.h"
@@ -41,12 +42,44 @@
 
 namespace lazyrag {
 
+// A fetched document's KV read straight into the host tier (pinned memory) as a pending entry
+// under the document's id: its owner copies it into pool pages and commits the entry with the
+// checksum that copy computed (the bytes were checked chunk by chunk on their way in).
+// Destroying it before Commit aborts the entry. Not thread-safe; the tier must outlive it.
+class LandedInHost {
+ public:
+  LandedInHost(HostTier *tier, std::string key, const char *data)
+      : tier_(tier), key_(std::move(key)), data_(data) {}
+  ~LandedInHost() { Abort(); }
+  LandedInHost(const LandedInHost &) = delete;
+  LandedInHost &operator=(const LandedInHost &) = delete;
+  const char *data() const { return data_; }
+  // The entry becomes ready (visible to Acquire) with `checksum` (KvChecksum of its bytes).
+  absl::Status Commit(uint64_t checksum) {
+    done_ = true;
+    return tier_->CommitInsert(key_, checksum);
+  }
+  void Abort() {
+    if (!done_) tier_->AbortInsert(key_);
+    done_ = true;
+  }
+
+ private:
+  HostTier *const tier_;
+  const std::string key_;
+  const char *const data_;
+  bool done_ = false;
+};
+
 // What a fetch found, handed to the scheduler.
 struct FetchedDocument {
   std::string id;
-  absl::StatusOr<DecodedDocument> doc;  // tokens only (no payload) when `lease` is set
-  std::string origin;                   // StoredDocument::origin on a hit
+  // Tokens only (no payload) when `lease` or `landed` is set.
+  absl::StatusOr<DecodedDocument> doc;
+  std::string origin;  // StoredDocument::origin on a hit
   std::shared_ptr<DeviceLease> lease;
+  // Instead of a payload: the KV in the host tier, waiting to be copied into pages.
+  std::shared_ptr<LandedInHost> landed;
   // Not read (computing was predicted cheaper) but the store holds it: no
   // write-back.
   bool in_store = false;
@@ -63,6 +96,9 @@ struct DocumentFetcherOptions {
                                     // are checked
   int64_t chunk_tokens = 2048;      // prefill chunk (FetchCostOptions::chunk_tokens)
   int64_t max_writeback_bytes = 0;  // EngineOptions::max_writeback_bytes
+  // Not owned; may be null. With a host tier, kvstore reads land in it (pinned memory, no
+  // intermediate copy) where the store can (DocumentStore::GetInto).
+  HostTier *host_tier = nullptr;
 };
 
 class DocumentFetcher {
@@ -157,6 +193,11 @@ class DocumentFetcher {
   // *failed when the store could not serve it (an error other than NOT_FOUND).
   FetchedDocument ReadFromStore(const std::string &ns, const std::string &id, int64_t tokens,
                                 bool *failed);
+  // The kvstore's bytes straight into a host-tier entry and the token vector. nullopt when
+  // that path is not taken (no tier, a store without GetInto, no room in the tier): the caller
+  // reads through Get instead. Else the store's answer (a hit has `landed` set).
+  std::optional<absl::StatusOr<FetchedDocument>> ReadIntoHostTier(const std::string &ns,
+                                                                  const std::string &id);
   // A read from the store's front tiers only; `down`: the store is marked down
   // (else the cost model chose this).
   FetchedDocument ReadFromFrontTiers(const std::string &ns, const std::string &id, bool down);

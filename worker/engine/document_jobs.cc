@@ -25,6 +25,7 @@ DocumentJobs::~DocumentJobs() {
     // A copy into the pages still in flight finishes before they go back to the allocator.
     if (job->state == DocJob::kPromoting) (void)backend_->WaitKvTransfer(job->transfer);
     ReleaseHost(*job);
+    job->landed.reset();  // aborted while the tier is certainly alive
     if (!job->pages.empty()) table_->FreePages(job->pages);
   }
 }
@@ -117,7 +118,7 @@ void DocumentJobs::HandleFetched(FetchedDocument f) {
     // Hedged: the document went to compute while this fetch ran. Its bytes still serve while
     // the job waits for pages (imported instead of computed); later they are dropped.
     const bool usable = job.state == DocJob::kNeedPages && job.pages.empty() && !job.have_payload &&
-                        job.lease == nullptr && f.doc.ok();
+                        job.lease == nullptr && job.landed == nullptr && f.doc.ok();
     if (!usable) {
       if (f.lease != nullptr) f.lease->Finish(absl::CancelledError("not used"));
       return;
@@ -137,7 +138,10 @@ void DocumentJobs::HandleFetched(FetchedDocument f) {
     }
     return;
   }
-  if (f.doc.ok() && f.doc->tokens == job.tokens) {
+  if (f.doc.ok() && f.doc->tokens == job.tokens && f.landed != nullptr) {
+    job.landed = std::move(f.landed);
+    job.origin = std::move(f.origin);
+  } else if (f.doc.ok() && f.doc->tokens == job.tokens) {
     job.payload = std::move(f.doc->payload);
     job.have_payload = true;
     job.origin = std::move(f.origin);
@@ -176,6 +180,18 @@ void DocumentJobs::StartReady() {
       LOG_WARNING << "promotion of document " << job->id << " failed (" << t.status()
                   << "): recomputing";
       ReleaseHost(*job);
+    }
+    if (job->landed != nullptr) {
+      absl::StatusOr<KvTransferId> t = backend_->StartKvFromHost(job->pages, n, job->landed->data());
+      if (t.ok()) {
+        job->state = DocJob::kPromoting;
+        job->transfer = *t;
+        job->promote_started = clock_->Now();
+        continue;
+      }
+      LOG_WARNING << "import of fetched document " << job->id << " failed (" << t.status()
+                  << "): recomputing";
+      job->landed.reset();
     }
     if (job->lease != nullptr) {
       // The fast path: the peer's pages straight into ours, GPU to GPU, on this thread (it
@@ -226,6 +242,24 @@ void DocumentJobs::PollPromotions() {
   for (auto &job : promoting) {
     absl::StatusOr<std::optional<uint64_t>> polled = backend_->PollKvTransfer(job->transfer);
     if (polled.ok() && !polled->has_value()) continue;
+    if (job->landed != nullptr) {
+      // A kvstore fetch that landed in the tier (checked chunk by chunk on its way in): the
+      // tier keeps it with the checksum this copy computed.
+      std::shared_ptr<LandedInHost> landed = std::move(job->landed);
+      if (polled.ok()) {
+        if (absl::Status st = landed->Commit(**polled); !st.ok()) {
+          LOG_WARNING << "host tier refused fetched document " << job->id << ": " << st;
+        }
+        Complete(job, Source::kStore);
+        continue;
+      }
+      LOG_WARNING << "import of fetched document " << job->id << " failed (" << polled.status()
+                  << "): recomputing";
+      landed->Abort();
+      job->state = DocJob::kComputing;
+      job->fed = 0;
+      continue;
+    }
     const bool intact = polled.ok() && **polled == job->host->checksum;
     if (intact) {
       ReleaseHost(*job);
@@ -321,6 +355,7 @@ void DocumentJobs::Complete(const std::shared_ptr<DocJob> &job, Source source) {
 void DocumentJobs::Fail(const std::shared_ptr<DocJob> &job, const absl::Status &status) {
   if (job->state == DocJob::kPromoting) (void)backend_->WaitKvTransfer(job->transfer);
   ReleaseHost(*job);
+  job->landed.reset();
   if (!job->pages.empty()) table_->FreePages(job->pages);
   job->pages.clear();
   for (const auto &w : job->waiters) {

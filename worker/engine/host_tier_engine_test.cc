@@ -702,5 +702,73 @@ TEST(HostTierEngineTest, NegativeHostCacheBytesIsInvalidArgument) {
   EXPECT_EQ(none.engine->Stats().host.capacity_bytes, 0);
 }
 
+// Issue 24: a document fetched from the store lands straight in the host tier (the store's
+// GetInto writes into the tier's range), is copied into pool pages from there with the outputs of
+// the run that computed it, and stays in the tier with the checksum that copy computed: once
+// evicted from the pool it is promoted from the tier (checksum checked), not fetched again.
+TEST(HostTierEngineTest, StoreFetchLandsInTheHostTierAndServesFromThere) {
+  auto ref = MakeReference();
+  ASSERT_NE(ref, nullptr);
+  MemoryDocumentStore store;
+  const TokenPrompt p = DocPrompt(24, 24);
+  ModeRun first;
+  std::string id;
+  {  // Computed and written back by a first worker.
+    TestEngine a = MakeEngine(256, 0, &store);
+    ASSERT_NE(a.engine, nullptr);
+    id = a.engine->BlockId(p.documents[0], "");
+    first = RunMode(*a.engine, p, AttentionMode::kLazy, kSteps);
+    ASSERT_TRUE(WaitUntil([&] { return store.Puts() >= 1; }));
+  }
+  TestEngine t = MakeEngine(kPoolPages, 8 * DocRangeBytes(*ref), &store);
+  ASSERT_NE(t.engine, nullptr);
+  Engine &e = *t.engine;
+  const ModeRun fetched = RunMode(e, p, AttentionMode::kLazy, kSteps);
+  EXPECT_EQ(fetched.result.usage.store_document_tokens, kDocTokens);
+  EXPECT_EQ(fetched.result.usage.computed_tokens, int64_t(p.suffix.size()));
+  EXPECT_EQ(fetched.tokens, first.tokens);
+  ASSERT_EQ(fetched.logits.size(), first.logits.size());
+  for (size_t s = 0; s < first.logits.size(); ++s) {
+    EXPECT_EQ(fetched.logits[s], first.logits[s]) << "step " << s;
+  }
+  {
+    absl::MutexLock l(&store.mu);
+    EXPECT_EQ(store.gets_into, 1);
+  }
+  EXPECT_TRUE(e.host_tier()->Contains(id));
+  EXPECT_EQ(e.Stats().host.pending_entries, 0);
+
+  ASSERT_NO_FATAL_FAILURE(EvictFromPool(e, id, p, AttentionMode::kLazy, 900));
+  const int gets = store.Gets();
+  const ModeRun promoted = RunMode(e, p, AttentionMode::kLazy, kSteps);
+  EXPECT_EQ(promoted.result.usage.host_document_tokens, kDocTokens);
+  EXPECT_EQ(promoted.tokens, first.tokens);
+  EXPECT_EQ(store.Gets(), gets);
+  EXPECT_EQ(e.Stats().host.checksum_failures, 0);
+}
+
+// A fetch the host tier cannot take (no room beside a pinned entry is not needed: a tier too
+// small for the document) is read through Get and imported as before.
+TEST(HostTierEngineTest, StoreFetchTooLargeForTheTierTakesThePageablePath) {
+  auto ref = MakeReference();
+  ASSERT_NE(ref, nullptr);
+  MemoryDocumentStore store;
+  const TokenPrompt p = DocPrompt(25, 25);
+  ModeRun first;
+  {
+    TestEngine a = MakeEngine(256, 0, &store);
+    ASSERT_NE(a.engine, nullptr);
+    first = RunMode(*a.engine, p, AttentionMode::kLazy, kSteps);
+    ASSERT_TRUE(WaitUntil([&] { return store.Puts() >= 1; }));
+  }
+  TestEngine t = MakeEngine(kPoolPages, DocRangeBytes(*ref) / 2, &store);
+  ASSERT_NE(t.engine, nullptr);
+  const ModeRun fetched = RunMode(*t.engine, p, AttentionMode::kLazy, kSteps);
+  EXPECT_EQ(fetched.result.usage.store_document_tokens, kDocTokens);
+  EXPECT_EQ(fetched.tokens, first.tokens);
+  EXPECT_EQ(t.engine->Stats().host.entries, 0);
+  EXPECT_EQ(t.engine->Stats().host.pending_entries, 0);
+}
+
 }  // namespace
 }  // namespace lazyrag

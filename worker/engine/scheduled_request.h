@@ -102,6 +102,9 @@ struct DocJob {
   // Instead of a payload: the document lent in a peer's device pool (copied
   // with Backend::CopyPagesFromPeer once pages are allocated, then finished).
   std::shared_ptr<DeviceLease> lease;
+  // Instead of a payload: the fetched KV in a pending host-tier entry, copied into `pages`
+  // like a promotion (kPromoting), then committed to the tier with the copy's checksum.
+  std::shared_ptr<LandedInHost> landed;
   bool lease_failed = false;  // a device copy failed once: never again for this job
   FetchTicket fetch;          // the fetch in flight (kFetching)
   // Given up for a compute while its fetch ran: the store most likely holds it,

@@ -46,7 +46,8 @@ Scheduler::Scheduler(Backend *backend, DocumentTable *table, PageAllocator *allo
         options.store, backend->config(), backend->kv_dtype(), clock_, metrics,
         DocumentFetcherOptions{.fingerprint = options.fingerprint,
                                .chunk_tokens = options.prefill_chunk,
-                               .max_writeback_bytes = options.max_writeback_bytes},
+                               .max_writeback_bytes = options.max_writeback_bytes,
+                               .host_tier = host},
         [this](FetchedDocument f) {
           absl::MutexLock l(&mu_);
           fetched_.push_back(std::move(f));
