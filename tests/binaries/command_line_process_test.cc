@@ -173,7 +173,7 @@ TEST(CommandLineTest, StartUpLineFollowsLogFormatAndLevel) {
           "\"src\":\"kvstore_server\\.cc:\\d+\",\"msg\":\"lazyrag-kvstore: serving\",\"grpc\":\"" +
           ready->address + "\",\"metrics_port\":-1,\"data_dir\":\"" + dir.path() +
           "/db\",\"capacity_bytes\":1048576,\"used_bytes\":0,\"entries\":0,"
-          "\"sync_commits\":true,\"tls\":false\\}");
+          "\"sync_commits\":true,\"tls\":false,\"local_clients\":true\\}");
       bool found = false;
       std::istringstream lines(log);
       for (std::string l; std::getline(lines, l);) {

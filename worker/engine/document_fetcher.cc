@@ -234,7 +234,7 @@ std::optional<absl::StatusOr<FetchedDocument>> DocumentFetcher::ReadIntoHostTier
       no_room = range.status();
       return range.status();
     }
-    landed = std::make_shared<LandedInHost>(tier, id, *range);
+    landed = std::make_shared<LandedInHost>(tier, id, *range, options_.keep_landed);
     tokens.resize(header.num_tokens);
     return std::vector<ByteSpan>{{reinterpret_cast<char *>(tokens.data()), token_bytes},
                                  {*range, header.payload_bytes}};

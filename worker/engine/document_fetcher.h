@@ -48,12 +48,14 @@ namespace lazyrag {
 // Destroying it before Commit aborts the entry. Not thread-safe; the tier must outlive it.
 class LandedInHost {
  public:
-  LandedInHost(HostTier *tier, std::string key, const char *data)
-      : tier_(tier), key_(std::move(key)), data_(data) {}
+  // `keep`: the entry is to stay in the tier (committed) once copied; else it is dropped then.
+  LandedInHost(HostTier *tier, std::string key, const char *data, bool keep)
+      : tier_(tier), key_(std::move(key)), data_(data), keep_(keep) {}
   ~LandedInHost() { Abort(); }
   LandedInHost(const LandedInHost &) = delete;
   LandedInHost &operator=(const LandedInHost &) = delete;
   const char *data() const { return data_; }
+  bool keep() const { return keep_; }
   // The entry becomes ready (visible to Acquire) with `checksum` (KvChecksum of its bytes).
   absl::Status Commit(uint64_t checksum) {
     done_ = true;
@@ -68,6 +70,7 @@ class LandedInHost {
   HostTier *const tier_;
   const std::string key_;
   const char *const data_;
+  const bool keep_;
   bool done_ = false;
 };
 
@@ -96,9 +99,12 @@ struct DocumentFetcherOptions {
                                     // are checked
   int64_t chunk_tokens = 2048;      // prefill chunk (FetchCostOptions::chunk_tokens)
   int64_t max_writeback_bytes = 0;  // EngineOptions::max_writeback_bytes
-  // Not owned; may be null. With a host tier, kvstore reads land in it (pinned memory, no
-  // intermediate copy) where the store can (DocumentStore::GetInto).
+  // Not owned; may be null. Store reads land in it (pinned memory, no intermediate copy)
+  // where the store can (DocumentStore::GetInto): the host tier, or fetch staging memory.
   HostTier *host_tier = nullptr;
+  // Whether a landed document stays in `host_tier` once copied into its pages (the host tier)
+  // or leaves it (staging memory).
+  bool keep_landed = true;
 };
 
 class DocumentFetcher {

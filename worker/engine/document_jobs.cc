@@ -247,7 +247,9 @@ void DocumentJobs::PollPromotions() {
       // tier keeps it with the checksum this copy computed.
       std::shared_ptr<LandedInHost> landed = std::move(job->landed);
       if (polled.ok()) {
-        if (absl::Status st = landed->Commit(**polled); !st.ok()) {
+        if (!landed->keep()) {
+          landed->Abort();  // staging memory: free for the next fetch
+        } else if (absl::Status st = landed->Commit(**polled); !st.ok()) {
           LOG_WARNING << "host tier refused fetched document " << job->id << ": " << st;
         }
         Complete(job, Source::kStore);

@@ -12,8 +12,11 @@
 namespace lazyrag {
 
 Engine::Engine(std::unique_ptr<Backend> backend, const EngineOptions &options,
-               std::unique_ptr<HostTier> host)
-    : options_(options), backend_(std::move(backend)), host_(std::move(host)) {
+               std::unique_ptr<HostTier> host, std::unique_ptr<HostTier> staging)
+    : options_(options),
+      backend_(std::move(backend)),
+      host_(std::move(host)),
+      staging_(std::move(staging)) {
   if (options_.clock == nullptr) options_.clock = RealClock();
   // REQUIRES: InitPool done (Create). Asked here, before the scheduler thread drives the backend.
   pool_handle_ = backend_->ExportPoolHandle();
@@ -28,7 +31,7 @@ Engine::Engine(std::unique_ptr<Backend> backend, const EngineOptions &options,
                                                options.pool_tier);
   }
   scheduler_ = std::make_unique<Scheduler>(backend_.get(), table_.get(), allocator_.get(),
-                                           host_.get(), options_, metrics_.get());
+                                           host_.get(), staging_.get(), options_, metrics_.get());
 }
 
 namespace {
@@ -59,22 +62,33 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Backend> 
   if (options.max_running <= 0 || options.max_waiting < 0) {
     return absl::InvalidArgumentError("engine: max_running must be positive, max_waiting >= 0");
   }
-  if (options.host_cache_bytes < 0) {
-    return absl::InvalidArgumentError("engine: host_cache_bytes must be >= 0");
+  if (options.host_cache_bytes < 0 || options.fetch_staging_bytes < 0) {
+    return absl::InvalidArgumentError(
+        "engine: host_cache_bytes and fetch_staging_bytes must be >= 0");
   }
   if (auto st = backend->InitPool(options.num_pages, options.page_size); !st.ok()) return st;
-  std::unique_ptr<HostTier> host;
-  if (options.host_cache_bytes > 0) {
-    absl::StatusOr<std::unique_ptr<HostMemory>> memory =
-        backend->AllocateHostMemory(options.host_cache_bytes);
+  // A tier over `bytes` of the backend's host memory (`what` names it in errors).
+  auto make_tier = [&](int64_t bytes, const char *what) -> absl::StatusOr<std::unique_ptr<HostTier>> {
+    absl::StatusOr<std::unique_ptr<HostMemory>> memory = backend->AllocateHostMemory(bytes);
     if (!memory.ok()) {
       return absl::Status(memory.status().code(),
-                          absl::StrCat("engine: host tier of ", options.host_cache_bytes,
+                          absl::StrCat("engine: ", what, " of ", bytes,
                                        " bytes: ", memory.status().message()));
     }
-    host = std::make_unique<HostTier>(std::make_unique<BackendHostArena>(*std::move(memory)));
+    return std::make_unique<HostTier>(std::make_unique<BackendHostArena>(*std::move(memory)));
+  };
+  std::unique_ptr<HostTier> host, staging;
+  if (options.host_cache_bytes > 0) {
+    auto tier = make_tier(options.host_cache_bytes, "host tier");
+    if (!tier.ok()) return tier.status();
+    host = *std::move(tier);
+  } else if (options.store != nullptr && options.fetch_staging_bytes > 0) {
+    auto tier = make_tier(options.fetch_staging_bytes, "fetch staging memory");
+    if (!tier.ok()) return tier.status();
+    staging = *std::move(tier);
   }
-  return std::unique_ptr<Engine>(new Engine(std::move(backend), options, std::move(host)));
+  return std::unique_ptr<Engine>(
+      new Engine(std::move(backend), options, std::move(host), std::move(staging)));
 }
 
 std::string Engine::BlockId(const std::vector<int32_t> &tokens, const std::string &ns) const {

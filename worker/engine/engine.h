@@ -66,6 +66,11 @@ struct EngineOptions {
   // the pool, and every computed one, kept in memory the backend copies at bus speed; a GPU miss
   // looks there before the store). 0: no host tier. Allocated by Create (pinned for CUDA).
   int64_t host_cache_bytes = 0;
+  // Without a host tier but with a store: bytes of host memory (pinned for CUDA) that store
+  // fetches land in, chunk by chunk, before the copy into their pool pages; freed after it. 0:
+  // fetched documents go through pageable memory (Get, ImportKv). With a host tier fetches land
+  // in the tier and stay there.
+  int64_t fetch_staging_bytes = 0;
 };
 
 struct TokenRunOptions {
@@ -186,7 +191,7 @@ class Engine {
 
  private:
   Engine(std::unique_ptr<Backend> backend, const EngineOptions &options,
-         std::unique_ptr<HostTier> host);
+         std::unique_ptr<HostTier> host, std::unique_ptr<HostTier> staging);
   absl::Status Validate(const TokenPrompt &prompt, const TokenRunOptions &options) const;
   absl::Time Now() const { return options_.clock->Now(); }
 
@@ -196,6 +201,7 @@ class Engine {
   std::unique_ptr<DocumentTable> table_;
   std::unique_ptr<EngineMetrics> metrics_;
   std::unique_ptr<HostTier> host_;  // outlives the scheduler (its write-backs pin it)
+  std::unique_ptr<HostTier> staging_;  // EngineOptions::fetch_staging_bytes; outlives it too
   std::unique_ptr<Scheduler> scheduler_;
   absl::StatusOr<PeerPoolHandle> pool_handle_;
 };

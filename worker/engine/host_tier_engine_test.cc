@@ -168,7 +168,7 @@ struct TestEngine {
 };
 
 TestEngine MakeEngine(int num_pages, int64_t host_cache_bytes, DocumentStore *store = nullptr,
-                      metrics::Registry *registry = nullptr) {
+                      metrics::Registry *registry = nullptr, int64_t fetch_staging_bytes = 0) {
   TestEngine t;
   auto loaded = LoadModel("synthetic:tiny");
   EXPECT_TRUE(loaded.ok()) << loaded.status();
@@ -188,6 +188,7 @@ TestEngine MakeEngine(int num_pages, int64_t host_cache_bytes, DocumentStore *st
   o.store = store;
   o.registry = registry;
   o.host_cache_bytes = host_cache_bytes;
+  o.fetch_staging_bytes = fetch_staging_bytes;
   auto e = Engine::Create(std::move(backend), o);
   EXPECT_TRUE(e.ok()) << e.status();
   if (e.ok()) t.engine = std::move(*e);
@@ -768,6 +769,53 @@ TEST(HostTierEngineTest, StoreFetchTooLargeForTheTierTakesThePageablePath) {
   EXPECT_EQ(fetched.tokens, first.tokens);
   EXPECT_EQ(t.engine->Stats().host.entries, 0);
   EXPECT_EQ(t.engine->Stats().host.pending_entries, 0);
+}
+
+// Without a host tier, fetches land in staging memory (EngineOptions::fetch_staging_bytes),
+// are copied into their pages from there and leave it: a document evicted from the pool is
+// fetched again, and staging never fills up.
+TEST(HostTierEngineTest, WithoutAHostTierFetchesLandInStagingMemoryAndLeaveIt) {
+  auto ref = MakeReference();
+  ASSERT_NE(ref, nullptr);
+  MemoryDocumentStore store;
+  const TokenPrompt p = DocPrompt(26, 26);
+  ModeRun first;
+  std::string id;
+  {
+    TestEngine a = MakeEngine(256, 0, &store);
+    ASSERT_NE(a.engine, nullptr);
+    id = a.engine->BlockId(p.documents[0], "");
+    first = RunMode(*a.engine, p, AttentionMode::kLazy, kSteps);
+    ASSERT_TRUE(WaitUntil([&] { return store.Puts() >= 1; }));
+  }
+  // Staging with room for one document only: every fetch must free it again.
+  TestEngine t = MakeEngine(kPoolPages, 0, &store, nullptr, DocRangeBytes(*ref));
+  ASSERT_NE(t.engine, nullptr);
+  Engine &e = *t.engine;
+  EXPECT_EQ(e.host_tier(), nullptr);
+  for (int round = 0; round < 3; ++round) {
+    const ModeRun fetched = RunMode(e, p, AttentionMode::kLazy, kSteps);
+    EXPECT_EQ(fetched.result.usage.store_document_tokens, kDocTokens) << round;
+    EXPECT_EQ(fetched.tokens, first.tokens) << round;
+    ASSERT_NO_FATAL_FAILURE(EvictFromPool(e, id, p, AttentionMode::kLazy, 1000 + 100 * round));
+  }
+  absl::MutexLock l(&store.mu);
+  EXPECT_EQ(store.gets_into, store.gets) << "every store read went through GetInto";
+}
+
+// A negative staging size is refused.
+TEST(HostTierEngineTest, NegativeFetchStagingBytesIsInvalidArgument) {
+  MemoryDocumentStore store;
+  auto loaded = LoadModel("synthetic:tiny");
+  ASSERT_TRUE(loaded.ok());
+  auto cpu = CreateCpuBackend(std::move(loaded->weights), {});
+  ASSERT_TRUE(cpu.ok());
+  EngineOptions o;
+  o.fingerprint = loaded->fingerprint;
+  o.store = &store;
+  o.fetch_staging_bytes = -1;
+  EXPECT_EQ(Engine::Create(std::move(*cpu), o).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

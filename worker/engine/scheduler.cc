@@ -31,7 +31,7 @@ struct Scheduler::LoopTask {
 };
 
 Scheduler::Scheduler(Backend *backend, DocumentTable *table, PageAllocator *allocator,
-                     HostTier *host, const EngineOptions &options, EngineMetrics *metrics)
+                     HostTier *host, HostTier *staging, const EngineOptions &options, EngineMetrics *metrics)
     : backend_(backend),
       table_(table),
       allocator_(allocator),
@@ -47,7 +47,8 @@ Scheduler::Scheduler(Backend *backend, DocumentTable *table, PageAllocator *allo
         DocumentFetcherOptions{.fingerprint = options.fingerprint,
                                .chunk_tokens = options.prefill_chunk,
                                .max_writeback_bytes = options.max_writeback_bytes,
-                               .host_tier = host},
+                               .host_tier = host != nullptr ? host : staging,
+                               .keep_landed = host != nullptr},
         [this](FetchedDocument f) {
           absl::MutexLock l(&mu_);
           fetched_.push_back(std::move(f));

@@ -55,9 +55,10 @@ namespace lazyrag {
 class Scheduler {
  public:
   // Pointers are not owned and must outlive the scheduler; `host` (the host
-  // tier) and `metrics` may be null.
+  // tier), `staging` (fetch staging memory, EngineOptions::fetch_staging_bytes) and `metrics`
+  // may be null.
   Scheduler(Backend *backend, DocumentTable *table, PageAllocator *allocator, HostTier *host,
-            const EngineOptions &options, EngineMetrics *metrics);
+            HostTier *staging, const EngineOptions &options, EngineMetrics *metrics);
   ~Scheduler();  // fails what is queued or running (UNAVAILABLE), drains
                  // write-backs
 

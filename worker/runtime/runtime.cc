@@ -124,6 +124,9 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
   eo.max_waiting = o.max_waiting;
   eo.max_writeback_bytes = o.max_writeback_bytes;
   eo.host_cache_bytes = *host_cache_bytes;
+  // Without a host tier, store fetches on the GPU still land in pinned memory (1 GiB: a few
+  // documents in flight; a fetch that finds no room goes through pageable memory).
+  eo.fetch_staging_bytes = o.device == "cuda" && *host_cache_bytes == 0 ? int64_t(1) << 30 : 0;
   eo.registry = o.registry;
   if (o.store_factory) {
     auto store = o.store_factory(rt->fingerprint);
