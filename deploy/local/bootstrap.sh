@@ -29,7 +29,7 @@ if ((${#missing[@]})); then
 fi
 
 # The Python client's gRPC packages (clients/python), from PyPI.
-if ! python3 -c "import grpc, grpc_tools, grpc_reflection" 2>/dev/null; then
+if ! python3 -c "import grpc, google.protobuf, grpc_reflection" 2>/dev/null; then
   echo "bootstrap: installing clients/python/requirements.txt from PyPI"
   python3 -m pip install -q --disable-pip-version-check -r "$(dirname "$0")/../../clients/python/requirements.txt" ||
     echo "bootstrap: WARNING: grpcio could not be installed; the Python client test will skip" >&2
