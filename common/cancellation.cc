@@ -4,15 +4,12 @@
 
 namespace lazyrag {
 
-// The callback runs under mu_, so that ClearCallback() cannot return while it
-// runs.
+// The callback runs under mu_, so that ClearCallback() cannot return while it runs.
 void Cancellation::Cancel() {
   absl::MutexLock lock(&mu_);
-  if (cancelled_)
-    return;
+  if (cancelled_) return;
   cancelled_ = true;
-  if (on_cancel_)
-    on_cancel_();
+  if (on_cancel_) on_cancel_();
 }
 
 bool Cancellation::cancelled() const {
@@ -23,8 +20,7 @@ bool Cancellation::cancelled() const {
 void Cancellation::SetCallback(std::function<void()> on_cancel) {
   absl::MutexLock lock(&mu_);
   on_cancel_ = std::move(on_cancel);
-  if (cancelled_ && on_cancel_)
-    on_cancel_();
+  if (cancelled_ && on_cancel_) on_cancel_();
 }
 
 void Cancellation::ClearCallback() {
@@ -32,4 +28,4 @@ void Cancellation::ClearCallback() {
   on_cancel_ = nullptr;
 }
 
-} // namespace lazyrag
+}  // namespace lazyrag

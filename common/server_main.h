@@ -1,14 +1,13 @@
-// The lifecycle every lazyrag server binary shares (kvstore, worker, router):
-// block SIGINT and SIGTERM in every thread (threads inherit the mask, so this
-// runs before the server starts any), ignore SIGPIPE, start the server, print
-// one line "NAME ready grpc=HOST:PORT metrics=PORT[ http=PORT]" on stdout
-// (scripts and tests wait for it), wait for a stop signal and shut down
-// gracefully. Returns the process exit code: 0 after a signal, 2 when Start()
-// rejects its options (INVALID_ARGUMENT), 1 for any other start failure.
+// The lifecycle every lazyrag server binary shares (kvstore, worker, router): block SIGINT and
+// SIGTERM in every thread (threads inherit the mask, so this runs before the server starts
+// any), ignore SIGPIPE, start the server, print one line "NAME ready grpc=HOST:PORT
+// metrics=PORT[ http=PORT]" on stdout (scripts and tests wait for it), wait for a stop signal and shut
+// down gracefully. Returns the process exit code: 0 after a signal, 2 when Start() rejects
+// its options (INVALID_ARGUMENT), 1 for any other start failure.
 //
 // `make_server` returns a std::unique_ptr<Server> where Server has
-//   absl::Status Start(); std::string address() const; int metrics_port()
-//   const; void Shutdown(absl::Time deadline);
+//   absl::Status Start(); std::string address() const; int metrics_port() const;
+//   void Shutdown(absl::Time deadline);
 #pragma once
 
 #include <pthread.h>
@@ -25,7 +24,7 @@
 namespace lazyrag {
 
 template <typename MakeServer>
-int RunServerUntilSignal(const std::string &name, MakeServer &&make_server,
+int RunServerUntilSignal(const std::string& name, MakeServer&& make_server,
                          absl::Duration shutdown_grace) {
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
@@ -40,14 +39,12 @@ int RunServerUntilSignal(const std::string &name, MakeServer &&make_server,
     LOG_ERROR << name << ": " << status;
     return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
-  std::string http; // servers with an HTTP API (the router's --http_listen) add
-                    // its port
+  std::string http;  // servers with an HTTP API (the router's --http_listen) add its port
   if constexpr (requires { server->http_port(); }) {
-    if (server->http_port() > 0)
-      http = " http=" + std::to_string(server->http_port());
+    if (server->http_port() > 0) http = " http=" + std::to_string(server->http_port());
   }
-  std::printf("%s ready grpc=%s metrics=%d%s\n", name.c_str(),
-              server->address().c_str(), server->metrics_port(), http.c_str());
+  std::printf("%s ready grpc=%s metrics=%d%s\n", name.c_str(), server->address().c_str(),
+              server->metrics_port(), http.c_str());
   std::fflush(stdout);
 
   int signal_number = 0;
@@ -58,4 +55,4 @@ int RunServerUntilSignal(const std::string &name, MakeServer &&make_server,
   return 0;
 }
 
-} // namespace lazyrag
+}  // namespace lazyrag

@@ -1,6 +1,5 @@
-// The OpenAI request/response translation alone: every malformed body is a
-// clear INVALID_ARGUMENT naming its member, never a crash; responses carry
-// OpenAI's fields and the lazyrag extension.
+// The OpenAI request/response translation alone: every malformed body is a clear INVALID_ARGUMENT
+// naming its member, never a crash; responses carry OpenAI's fields and the lazyrag extension.
 #include "http/openai_api.h"
 
 #include <gtest/gtest.h>
@@ -16,23 +15,18 @@ using lazyrag::v1::GenerateResponse;
 
 constexpr auto kChat = OpenAiEndpoint::kChatCompletions;
 
-absl::StatusOr<OpenAiRequest> Chat(const json &body) {
+absl::StatusOr<OpenAiRequest> Chat(const json& body) {
   return ParseOpenAiRequest(kChat, body.dump());
 }
 
-json Minimal() {
-  return {{"model", "m"},
-          {"messages", {{{"role", "user"}, {"content", "Q?"}}}}};
-}
+json Minimal() { return {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "Q?"}}}}}; }
 
-void ExpectInvalid(const absl::StatusOr<OpenAiRequest> &r,
-                   const std::string &param, const std::string &in_message) {
+void ExpectInvalid(const absl::StatusOr<OpenAiRequest>& r, const std::string& param,
+                   const std::string& in_message) {
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
-      << r.status();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
   EXPECT_EQ(ParamOf(r.status()), param) << r.status();
-  EXPECT_NE(r.status().message().find(in_message), std::string::npos)
-      << r.status();
+  EXPECT_NE(r.status().message().find(in_message), std::string::npos) << r.status();
 }
 
 TEST(OpenAiParse, MinimalChat) {
@@ -47,40 +41,39 @@ TEST(OpenAiParse, MinimalChat) {
 }
 
 TEST(OpenAiParse, EveryField) {
-  json body = {{"model", "smol"},
-               {"messages",
-                {{{"role", "system"}, {"content", "Be brief."}},
-                 {{"role", "developer"},
-                  {"content", {{{"type", "text"}, {"text", "Cite."}}}}},
-                 {{"role", "user"},
-                  {"content",
-                   {{{"type", "text"}, {"text", "Who? "}},
-                    {{"type", "text"}, {"text", "When?"}}}}}}},
-               {"documents",
-                {"plain",
-                 {{"text", "t1"}},
-                 {{"title", "T"}, {"text", "t2"}},
-                 {{"id", std::string(64, 'a')}}}},
-               {"max_tokens", 9},
-               {"max_completion_tokens", 12},
-               {"temperature", 0.5},
-               {"top_p", 0.9},
-               {"seed", 42},
-               {"stop", {"\n\n", "END"}},
-               {"stream", true},
-               {"stream_options", {{"include_usage", true}}},
-               {"n", 1},
-               {"user", "ignored"},
-               {"lazyrag",
-                {{"mode", "materialize"},
-                 {"cache_namespace", "tenant-a"},
-                 {"top_k", 5},
-                 {"ignore_eos", true},
-                 {"request_id", "r1"},
-                 {"timeout_s", 2.5}}}};
+  json body = {
+      {"model", "smol"},
+      {"messages",
+       {{{"role", "system"}, {"content", "Be brief."}},
+        {{"role", "developer"}, {"content", {{{"type", "text"}, {"text", "Cite."}}}}},
+        {{"role", "user"},
+         {"content",
+          {{{"type", "text"}, {"text", "Who? "}}, {{"type", "text"}, {"text", "When?"}}}}}}},
+      {"documents",
+       {"plain",
+        {{"text", "t1"}},
+        {{"title", "T"}, {"text", "t2"}},
+        {{"id", std::string(64, 'a')}}}},
+      {"max_tokens", 9},
+      {"max_completion_tokens", 12},
+      {"temperature", 0.5},
+      {"top_p", 0.9},
+      {"seed", 42},
+      {"stop", {"\n\n", "END"}},
+      {"stream", true},
+      {"stream_options", {{"include_usage", true}}},
+      {"n", 1},
+      {"user", "ignored"},
+      {"lazyrag",
+       {{"mode", "materialize"},
+        {"cache_namespace", "tenant-a"},
+        {"top_k", 5},
+        {"ignore_eos", true},
+        {"request_id", "r1"},
+        {"timeout_s", 2.5}}}};
   absl::StatusOr<OpenAiRequest> r = Chat(body);
   ASSERT_TRUE(r.ok()) << r.status();
-  const lazyrag::v1::GenerateRequest &g = r->generate;
+  const lazyrag::v1::GenerateRequest& g = r->generate;
   EXPECT_EQ(g.system_prompt(), "Be brief.\n\nCite.");
   EXPECT_EQ(g.query(), "Who? When?");
   ASSERT_EQ(g.documents_size(), 4);
@@ -88,7 +81,7 @@ TEST(OpenAiParse, EveryField) {
   EXPECT_EQ(g.documents(1).text(), "t1");
   EXPECT_EQ(g.documents(2).text(), "T\nt2");
   EXPECT_EQ(g.documents(3).id(), std::string(64, 'a'));
-  EXPECT_EQ(g.max_tokens(), 12); // max_completion_tokens wins
+  EXPECT_EQ(g.max_tokens(), 12);  // max_completion_tokens wins
   EXPECT_FLOAT_EQ(g.sampling().temperature(), 0.5);
   EXPECT_FLOAT_EQ(g.sampling().top_p(), 0.9);
   EXPECT_EQ(g.sampling().seed(), 42u);
@@ -106,22 +99,20 @@ TEST(OpenAiParse, EveryField) {
 }
 
 TEST(OpenAiParse, Completions) {
-  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(
-      OpenAiEndpoint::kCompletions, R"({"prompt": ["Why?"], "stop": "x"})");
+  absl::StatusOr<OpenAiRequest> r =
+      ParseOpenAiRequest(OpenAiEndpoint::kCompletions, R"({"prompt": ["Why?"], "stop": "x"})");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->generate.query(), "Why?");
   EXPECT_EQ(r->generate.stop(0), "x");
-  ExpectInvalid(ParseOpenAiRequest(OpenAiEndpoint::kCompletions,
-                                   R"({"prompt": ["a", "b"]})"),
+  ExpectInvalid(ParseOpenAiRequest(OpenAiEndpoint::kCompletions, R"({"prompt": ["a", "b"]})"),
                 "prompt", "one string");
-  ExpectInvalid(
-      ParseOpenAiRequest(OpenAiEndpoint::kCompletions, R"({"messages": []})"),
-      "prompt", "required");
+  ExpectInvalid(ParseOpenAiRequest(OpenAiEndpoint::kCompletions, R"({"messages": []})"), "prompt",
+                "required");
 }
 
 TEST(OpenAiParse, BadJson) {
-  for (const char *body : {"", "{", "not json", R"({"a":1,})", "[1, 2]",
-                           "\"x\"", "null", "{\"messages\": \"\xff\xfe\"}"}) {
+  for (const char* body : {"", "{", "not json", R"({"a":1,})", "[1, 2]", "\"x\"", "null",
+                           "{\"messages\": \"\xff\xfe\"}"}) {
     absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(kChat, body);
     ASSERT_FALSE(r.ok()) << body;
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << body;
@@ -129,8 +120,7 @@ TEST(OpenAiParse, BadJson) {
 }
 
 TEST(OpenAiParse, DeepNestingIsRefusedBeforeParsing) {
-  std::string body =
-      "{\"x\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  std::string body = "{\"x\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
   absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(kChat, body);
   ExpectInvalid(r, "", "nests deeper");
   // Brackets inside strings do not count.
@@ -141,52 +131,43 @@ TEST(OpenAiParse, DeepNestingIsRefusedBeforeParsing) {
 
 TEST(OpenAiParse, MessagesErrors) {
   ExpectInvalid(Chat({{"model", "m"}}), "messages", "required");
-  ExpectInvalid(Chat({{"messages", "hi"}}), "messages",
-                "must be a list, not string");
-  ExpectInvalid(Chat({{"messages", json::array()}}), "messages",
-                "must not be empty");
+  ExpectInvalid(Chat({{"messages", "hi"}}), "messages", "must be a list, not string");
+  ExpectInvalid(Chat({{"messages", json::array()}}), "messages", "must not be empty");
   ExpectInvalid(Chat({{"messages", {1}}}), "messages[0]", "must be an object");
-  ExpectInvalid(Chat({{"messages", {{{"content", "x"}}}}}), "messages[0].role",
-                "required");
-  ExpectInvalid(Chat({{"messages", {{{"role", 3}, {"content", "x"}}}}}),
-                "messages[0].role", "must be a string, not number");
-  ExpectInvalid(Chat({{"messages", {{{"role", "user"}}}}}),
-                "messages[0].content", "required");
-  ExpectInvalid(Chat({{"messages", {{{"role", "user"}, {"content", 5}}}}}),
-                "messages[0].content", "a string or a list");
-  ExpectInvalid(
-      Chat({{"messages",
-             {{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}}}),
-      "messages[0].content[0].type", "only text");
-  ExpectInvalid(Chat({{"messages", {{{"role", "system"}, {"content", "s"}}}}}),
-                "messages", "last message must have role \"user\"");
+  ExpectInvalid(Chat({{"messages", {{{"content", "x"}}}}}), "messages[0].role", "required");
+  ExpectInvalid(Chat({{"messages", {{{"role", 3}, {"content", "x"}}}}}), "messages[0].role",
+                "must be a string, not number");
+  ExpectInvalid(Chat({{"messages", {{{"role", "user"}}}}}), "messages[0].content", "required");
+  ExpectInvalid(Chat({{"messages", {{{"role", "user"}, {"content", 5}}}}}), "messages[0].content",
+                "a string or a list");
+  ExpectInvalid(Chat({{"messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}}}),
+                "messages[0].content[0].type", "only text");
+  ExpectInvalid(Chat({{"messages", {{{"role", "system"}, {"content", "s"}}}}}), "messages",
+                "last message must have role \"user\"");
   ExpectInvalid(Chat({{"messages",
                        {{{"role", "user"}, {"content", "a"}},
                         {{"role", "assistant"}, {"content", "b"}},
                         {{"role", "user"}, {"content", "c"}}}}}),
                 "messages[0].role", "multi-turn");
-  ExpectInvalid(Chat({{"messages", {{{"role", "wizard"}, {"content", "a"}}}}}),
-                "messages[0].role", "not one of");
+  ExpectInvalid(Chat({{"messages", {{{"role", "wizard"}, {"content", "a"}}}}}), "messages[0].role",
+                "not one of");
 }
 
 TEST(OpenAiParse, FieldTypesAndRanges) {
-  auto with = [](const char *key, json value) {
+  auto with = [](const char* key, json value) {
     json b = Minimal();
     b[key] = std::move(value);
     return Chat(b);
   };
   ExpectInvalid(with("model", 7), "model", "must be a string");
-  ExpectInvalid(with("max_tokens", "10"), "max_tokens",
-                "must be an integer, not string");
+  ExpectInvalid(with("max_tokens", "10"), "max_tokens", "must be an integer, not string");
   ExpectInvalid(with("max_tokens", 1.5), "max_tokens", "must be an integer");
-  ExpectInvalid(with("max_tokens", 0), "max_tokens",
-                "between 1 and 2147483647");
+  ExpectInvalid(with("max_tokens", 0), "max_tokens", "between 1 and 2147483647");
   ExpectInvalid(with("max_tokens", -3), "max_tokens", "between 1 and");
   ExpectInvalid(with("max_tokens", 1e12), "max_tokens", "must be an integer");
-  ExpectInvalid(with("max_tokens", 1000000000000LL), "max_tokens",
+  ExpectInvalid(with("max_tokens", 1000000000000LL), "max_tokens", "between 1 and");
+  ExpectInvalid(with("max_completion_tokens", 18446744073709551615ULL), "max_completion_tokens",
                 "between 1 and");
-  ExpectInvalid(with("max_completion_tokens", 18446744073709551615ULL),
-                "max_completion_tokens", "between 1 and");
   ExpectInvalid(with("temperature", "hot"), "temperature", "must be a number");
   ExpectInvalid(with("temperature", -0.1), "temperature", ">= 0");
   ExpectInvalid(with("top_p", 0), "top_p", "(0, 1]");
@@ -196,47 +177,38 @@ TEST(OpenAiParse, FieldTypesAndRanges) {
   ExpectInvalid(with("stop", {"a", 2}), "stop[1]", "must be a string");
   ExpectInvalid(with("stream", "yes"), "stream", "a boolean");
   ExpectInvalid(with("stream_options", 1), "stream_options", "an object");
-  ExpectInvalid(with("stream_options", {{"include_usage", 1}}),
-                "stream_options.include_usage", "a boolean");
+  ExpectInvalid(with("stream_options", {{"include_usage", 1}}), "stream_options.include_usage",
+                "a boolean");
   ExpectInvalid(with("n", 2), "n", "must be 1");
   ExpectInvalid(with("logprobs", true), "logprobs", "not served");
   ExpectInvalid(with("tools", {{{"type", "function"}}}), "tools", "not served");
   EXPECT_TRUE(with("logprobs", false).ok());
   EXPECT_TRUE(with("tools", json::array()).ok());
   EXPECT_TRUE(with("seed", -1).ok());
-  EXPECT_TRUE(with("max_tokens", nullptr).ok()); // null = absent
+  EXPECT_TRUE(with("max_tokens", nullptr).ok());  // null = absent
 }
 
 TEST(OpenAiParse, DocumentsAndExtensionErrors) {
-  auto with = [](const char *key, json value) {
+  auto with = [](const char* key, json value) {
     json b = Minimal();
     b[key] = std::move(value);
     return Chat(b);
   };
   ExpectInvalid(with("documents", "text"), "documents", "must be a list");
-  ExpectInvalid(with("documents", {5}), "documents[0]",
-                "a string or an object");
+  ExpectInvalid(with("documents", {5}), "documents[0]", "a string or an object");
   ExpectInvalid(with("documents", {{{"title", "t"}}}), "documents[0]",
                 "needs a \"text\" or an \"id\"");
-  ExpectInvalid(with("documents", {{{"text", 1}}}), "documents[0].text",
+  ExpectInvalid(with("documents", {{{"text", 1}}}), "documents[0].text", "must be a string");
+  ExpectInvalid(with("documents", {{{"id", "x"}, {"text", "y"}}}), "documents[0]", "give one");
+  ExpectInvalid(with("documents", {{{"text", "x"}, {"title", 2}}}), "documents[0].title",
                 "must be a string");
-  ExpectInvalid(with("documents", {{{"id", "x"}, {"text", "y"}}}),
-                "documents[0]", "give one");
-  ExpectInvalid(with("documents", {{{"text", "x"}, {"title", 2}}}),
-                "documents[0].title", "must be a string");
   ExpectInvalid(with("lazyrag", "lazy"), "lazyrag", "an object");
-  ExpectInvalid(with("lazyrag", {{"mode", "eager"}}), "lazyrag.mode",
-                "not one of lazy");
-  ExpectInvalid(with("lazyrag", {{"mode", 1}}), "lazyrag.mode",
-                "must be a string");
-  ExpectInvalid(with("lazyrag", {{"top_k", -1}}), "lazyrag.top_k",
-                "between 0 and");
-  ExpectInvalid(with("lazyrag", {{"timeout_s", 0}}), "lazyrag.timeout_s",
-                "(0, 1000000]");
-  ExpectInvalid(with("lazyrag", {{"colour", "red"}}), "lazyrag.colour",
-                "not a lazyrag option");
-  ExpectInvalid(with("lazyrag", {{"ignore_eos", "y"}}), "lazyrag.ignore_eos",
-                "a boolean");
+  ExpectInvalid(with("lazyrag", {{"mode", "eager"}}), "lazyrag.mode", "not one of lazy");
+  ExpectInvalid(with("lazyrag", {{"mode", 1}}), "lazyrag.mode", "must be a string");
+  ExpectInvalid(with("lazyrag", {{"top_k", -1}}), "lazyrag.top_k", "between 0 and");
+  ExpectInvalid(with("lazyrag", {{"timeout_s", 0}}), "lazyrag.timeout_s", "(0, 1000000]");
+  ExpectInvalid(with("lazyrag", {{"colour", "red"}}), "lazyrag.colour", "not a lazyrag option");
+  ExpectInvalid(with("lazyrag", {{"ignore_eos", "y"}}), "lazyrag.ignore_eos", "a boolean");
   absl::StatusOr<OpenAiRequest> full = with("lazyrag", {{"mode", "FULL"}});
   ASSERT_TRUE(full.ok());
   EXPECT_EQ(full->generate.mode(), lazyrag::v1::ATTENTION_MODE_FULL);
@@ -259,25 +231,22 @@ TEST(OpenAiErrors, HttpStatusAndShape) {
   EXPECT_EQ(e["error"]["type"], "invalid_request_error");
   EXPECT_EQ(e["error"]["code"], "invalid_argument");
   EXPECT_EQ(e["error"]["param"], "messages");
-  EXPECT_NE(e["error"]["message"].get<std::string>().find("must be a list"),
-            std::string::npos);
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("must be a list"), std::string::npos);
   json n = json::parse(ErrorJson(absl::NotFoundError("document abc")));
   EXPECT_EQ(n["error"]["type"], "not_found_error");
   EXPECT_TRUE(n["error"]["param"].is_null());
-  EXPECT_EQ(json::parse(ErrorJson(
-                absl::ResourceExhaustedError("full")))["error"]["code"],
+  EXPECT_EQ(json::parse(ErrorJson(absl::ResourceExhaustedError("full")))["error"]["code"],
             "resource_exhausted");
 }
 
-GenerateResponse Message(
-    const std::string &text,
-    lazyrag::v1::FinishReason finish = lazyrag::v1::FINISH_REASON_UNSPECIFIED) {
+GenerateResponse Message(const std::string& text, lazyrag::v1::FinishReason finish =
+                                                      lazyrag::v1::FINISH_REASON_UNSPECIFIED) {
   GenerateResponse m;
   m.set_request_id("r");
   m.set_text(text);
   m.set_finish_reason(finish);
   if (finish != lazyrag::v1::FINISH_REASON_UNSPECIFIED) {
-    lazyrag::v1::Usage *u = m.mutable_usage();
+    lazyrag::v1::Usage* u = m.mutable_usage();
     u->set_prompt_tokens(100);
     u->set_completion_tokens(3);
     u->set_document_tokens(80);
@@ -320,16 +289,14 @@ TEST(OpenAiResponder, NonStreamingBody) {
   EXPECT_EQ(b["lazyrag"]["timings"]["ttft_ms"], 12.5);
 }
 
-// Splits "data: X\n\n" events into their JSON payloads ("[DONE]" kept as a
-// string).
-std::vector<json> Events(const std::string &sse) {
+// Splits "data: X\n\n" events into their JSON payloads ("[DONE]" kept as a string).
+std::vector<json> Events(const std::string& sse) {
   std::vector<json> out;
   size_t at = 0;
   while (at < sse.size()) {
     EXPECT_EQ(sse.compare(at, 6, "data: "), 0) << sse.substr(at);
     size_t end = sse.find("\n\n", at);
-    if (end == std::string::npos)
-      break;
+    if (end == std::string::npos) break;
     std::string payload = sse.substr(at + 6, end - at - 6);
     out.push_back(payload == "[DONE]" ? json("[DONE]") : json::parse(payload));
     at = end + 2;
@@ -343,7 +310,7 @@ TEST(OpenAiResponder, StreamingChunks) {
   body["stream_options"] = {{"include_usage", true}};
   OpenAiRequest req = *Chat(body);
   OpenAiResponder r(req, "chatcmpl-2", 1, "smol");
-  std::string sse = r.Add(Message("")); // held-back bytes: nothing to send
+  std::string sse = r.Add(Message(""));  // held-back bytes: nothing to send
   EXPECT_EQ(sse, "");
   sse += r.Add(Message("Hi"));
   sse += r.Add(Message(" there", lazyrag::v1::FINISH_REASON_LENGTH));
@@ -364,21 +331,18 @@ TEST(OpenAiResponder, StreamingChunks) {
   EXPECT_EQ(e[3]["lazyrag"]["document_ids"][1], "id2");
   EXPECT_EQ(e[4], "[DONE]");
 
-  std::vector<json> err =
-      Events(OpenAiResponder::StreamError(absl::UnavailableError("gone")));
+  std::vector<json> err = Events(OpenAiResponder::StreamError(absl::UnavailableError("gone")));
   ASSERT_EQ(err.size(), 2u);
   EXPECT_EQ(err[0]["error"]["code"], "unavailable");
 }
 
 TEST(OpenAiResponder, CompletionsShapeAndInvalidUtf8) {
-  OpenAiRequest req =
-      *ParseOpenAiRequest(OpenAiEndpoint::kCompletions, R"({"prompt": "p"})");
+  OpenAiRequest req = *ParseOpenAiRequest(OpenAiEndpoint::kCompletions, R"({"prompt": "p"})");
   OpenAiResponder r(req, "cmpl-1", 1, "m");
   r.Add(Message("bad \xff byte", lazyrag::v1::FINISH_REASON_STOP));
-  json b = json::parse(r.Body()); // replaced, still valid JSON
+  json b = json::parse(r.Body());  // replaced, still valid JSON
   EXPECT_EQ(b["object"], "text_completion");
-  EXPECT_NE(b["choices"][0]["text"].get<std::string>().find("bad"),
-            std::string::npos);
+  EXPECT_NE(b["choices"][0]["text"].get<std::string>().find("bad"), std::string::npos);
 }
 
 TEST(OpenAiModels, List) {
@@ -389,5 +353,5 @@ TEST(OpenAiModels, List) {
   EXPECT_EQ(m["data"][0]["object"], "model");
 }
 
-} // namespace
-} // namespace lazyrag::http
+}  // namespace
+}  // namespace lazyrag::http

@@ -1,7 +1,6 @@
-// The HTTP server over a scripted InferenceBackend: statuses of backend errors
-// before and after the stream starts, the authentication seam, client
-// disconnects and deadlines reaching the backend call, bodies past the limit,
-// unknown routes, draining.
+// The HTTP server over a scripted InferenceBackend: statuses of backend errors before and after the
+// stream starts, the authentication seam, client disconnects and deadlines reaching the backend
+// call, bodies past the limit, unknown routes, draining.
 #include "http/openai_http_server.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +9,8 @@
 #include <atomic>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/synchronization/notification.h"
@@ -22,18 +23,17 @@ using json = nlohmann::json;
 using lazyrag::v1::GenerateRequest;
 using lazyrag::v1::GenerateResponse;
 
-// Answers by the query: "error:CODE" fails with CODE before any message;
-// "late-error" fails after one message; "block" waits until cancelled or past
-// the deadline; else echoes the query in two messages.
+// Answers by the query: "error:CODE" fails with CODE before any message; "late-error" fails after
+// one message; "block" waits until cancelled or past the deadline; else echoes the query in two
+// messages.
 class ScriptedBackend : public InferenceBackend {
-public:
-  absl::Status Generate(const GenerateRequest &request, const BackendCall &call,
-                        const MessageSink &on_message) override {
+ public:
+  absl::Status Generate(const GenerateRequest& request, const BackendCall& call,
+                        const MessageSink& on_message) override {
     last_request = request;
-    const std::string &q = request.query();
+    const std::string& q = request.query();
     if (q.rfind("error:", 0) == 0) {
-      return absl::Status(static_cast<absl::StatusCode>(std::stoi(q.substr(6))),
-                          "scripted");
+      return absl::Status(static_cast<absl::StatusCode>(std::stoi(q.substr(6))), "scripted");
     }
     GenerateResponse m;
     m.set_text("echo: ");
@@ -52,8 +52,7 @@ public:
       return cancelled ? absl::CancelledError("cancelled")
                        : absl::DeadlineExceededError("deadline");
     }
-    if (!on_message(m))
-      return absl::CancelledError("client");
+    if (!on_message(m)) return absl::CancelledError("client");
     m.set_text(q);
     m.set_finish_reason(lazyrag::v1::FINISH_REASON_EOS);
     m.mutable_usage()->set_prompt_tokens(10);
@@ -62,43 +61,35 @@ public:
     on_message(m);
     return absl::OkStatus();
   }
-  absl::StatusOr<std::string> ModelName(absl::Time) override {
-    return "scripted-model";
-  }
+  absl::StatusOr<std::string> ModelName(absl::Time) override { return "scripted-model"; }
   absl::Status Health() override {
     return healthy ? absl::OkStatus() : absl::UnavailableError("no");
   }
 
   GenerateRequest last_request;
-  // absl::Notification is not reusable: Reset() makes fresh ones (no call may
-  // be running).
+  // absl::Notification is not reusable: Reset() makes fresh ones (no call may be running).
   void Reset() {
     started = std::make_unique<absl::Notification>();
     ended = std::make_unique<absl::Notification>();
   }
-  std::unique_ptr<absl::Notification> started =
-      std::make_unique<absl::Notification>();
-  std::unique_ptr<absl::Notification> ended =
-      std::make_unique<absl::Notification>();
+  std::unique_ptr<absl::Notification> started = std::make_unique<absl::Notification>();
+  std::unique_ptr<absl::Notification> ended = std::make_unique<absl::Notification>();
   std::atomic<bool> ended_cancelled{false};
   std::atomic<bool> healthy{true};
 };
 
 class TokenAuthenticator : public CallerAuthenticator {
-public:
-  absl::StatusOr<Caller>
-  Authenticate(std::optional<absl::string_view> token) override {
-    if (!token.has_value())
-      return absl::UnauthenticatedError("missing bearer token");
-    if (*token != "good")
-      return absl::PermissionDeniedError("unknown token");
+ public:
+  absl::StatusOr<Caller> Authenticate(std::optional<absl::string_view> token) override {
+    if (!token.has_value()) return absl::UnauthenticatedError("missing bearer token");
+    if (*token != "good") return absl::PermissionDeniedError("unknown token");
     return Caller{"tenant-a"};
   }
 };
 
 class OpenAiHttpServerTest : public ::testing::Test {
-protected:
-  void StartServer(CallerAuthenticator *auth = nullptr) {
+ protected:
+  void StartServer(CallerAuthenticator* auth = nullptr) {
     OpenAiHttpOptions options;
     options.listen = "127.0.0.1:0";
     options.max_body_bytes = 1 << 20;
@@ -109,15 +100,11 @@ protected:
   }
   void SetUp() override { StartServer(); }
 
-  httplib::Result Chat(const std::string &query, bool stream = false,
-                       json extra = json::object()) {
-    json body = {{"model", "m"},
-                 {"messages", {{{"role", "user"}, {"content", query}}}}};
-    if (stream)
-      body["stream"] = true;
+  httplib::Result Chat(const std::string& query, bool stream = false, json extra = json::object()) {
+    json body = {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", query}}}}};
+    if (stream) body["stream"] = true;
     body.update(extra);
-    return client_->Post("/v1/chat/completions", body.dump(),
-                         "application/json");
+    return client_->Post("/v1/chat/completions", body.dump(), "application/json");
   }
 
   ScriptedBackend backend_;
@@ -143,32 +130,24 @@ TEST_F(OpenAiHttpServerTest, StreamingAnswer) {
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200);
   EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
-  EXPECT_NE(r->body.find(R"("content":"echo: ")"), std::string::npos)
-      << r->body;
-  EXPECT_NE(r->body.find(R"("finish_reason":"stop")"), std::string::npos)
-      << r->body;
+  EXPECT_NE(r->body.find(R"("content":"echo: ")"), std::string::npos) << r->body;
+  EXPECT_NE(r->body.find(R"("finish_reason":"stop")"), std::string::npos) << r->body;
   EXPECT_EQ(r->body.substr(r->body.size() - 14), "data: [DONE]\n\n");
 }
 
-TEST_F(OpenAiHttpServerTest,
-       BackendErrorsBeforeTheFirstMessageKeepTheirStatus) {
+TEST_F(OpenAiHttpServerTest, BackendErrorsBeforeTheFirstMessageKeepTheirStatus) {
   const std::pair<absl::StatusCode, int> cases[] = {
-      {absl::StatusCode::kInvalidArgument, 400},
-      {absl::StatusCode::kNotFound, 404},
-      {absl::StatusCode::kResourceExhausted, 429},
-      {absl::StatusCode::kUnavailable, 503},
-      {absl::StatusCode::kDeadlineExceeded, 504},
-      {absl::StatusCode::kInternal, 500}};
+      {absl::StatusCode::kInvalidArgument, 400},   {absl::StatusCode::kNotFound, 404},
+      {absl::StatusCode::kResourceExhausted, 429}, {absl::StatusCode::kUnavailable, 503},
+      {absl::StatusCode::kDeadlineExceeded, 504},  {absl::StatusCode::kInternal, 500}};
   for (bool stream : {false, true}) {
-    for (const auto &[code, http] : cases) {
-      httplib::Result r =
-          Chat("error:" + std::to_string(static_cast<int>(code)), stream);
+    for (const auto& [code, http] : cases) {
+      httplib::Result r = Chat("error:" + std::to_string(static_cast<int>(code)), stream);
       ASSERT_TRUE(r);
       EXPECT_EQ(r->status, http) << r->body;
       json e = json::parse(r->body);
       EXPECT_EQ(e["error"]["message"], "scripted");
-      EXPECT_EQ(e["error"]["code"],
-                absl::AsciiStrToLower(absl::StatusCodeToString(code)));
+      EXPECT_EQ(e["error"]["code"], absl::AsciiStrToLower(absl::StatusCodeToString(code)));
     }
   }
 }
@@ -177,8 +156,7 @@ TEST_F(OpenAiHttpServerTest, ErrorAfterTheStreamStarted) {
   httplib::Result r = Chat("late-error", true);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);
-  EXPECT_NE(r->body.find(R"("code":"unavailable")"), std::string::npos)
-      << r->body;
+  EXPECT_NE(r->body.find(R"("code":"unavailable")"), std::string::npos) << r->body;
   // Non-streaming: nothing was sent yet, so the status is the error's.
   r = Chat("late-error", false);
   ASSERT_TRUE(r);
@@ -186,8 +164,7 @@ TEST_F(OpenAiHttpServerTest, ErrorAfterTheStreamStarted) {
 }
 
 TEST_F(OpenAiHttpServerTest, BadRequestsGet400WithParam) {
-  httplib::Result r =
-      client_->Post("/v1/chat/completions", "{not json", "application/json");
+  httplib::Result r = client_->Post("/v1/chat/completions", "{not json", "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400);
   EXPECT_EQ(json::parse(r->body)["error"]["type"], "invalid_request_error");
@@ -195,8 +172,7 @@ TEST_F(OpenAiHttpServerTest, BadRequestsGet400WithParam) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400);
   EXPECT_EQ(json::parse(r->body)["error"]["param"], "max_tokens");
-  r = client_->Post("/v1/chat/completions", std::string(2 << 20, ' '),
-                    "application/json");
+  r = client_->Post("/v1/chat/completions", std::string(2 << 20, ' '), "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 413);
   r = client_->Get("/v1/nothing");
@@ -218,8 +194,7 @@ TEST_F(OpenAiHttpServerTest, ModelsAndHealth) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 503);
   // Without "model" the served model's name is echoed.
-  r = client_->Post("/v1/completions", R"({"prompt": "x"})",
-                    "application/json");
+  r = client_->Post("/v1/completions", R"({"prompt": "x"})", "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(json::parse(r->body)["model"], "scripted-model");
 }
@@ -237,15 +212,12 @@ TEST_F(OpenAiHttpServerTest, ClientDisconnectCancelsTheBackendCall) {
     backend_.Reset();
     httplib::Client c("127.0.0.1", server_->port());
     c.set_read_timeout(0,
-                       300000); // gives up (closes the connection) after 0.3 s
-    json body = {{"messages", {{{"role", "user"}, {"content", "block"}}}},
-                 {"stream", stream}};
-    httplib::Result r =
-        c.Post("/v1/chat/completions", body.dump(), "application/json");
-    EXPECT_FALSE(r); // timed out
+                       300000);  // gives up (closes the connection) after 0.3 s
+    json body = {{"messages", {{{"role", "user"}, {"content", "block"}}}}, {"stream", stream}};
+    httplib::Result r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    EXPECT_FALSE(r);  // timed out
     c.stop();
-    ASSERT_TRUE(
-        backend_.ended->WaitForNotificationWithTimeout(absl::Seconds(5)))
+    ASSERT_TRUE(backend_.ended->WaitForNotificationWithTimeout(absl::Seconds(5)))
         << "the backend call was not cancelled (stream=" << stream << ")";
     EXPECT_TRUE(backend_.ended_cancelled);
   }
@@ -270,15 +242,39 @@ TEST_F(OpenAiHttpServerTest, AuthenticationSeam) {
   server_.reset();
 }
 
+// httplib listens with a backlog of 5; the server raises it, so that a burst of connections is
+// served instead of dropped.
+TEST_F(OpenAiHttpServerTest, ManyConnectionsAtOnce) {
+  constexpr int kClients = 128;
+  std::atomic<int> ok{0};
+  std::atomic<int> waiting{kClients};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      httplib::Client c("127.0.0.1", server_->port());
+      c.set_read_timeout(20, 0);
+      json body = {{"messages", {{{"role", "user"}, {"content", "c" + std::to_string(i)}}}},
+                   {"stream", i % 2 == 0}};
+      waiting.fetch_sub(1);
+      while (waiting.load() > 0) std::this_thread::yield();
+      httplib::Result r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+      if (r && r->status == 200 && r->body.find("c" + std::to_string(i)) != std::string::npos) {
+        ok.fetch_add(1);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(ok.load(), kClients);
+}
+
 TEST_F(OpenAiHttpServerTest, ShutdownCancelsRunningCallsAfterTheDeadline) {
   std::thread t([&] { Chat("block"); });
-  ASSERT_TRUE(
-      backend_.started->WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_TRUE(backend_.started->WaitForNotificationWithTimeout(absl::Seconds(5)));
   server_->Shutdown(absl::Now() + absl::Milliseconds(100));
   EXPECT_TRUE(backend_.ended->HasBeenNotified());
   EXPECT_TRUE(backend_.ended_cancelled);
   t.join();
 }
 
-} // namespace
-} // namespace lazyrag::http
+}  // namespace
+}  // namespace lazyrag::http

@@ -8,16 +8,14 @@
 
 namespace lazyrag::router {
 
-absl::Status
-RouterHttpBackend::Generate(const lazyrag::v1::GenerateRequest &request,
-                            const http::BackendCall &call,
-                            const MessageSink &on_message) {
+absl::Status RouterHttpBackend::Generate(const lazyrag::v1::GenerateRequest& request,
+                                         const http::BackendCall& call,
+                                         const MessageSink& on_message) {
   WorkerCallOptions worker_call;
   const absl::Time deadline = call.deadline;
   worker_call.new_context = [deadline] {
     auto context = std::make_unique<grpc::ClientContext>();
-    if (deadline != absl::InfiniteFuture())
-      context->set_deadline(absl::ToChronoTime(deadline));
+    if (deadline != absl::InfiniteFuture()) context->set_deadline(absl::ToChronoTime(deadline));
     return context;
   };
   worker_call.cancellation = call.cancellation;
@@ -26,12 +24,10 @@ RouterHttpBackend::Generate(const lazyrag::v1::GenerateRequest &request,
 
 absl::StatusOr<std::string> RouterHttpBackend::ModelName(absl::Time deadline) {
   lazyrag::v1::StatsResponse stats;
-  if (absl::Status s =
-          router_->Stats(lazyrag::v1::StatsRequest(), deadline, &stats);
-      !s.ok()) {
+  if (absl::Status s = router_->Stats(lazyrag::v1::StatsRequest(), deadline, &stats); !s.ok()) {
     return s;
   }
   return stats.model();
 }
 
-} // namespace lazyrag::router
+}  // namespace lazyrag::router

@@ -1,7 +1,6 @@
-// The router process as one lifecycle object: routing policy + worker
-// connections + the Inference service (with health and reflection) + the
-// optional OpenAI-compatible HTTP API + /metrics. router/main.cc is a thin
-// shell.
+// The router process as one lifecycle object: routing policy + worker connections + the
+// Inference service (with health and reflection) + the optional OpenAI-compatible HTTP API +
+// /metrics. router/main.cc is a thin shell.
 #pragma once
 
 #include <memory>
@@ -24,16 +23,14 @@ class GrpcServer;
 namespace metrics {
 class MetricsHttpServer;
 }
-} // namespace lazyrag
+}  // namespace lazyrag
 
 namespace lazyrag::router {
 
 struct RouterServerOptions {
-  // gRPC address, HOST:PORT; port 0 picks one (see port()). Default loopback,
-  // picked port.
+  // gRPC address, HOST:PORT; port 0 picks one (see port()). Default loopback, picked port.
   std::string listen = "127.0.0.1:0";
-  // Workers: "HOST:PORT,..." or "dns:///NAME:PORT" (see worker_source.h).
-  // Required.
+  // Workers: "HOST:PORT,..." or "dns:///NAME:PORT" (see worker_source.h). Required.
   std::string workers;
   // /metrics port; 0 picks one, -1 disables the endpoint. Default 0.
   int metrics_port = 0;
@@ -41,29 +38,25 @@ struct RouterServerOptions {
   RoutingPolicyOptions policy;
   WorkerPoolOptions pool;
   RequestRouterOptions requests;
-  // The OpenAI-compatible HTTP API (http/openai_http_server.h): http.listen
-  // HOST:PORT serves it (port 0 picks one, see http_port()); empty (the
-  // default) leaves it off.
+  // The OpenAI-compatible HTTP API (http/openai_http_server.h): http.listen HOST:PORT serves it
+  // (port 0 picks one, see http_port()); empty (the default) leaves it off.
   http::OpenAiHttpOptions http;
-  // gRPC over TLS (common/tls.h) for this server and, through pool.tls, to the
-  // workers; empty: plaintext.
+  // gRPC over TLS (common/tls.h) for this server and, through pool.tls, to the workers; empty:
+  // plaintext.
   TlsFiles tls;
 };
 
-// Start() once, Shutdown(deadline) once (the destructor does it too). Not
-// thread-safe.
+// Start() once, Shutdown(deadline) once (the destructor does it too). Not thread-safe.
 class RouterServer {
-public:
+ public:
   explicit RouterServer(RouterServerOptions options);
   ~RouterServer();
-  RouterServer(const RouterServer &) = delete;
-  RouterServer &operator=(const RouterServer &) = delete;
+  RouterServer(const RouterServer&) = delete;
+  RouterServer& operator=(const RouterServer&) = delete;
 
-  // INVALID_ARGUMENT for a malformed worker list; UNAVAILABLE when a port
-  // cannot be bound.
+  // INVALID_ARGUMENT for a malformed worker list; UNAVAILABLE when a port cannot be bound.
   absl::Status Start();
-  // Stops taking calls, lets running ones finish until `deadline`, then stops
-  // polling workers.
+  // Stops taking calls, lets running ones finish until `deadline`, then stops polling workers.
   void Shutdown(absl::Time deadline);
 
   // Valid after Start().
@@ -72,10 +65,10 @@ public:
   int metrics_port() const;
   // The HTTP API's port; 0 when it is off.
   int http_port() const;
-  metrics::Registry &registry() { return registry_; }
-  RoutingPolicy &policy() { return *policy_; }
+  metrics::Registry& registry() { return registry_; }
+  RoutingPolicy& policy() { return *policy_; }
 
-private:
+ private:
   const RouterServerOptions options_;
   metrics::Registry registry_;
   std::unique_ptr<RouterMetrics> metrics_;
@@ -89,4 +82,4 @@ private:
   std::unique_ptr<metrics::MetricsHttpServer> http_;
 };
 
-} // namespace lazyrag::router
+}  // namespace lazyrag::router

@@ -10,44 +10,36 @@
 namespace lazyrag::router {
 namespace {
 
-// Worker calls inherit the client's deadline and are cancelled with the
-// client's call.
-WorkerCallOptions CallOf(grpc::ServerContext *context) {
+// Worker calls inherit the client's deadline and are cancelled with the client's call.
+WorkerCallOptions CallOf(grpc::ServerContext* context) {
   WorkerCallOptions call;
-  call.new_context = [context] {
-    return grpc::ClientContext::FromServerContext(*context);
-  };
+  call.new_context = [context] { return grpc::ClientContext::FromServerContext(*context); };
   call.client_gone = [context] { return context->IsCancelled(); };
   return call;
 }
 
-} // namespace
+}  // namespace
 
-RouterService::RouterService(RequestRouter *router) : router_(router) {}
+RouterService::RouterService(RequestRouter* router) : router_(router) {}
 
-grpc::Status RouterService::Generate(
-    grpc::ServerContext *context, const lazyrag::v1::GenerateRequest *request,
-    grpc::ServerWriter<lazyrag::v1::GenerateResponse> *writer) {
-  return ToGrpcStatus(
-      router_->Generate(*request, CallOf(context),
-                        [writer](const lazyrag::v1::GenerateResponse &message) {
-                          return writer->Write(message);
-                        }));
+grpc::Status RouterService::Generate(grpc::ServerContext* context,
+                                     const lazyrag::v1::GenerateRequest* request,
+                                     grpc::ServerWriter<lazyrag::v1::GenerateResponse>* writer) {
+  return ToGrpcStatus(router_->Generate(
+      *request, CallOf(context),
+      [writer](const lazyrag::v1::GenerateResponse& message) { return writer->Write(message); }));
 }
 
-grpc::Status RouterService::PrepareDocuments(
-    grpc::ServerContext *context,
-    const lazyrag::v1::PrepareDocumentsRequest *request,
-    lazyrag::v1::PrepareDocumentsResponse *response) {
-  return ToGrpcStatus(
-      router_->PrepareDocuments(*request, CallOf(context), response));
+grpc::Status RouterService::PrepareDocuments(grpc::ServerContext* context,
+                                             const lazyrag::v1::PrepareDocumentsRequest* request,
+                                             lazyrag::v1::PrepareDocumentsResponse* response) {
+  return ToGrpcStatus(router_->PrepareDocuments(*request, CallOf(context), response));
 }
 
-grpc::Status RouterService::Stats(grpc::ServerContext *context,
-                                  const lazyrag::v1::StatsRequest *request,
-                                  lazyrag::v1::StatsResponse *response) {
-  return ToGrpcStatus(router_->Stats(
-      *request, absl::FromChrono(context->deadline()), response));
+grpc::Status RouterService::Stats(grpc::ServerContext* context,
+                                  const lazyrag::v1::StatsRequest* request,
+                                  lazyrag::v1::StatsResponse* response) {
+  return ToGrpcStatus(router_->Stats(*request, absl::FromChrono(context->deadline()), response));
 }
 
-} // namespace lazyrag::router
+}  // namespace lazyrag::router
