@@ -176,6 +176,8 @@ Sample HttpTtft(httplib::Client& client, const std::string& body) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  std::string loadavg;  // the machine's load when the run started (noise on a shared VM)
+  std::getline(std::ifstream("/proc/loadavg"), loadavg);
   const std::string model =
       absl::GetFlag(FLAGS_model).empty() ? DefaultModel() : absl::GetFlag(FLAGS_model);
   const std::string tmp =
@@ -293,6 +295,9 @@ int main(int argc, char** argv) {
   if (!absl::GetFlag(FLAGS_out).empty()) {
     std::ofstream f(absl::GetFlag(FLAGS_out));
     f << "{\"bench\": \"http_bench\", \"commit\": \"" << absl::GetFlag(FLAGS_commit)
+      << "\", \"date\": \"" << absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone())
+      << "\", \"cpus\": " << std::thread::hardware_concurrency()
+      << ", \"loadavg_at_start\": " << json(loadavg).dump()
       << "\", \"model\": " << json(model).dump() << ", \"reps\": " << absl::GetFlag(FLAGS_reps)
       << ", \"max_tokens\": " << max_tokens << ", \"failures\": " << failures
       << ",\n \"grpc\": {\"client_ttft_ms\": " << grpc_client.Json()
