@@ -298,7 +298,7 @@ int main(int argc, char** argv) {
       << "\", \"date\": \"" << absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone())
       << "\", \"cpus\": " << std::thread::hardware_concurrency()
       << ", \"loadavg_at_start\": " << json(loadavg).dump()
-      << "\", \"model\": " << json(model).dump() << ", \"reps\": " << absl::GetFlag(FLAGS_reps)
+      << ", \"model\": " << json(model).dump() << ", \"reps\": " << absl::GetFlag(FLAGS_reps)
       << ", \"max_tokens\": " << max_tokens << ", \"failures\": " << failures
       << ",\n \"grpc\": {\"client_ttft_ms\": " << grpc_client.Json()
       << ", \"worker_ttft_ms\": " << grpc_server.Json()
