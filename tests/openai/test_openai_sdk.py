@@ -26,7 +26,7 @@ except ImportError as e:
     sys.exit(77)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from live_stack import LiveStack, Process  # noqa: E402
+from live_stack import LiveStack, Process, model_path  # noqa: E402
 
 ROUTER = os.environ["LAZYRAG_ROUTER_BINARY"]
 WORKER = os.environ["LAZYRAG_WORKER_BINARY"]
@@ -233,6 +233,41 @@ class OpenAiSdkTest(unittest.TestCase):
             self.assertEqual(health.exception.code, 503)
         finally:
             router.stop()
+
+
+class WorkerHttpTest(unittest.TestCase):
+    """A worker serves the same HTTP API itself (--http_listen on lazyrag-worker)."""
+
+    def test_worker_http(self):
+        import tempfile
+        tmp = tempfile.mkdtemp(prefix="lazyrag_worker_http_")
+        worker = Process([WORKER, "--listen=127.0.0.1:0", f"--model={model_path()}",
+                          "--device=cpu", "--metrics_port=-1", "--http_listen=127.0.0.1:0",
+                          "--shutdown_grace_s=1"], os.path.join(tmp, "worker.log"))
+        try:
+            ready = worker.wait_ready()
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{ready['http']}/v1",
+                                   api_key="unused", max_retries=0, timeout=120)
+            messages = [{"role": "user", "content": "Who invented the folding telescope?"}]
+            first = client.chat.completions.create(model="m", max_tokens=6, messages=messages,
+                                                   extra_body={"documents": DOCS})
+            self.assertTrue(first.choices[0].message.content)
+            again = client.chat.completions.create(model="m", max_tokens=6, messages=messages,
+                                                   extra_body={"documents": DOCS[::-1]},
+                                                   stream=True,
+                                                   stream_options={"include_usage": True})
+            chunks = list(again)
+            self.assertGreater(chunks[-1].usage.prompt_tokens_details.cached_tokens, 0)
+            self.assertTrue(client.models.list().data[0].id)
+            with self.assertRaises(openai.BadRequestError):
+                client.chat.completions.create(model="m", messages=messages, max_tokens=0)
+            with self.assertRaises(openai.NotFoundError):
+                client.chat.completions.create(model="m", messages=messages,
+                                               extra_body={"documents": [{"id": "e" * 64}]})
+        finally:
+            worker.stop()
+            import shutil
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
