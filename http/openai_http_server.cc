@@ -280,13 +280,15 @@ class OpenAiHttpServer::Impl {
     auto responder = std::make_shared<OpenAiResponder>(
         *request, id, absl::ToUnixSeconds(absl::Now()), std::move(model));
     std::shared_ptr<RunningCall> call = StartCall(*request, *std::move(caller));
-    if (call == nullptr)
+    if (call == nullptr) {
       return SendError(res, absl::UnavailableError("the server is shutting down"));
+    }
 
     // Until the first message, an error still gets its own HTTP status.
     int socket = -2;
-    if (!WaitForProgress(req, *call, socket))
+    if (!WaitForProgress(req, *call, socket)) {
       return SendError(res, absl::CancelledError("the client went away"));
+    }
     {
       absl::MutexLock lock(&call->mu);
       if (call->messages.empty()) {  // done without a message
