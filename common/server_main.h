@@ -1,7 +1,7 @@
 // The lifecycle every lazyrag server binary shares (kvstore, worker, router): block SIGINT and
 // SIGTERM in every thread (threads inherit the mask, so this runs before the server starts
 // any), ignore SIGPIPE, start the server, print one line "NAME ready grpc=HOST:PORT
-// metrics=PORT" on stdout (scripts and tests wait for it), wait for a stop signal and shut
+// metrics=PORT[ http=PORT]" on stdout (scripts and tests wait for it), wait for a stop signal and shut
 // down gracefully. Returns the process exit code: 0 after a signal, 2 when Start() rejects
 // its options (INVALID_ARGUMENT), 1 for any other start failure.
 //
@@ -39,8 +39,12 @@ int RunServerUntilSignal(const std::string& name, MakeServer&& make_server,
     LOG_ERROR << name << ": " << status;
     return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
-  std::printf("%s ready grpc=%s metrics=%d\n", name.c_str(), server->address().c_str(),
-              server->metrics_port());
+  std::string http;  // servers with an HTTP API (the router's --http_listen) add its port
+  if constexpr (requires { server->http_port(); }) {
+    if (server->http_port() > 0) http = " http=" + std::to_string(server->http_port());
+  }
+  std::printf("%s ready grpc=%s metrics=%d%s\n", name.c_str(), server->address().c_str(),
+              server->metrics_port(), http.c_str());
   std::fflush(stdout);
 
   int signal_number = 0;

@@ -2,8 +2,9 @@
 // that holds its documents, against load (DESIGN.md section 3).
 //   lazyrag-router --listen HOST:PORT --workers HOST:PORT,...|dns:///NAME:PORT --metrics_port N
 //                  [--load_weight W] [--imbalance_threshold N]
-// Prints one line "lazyrag-router ready grpc=HOST:PORT metrics=PORT" on stdout once serving
-// (ports resolved when 0 was asked), then runs until SIGINT or SIGTERM.
+//                  [--http_listen HOST:PORT]
+// Prints one line "lazyrag-router ready grpc=HOST:PORT metrics=PORT [http=PORT]" on stdout once
+// serving (ports resolved when 0 was asked), then runs until SIGINT or SIGTERM.
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -20,6 +21,9 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC address HOST:PORT; port 0 pi
 ABSL_FLAG(std::string, workers, "",
           "workers: HOST:PORT,HOST:PORT,... or dns:///NAME:PORT (every address of NAME, "
           "re-resolved every --resolve_interval_s); required");
+ABSL_FLAG(std::string, http_listen, "",
+          "address HOST:PORT of the OpenAI-compatible HTTP API (/v1/chat/completions, "
+          "/v1/completions, /v1/models, /health); port 0 picks one; empty: off");
 ABSL_FLAG(int, metrics_port, 0, "port of the /metrics endpoint; 0 picks one, -1 disables");
 ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "address the /metrics endpoint binds");
 ABSL_FLAG(double, load_weight, 128,
@@ -40,7 +44,7 @@ int main(int argc, char** argv) {
   const lazyrag::BinaryCommandLine command_line = lazyrag::ParseBinaryCommandLine(
       argc, argv, "lazyrag-router",
       "lazyrag-router --listen HOST:PORT --workers HOST:PORT,...|dns:///NAME:PORT "
-      "--metrics_port N [--load_weight W] [--imbalance_threshold N]");
+      "--metrics_port N [--http_listen HOST:PORT] [--load_weight W] [--imbalance_threshold N]");
   if (command_line.exit_code >= 0) return command_line.exit_code;
 
   lazyrag::router::RouterServerOptions options;
@@ -52,7 +56,8 @@ int main(int argc, char** argv) {
   options.policy.load_weight = absl::GetFlag(FLAGS_load_weight);
   options.policy.imbalance_threshold = absl::GetFlag(FLAGS_imbalance_threshold);
   options.policy.default_document_tokens = absl::GetFlag(FLAGS_default_document_tokens);
-  options.service.max_attempts = absl::GetFlag(FLAGS_max_attempts);
+  options.requests.max_attempts = absl::GetFlag(FLAGS_max_attempts);
+  options.http.listen = absl::GetFlag(FLAGS_http_listen);
   options.pool.poll_interval = absl::Seconds(absl::GetFlag(FLAGS_poll_interval_s));
   options.pool.poll_timeout = absl::Seconds(absl::GetFlag(FLAGS_poll_timeout_s));
   options.pool.resolve_interval = absl::Seconds(absl::GetFlag(FLAGS_resolve_interval_s));
@@ -61,7 +66,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (options.policy.load_weight < 0 || options.policy.imbalance_threshold < 0 ||
-      options.service.max_attempts < 1 || options.pool.poll_interval <= absl::ZeroDuration() ||
+      options.requests.max_attempts < 1 || options.pool.poll_interval <= absl::ZeroDuration() ||
       options.pool.poll_timeout <= absl::ZeroDuration()) {
     std::cerr << "lazyrag-router: --load_weight and --imbalance_threshold must be >= 0, "
                  "--max_attempts >= 1, the intervals > 0\n";

@@ -1,5 +1,7 @@
 #include "router/router_server.h"
 
+#include <thread>
+
 #include "common/grpc_server.h"
 #include "common/logging.h"
 #include "common/metrics_http.h"
@@ -24,8 +26,15 @@ absl::Status RouterServer::Start() {
   policy_ = std::make_unique<RoutingPolicy>(options_.policy);
   pool_ = std::make_unique<WorkerPool>(pool_options, MakeWorkerResolver(*spec), policy_.get(),
                                        metrics_.get());
-  service_ =
-      std::make_unique<RouterService>(options_.service, policy_.get(), pool_.get(), metrics_.get());
+  requests_ = std::make_unique<RequestRouter>(options_.requests, policy_.get(), pool_.get(),
+                                              metrics_.get());
+  service_ = std::make_unique<RouterService>(requests_.get());
+  http_backend_ = std::make_unique<RouterHttpBackend>(requests_.get());
+  if (!options_.http.listen.empty() && options_.tls.enabled()) {
+    return absl::InvalidArgumentError(
+        "--http_listen serves plain HTTP only; it cannot be combined with --tls_cert (put a "
+        "TLS-terminating proxy in front of it)");
+  }
   if (absl::Status s = pool_->Start(); !s.ok()) return s;
 
   GrpcServerOptions grpc_options;
@@ -39,12 +48,21 @@ absl::Status RouterServer::Start() {
     pool_->Stop();
     return s;
   }
+  if (!options_.http.listen.empty()) {
+    openai_ = std::make_unique<http::OpenAiHttpServer>(http_backend_.get(), options_.http);
+    if (absl::Status s = openai_->Start(); !s.ok()) {
+      grpc_->Shutdown(absl::Now());
+      pool_->Stop();
+      return s;
+    }
+  }
   if (options_.metrics_port >= 0) {
     metrics::MetricsHttpOptions http_options;
     http_options.host = options_.metrics_host;
     http_options.port = options_.metrics_port;
     http_ = std::make_unique<metrics::MetricsHttpServer>(&registry_, http_options);
     if (absl::Status s = http_->Start(); !s.ok()) {
+      if (openai_ != nullptr) openai_->Shutdown(absl::Now());
       grpc_->Shutdown(absl::Now());
       pool_->Stop();
       return s;
@@ -52,25 +70,33 @@ absl::Status RouterServer::Start() {
   }
   LOG_INFO.With("grpc", grpc_->address())
           .With("metrics_port", metrics_port())
+          .With("http_port", http_port())
           .With("discovery", spec->is_dns() ? "dns" : "static")
           .With("workers", options_.workers)
           .With("static_workers", spec->addresses.size())
           .With("resolve_interval_s", absl::ToDoubleSeconds(options_.pool.resolve_interval))
           .With("poll_interval_s", absl::ToDoubleSeconds(options_.pool.poll_interval))
-          .With("max_attempts", options_.service.max_attempts)
+          .With("max_attempts", options_.requests.max_attempts)
           .With("tls", options_.tls.enabled())
       << "lazyrag-router: serving";
   return absl::OkStatus();
 }
 
 void RouterServer::Shutdown(absl::Time deadline) {
+  // Both front doors drain at once: HTTP on its own thread while gRPC waits.
+  std::thread openai_drain;
+  if (openai_ != nullptr) {
+    openai_drain = std::thread([this, deadline] { openai_->Shutdown(deadline); });
+  }
   if (grpc_ != nullptr) grpc_->Shutdown(deadline);
+  if (openai_drain.joinable()) openai_drain.join();
   if (http_ != nullptr) http_->Stop();
   if (pool_ != nullptr) pool_->Stop();
 }
 
 int RouterServer::port() const { return grpc_ != nullptr ? grpc_->port() : 0; }
 std::string RouterServer::address() const { return grpc_ != nullptr ? grpc_->address() : ""; }
+int RouterServer::http_port() const { return openai_ != nullptr ? openai_->port() : 0; }
 int RouterServer::metrics_port() const { return http_ != nullptr ? http_->port() : -1; }
 
 }  // namespace lazyrag::router

@@ -1,5 +1,6 @@
 // The router process as one lifecycle object: routing policy + worker connections + the
-// Inference service (with health and reflection) + /metrics. router/main.cc is a thin shell.
+// Inference service (with health and reflection) + the optional OpenAI-compatible HTTP API +
+// /metrics. router/main.cc is a thin shell.
 #pragma once
 
 #include <memory>
@@ -9,6 +10,9 @@
 #include "absl/time/time.h"
 #include "common/metrics.h"
 #include "common/tls.h"
+#include "http/openai_http_server.h"
+#include "router/request_router.h"
+#include "router/router_http_backend.h"
 #include "router/router_service.h"
 #include "router/routing_policy.h"
 #include "router/worker_pool.h"
@@ -33,7 +37,10 @@ struct RouterServerOptions {
   std::string metrics_host = "0.0.0.0";
   RoutingPolicyOptions policy;
   WorkerPoolOptions pool;
-  RouterServiceOptions service;
+  RequestRouterOptions requests;
+  // The OpenAI-compatible HTTP API (http/openai_http_server.h): http.listen HOST:PORT serves it
+  // (port 0 picks one, see http_port()); empty (the default) leaves it off.
+  http::OpenAiHttpOptions http;
   // gRPC over TLS (common/tls.h) for this server and, through pool.tls, to the workers; empty:
   // plaintext.
   TlsFiles tls;
@@ -56,6 +63,8 @@ class RouterServer {
   int port() const;
   std::string address() const;
   int metrics_port() const;
+  // The HTTP API's port; 0 when it is off.
+  int http_port() const;
   metrics::Registry& registry() { return registry_; }
   RoutingPolicy& policy() { return *policy_; }
 
@@ -65,8 +74,11 @@ class RouterServer {
   std::unique_ptr<RouterMetrics> metrics_;
   std::unique_ptr<RoutingPolicy> policy_;
   std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<RequestRouter> requests_;
   std::unique_ptr<RouterService> service_;
+  std::unique_ptr<RouterHttpBackend> http_backend_;
   std::unique_ptr<GrpcServer> grpc_;
+  std::unique_ptr<http::OpenAiHttpServer> openai_;
   std::unique_ptr<metrics::MetricsHttpServer> http_;
 };
 

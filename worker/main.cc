@@ -2,8 +2,8 @@
 //   lazyrag-worker --listen HOST:PORT --model PATH|synthetic:NAME --device
 //   cpu|cuda [--cuda_device N] [--tp N] [--peers HOST:PORT,...]
 //     --kvstore embedded:DIR|HOST:PORT,... --kv_pool_bytes N --page_size N
-//     [--host_cache_bytes N] --max_batch_tokens N --metrics_port N
-// Prints one line "lazyrag-worker ready grpc=HOST:PORT metrics=PORT" on stdout
+//     [--host_cache_bytes N] --max_batch_tokens N --metrics_port N [--http_listen HOST:PORT]
+// Prints one line "lazyrag-worker ready grpc=HOST:PORT metrics=PORT [http=PORT]" on stdout
 // once serving (ports resolved when 0 was asked), then runs until SIGINT or
 // SIGTERM.
 #include <cstdio>
@@ -69,6 +69,9 @@ ABSL_FLAG(int, prefill_chunk, 512, "most prompt rows one request feeds per step"
 ABSL_FLAG(int, max_running, 64, "requests admitted at once");
 ABSL_FLAG(int, max_waiting, 256, "waiting queue bound; beyond it RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, max_tokens_limit, 4096, "largest max_tokens accepted");
+ABSL_FLAG(std::string, http_listen, "",
+          "address HOST:PORT of the OpenAI-compatible HTTP API (/v1/chat/completions, "
+          "/v1/completions, /v1/models, /health); port 0 picks one; empty: off");
 ABSL_FLAG(int, metrics_port, 0, "port of the /metrics endpoint; 0 picks one, -1 disables");
 ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "address the /metrics endpoint binds");
 ABSL_FLAG(double, shutdown_grace_s, 10, "seconds running calls get to finish at shutdown");
@@ -109,6 +112,7 @@ int main(int argc, char **argv) {
   options.peer_device_copy = absl::GetFlag(FLAGS_peer_device_copy);
   options.max_tokens_limit = absl::GetFlag(FLAGS_max_tokens_limit);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.http.listen = absl::GetFlag(FLAGS_http_listen);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   if (options.runtime.model.empty()) {
     std::cerr << "lazyrag-worker: --model is required\n";

@@ -2,14 +2,15 @@
 """Three RAG requests that share documents in different orders, through a lazyrag router (or
 a worker). Prints each answer with its time to first token and cached document tokens.
 
-    clients/python/generate.sh /tmp/lazyrag-stubs
-    LAZYRAG_PY_STUBS=/tmp/lazyrag-stubs python3 clients/python/example.py --target 127.0.0.1:PORT
+    pip install ./clients/python
+    python3 clients/python/example.py                 # the router on 127.0.0.1:7000
+    python3 clients/python/example.py --target HOST:PORT
 """
 
 import argparse
 import sys
 
-from lazyrag_client import Client
+from lazyrag_client import DEFAULT_TARGET, Client
 
 DOCUMENTS = [
     "The Rhine rises in the Swiss Alps and flows north to the North Sea.",
@@ -20,9 +21,9 @@ DOCUMENTS = [
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", default="127.0.0.1:50051", help="router or worker HOST:PORT")
+    parser.add_argument("--target", default=DEFAULT_TARGET,
+                        help=f"router or worker HOST:PORT (default {DEFAULT_TARGET}, the router)")
     parser.add_argument("--max_tokens", type=int, default=32)
-    parser.add_argument("--stubs_dir", default=None, help="folder of generate.sh's output")
     args = parser.parse_args()
 
     a, b, c = DOCUMENTS
@@ -31,7 +32,7 @@ def main() -> int:
         ([c, a, b], "How long is the Rhine?"),
         ([b, c, a], "Which city does the Rhine turn north at?"),
     ]
-    with Client(args.target, stubs_dir=args.stubs_dir) as client:
+    with Client(args.target) as client:
         for documents, question in requests:
             answer = client.generate_text(question, documents, max_tokens=args.max_tokens)
             print(f"Q: {question}")

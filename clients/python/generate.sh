@@ -1,22 +1,21 @@
 #!/usr/bin/env bash
-# Generates the Python gRPC stubs of the lazyrag API (proto/lazyrag/v1/inference.proto) into
-# OUT_DIR, as the package lazyrag.v1 (inference_pb2.py, inference_pb2_grpc.py). Nothing
-# generated is committed: run this once, then put OUT_DIR on PYTHONPATH (or pass it to
-# lazyrag_client.Client(stubs_dir=...)).
+# Regenerates the protobuf messages the Python client ships (lazyrag_client/inference_pb2.py
+# and its type stubs inference_pb2.pyi) from proto/lazyrag/v1/inference.proto. The generated
+# files are committed, so that `pip install ./clients/python` needs no code generator; run this
+# after changing the proto and commit the result (ctest python_client_stubs_current fails until
+# then).
 #
-#   clients/python/generate.sh OUT_DIR
+#   clients/python/generate.sh [OUT_DIR]     (default: clients/python/lazyrag_client)
 #
-# Needs grpcio-tools (pip install -r clients/python/requirements.txt).
+# Uses Debian's protoc (protobuf-compiler, installed by deploy/local/bootstrap.sh): its output
+# runs on every protobuf runtime >= 4.21. Only messages are generated; the client makes its
+# three gRPC calls itself (lazyrag_client/_client.py), so no grpcio-tools are needed.
 set -euo pipefail
-if [ $# -ne 1 ]; then
-  echo "usage: $0 OUT_DIR" >&2
-  exit 2
-fi
 here=$(cd "$(dirname "$0")" && pwd)
 proto_root=$(cd "$here/../../proto" && pwd)
-out=$1
+out=${1:-$here/lazyrag_client}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+protoc -I "$proto_root" --python_out="$tmp" --pyi_out="$tmp" "$proto_root/lazyrag/v1/inference.proto"
 mkdir -p "$out"
-python3 -m grpc_tools.protoc -I "$proto_root" --python_out="$out" --grpc_python_out="$out" \
-  "$proto_root/lazyrag/v1/inference.proto"
-# Regular packages, so that the stubs import the same way on every Python 3.
-touch "$out/lazyrag/__init__.py" "$out/lazyrag/v1/__init__.py"
+cp "$tmp/lazyrag/v1/inference_pb2.py" "$tmp/lazyrag/v1/inference_pb2.pyi" "$out/"

@@ -8,7 +8,8 @@ the client, example.py and a generic reflection client against the router, and s
     LAZYRAG_ROUTER_BINARY=... LAZYRAG_WORKER_BINARY=... | LAZYRAG_FAKE_WORKER_BINARY=... \
         python3 clients/python/test_lazyrag_client.py
 
-Exits 77 (skipped) when grpcio, grpcio-tools or grpcio-reflection is not installed.
+Exits 77 (skipped) when grpcio or grpcio-reflection is not installed. The client comes from
+this folder (the lazyrag_client package with its shipped messages).
 """
 
 import os
@@ -22,7 +23,6 @@ import unittest
 
 try:
     import grpc
-    import grpc_tools  # noqa: F401  (generate.sh needs it)
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
         ProtoReflectionDescriptorDatabase)
     from google.protobuf import descriptor_pool, message_factory
@@ -78,12 +78,9 @@ class ClientThroughRouterTest(unittest.TestCase):
         cls.tmp = tempfile.mkdtemp(prefix="lazyrag_pyclient_")
         cls.processes = []
         try:
-            stubs = os.path.join(cls.tmp, "stubs")
-            subprocess.run([os.path.join(HERE, "generate.sh"), stubs], check=True)
             sys.path.insert(0, HERE)
             import lazyrag_client
             cls.lazyrag_client = lazyrag_client
-            cls.stubs = stubs
 
             if WORKER:
                 worker = Process([WORKER, "--listen=127.0.0.1:0", "--model=synthetic:tiny",
@@ -98,7 +95,7 @@ class ClientThroughRouterTest(unittest.TestCase):
                               "--metrics_port=-1", "--poll_interval_s=0.2"])
             cls.processes.append(router)
             cls.target = router.wait_ready()
-            cls.client = lazyrag_client.Client(cls.target, stubs_dir=stubs, timeout=60)
+            cls.client = lazyrag_client.Client(cls.target, timeout=60)
         except BaseException:
             cls.tearDownClass()
             raise
@@ -146,6 +143,28 @@ class ClientThroughRouterTest(unittest.TestCase):
         # The router sums its workers' host tiers; this stack's CPU worker has none (-1 on cpu).
         self.assertLessEqual(stats.host_cache.used_bytes, stats.host_cache.capacity_bytes)
 
+    def test_async_client(self):
+        import asyncio
+
+        async def run():
+            async with self.lazyrag_client.AsyncClient(self.target, timeout=60) as c:
+                docs = ["The mill grinds grain by the river.", "An async document."]
+                chunks = [m async for m in c.generate("Async?", docs, max_tokens=4,
+                                                      ignore_eos=True)]
+                answer = await c.generate_text("Async?", docs, max_tokens=4, ignore_eos=True)
+                stats = await c.stats()
+                with self.assertRaises(grpc.RpcError) as raised:
+                    await c.generate_text("", docs, max_tokens=2)
+                return chunks, answer, stats, raised.exception.code()
+
+        chunks, answer, stats, code = asyncio.run(run())
+        self.assertEqual(sum(len(m.token_ids) for m in chunks), 4)
+        self.assertEqual(answer.finish_reason, "length")
+        self.assertEqual(len(answer.document_ids), 2)
+        self.assertEqual(answer.usage.cached_document_tokens, answer.usage.document_tokens)
+        self.assertGreaterEqual(len(stats.resident_document_ids), 2)
+        self.assertEqual(code, grpc.StatusCode.INVALID_ARGUMENT)
+
     def test_errors_are_rpc_errors_with_the_server_code(self):
         with self.assertRaises(grpc.RpcError) as raised:
             self.client.generate_text("", ["a document"], max_tokens=3)
@@ -157,7 +176,7 @@ class ClientThroughRouterTest(unittest.TestCase):
             self.client.request("q", mode="fastest")
 
     def test_example_runs(self):
-        env = dict(os.environ, LAZYRAG_PY_STUBS=self.stubs)
+        env = dict(os.environ)
         out = subprocess.run([sys.executable, os.path.join(HERE, "example.py"), "--target",
                               self.target, "--max_tokens", "4"], env=env, capture_output=True,
                              text=True, timeout=120)
@@ -202,8 +221,6 @@ class ClientOverTlsTest(unittest.TestCase):
         tmp = tempfile.mkdtemp(prefix="lazyrag_pyclient_tls_")
         sys.path.insert(0, HERE)
         import lazyrag_client
-        stubs = os.path.join(tmp, "stubs")
-        subprocess.run([os.path.join(HERE, "generate.sh"), stubs], check=True)
         ca, cert, key = (os.path.join(TLS_DIR, f) for f in ("ca.pem", "cert.pem", "key.pem"))
         worker = Process([WORKER, "--listen=127.0.0.1:0", "--model=synthetic:tiny",
                           "--metrics_port=-1", f"--tls_cert={cert}", f"--tls_key={key}",
@@ -211,11 +228,11 @@ class ClientOverTlsTest(unittest.TestCase):
         try:
             target = worker.wait_ready()
             for kwargs in ({"tls_ca": ca}, {"tls_ca": ca, "tls_cert": cert, "tls_key": key}):
-                with lazyrag_client.Client(target, stubs_dir=stubs, timeout=30, **kwargs) as c:
+                with lazyrag_client.Client(target, timeout=30, **kwargs) as c:
                     a = c.generate_text("Which river?", ["The Vantor river freezes."],
                                         max_tokens=3, ignore_eos=True)
                     self.assertEqual(a.usage.completion_tokens, 3)
-            with lazyrag_client.Client(target, stubs_dir=stubs, timeout=10) as plain:
+            with lazyrag_client.Client(target, timeout=10) as plain:
                 with self.assertRaises(grpc.RpcError):
                     plain.generate_text("Which river?", ["The Vantor river freezes."],
                                         max_tokens=3)

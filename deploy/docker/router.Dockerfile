@@ -6,12 +6,12 @@ RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-ins
       build-essential cmake ninja-build pkg-config \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
       librocksdb-dev libabsl-dev libgtest-dev libgmock-dev libopenblas-dev \
-      libcpp-httplib-dev libpcre2-dev libssl-dev \
+      libcpp-httplib-dev nlohmann-json3-dev libpcre2-dev libssl-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAZYRAG_CUDA=OFF \
-      -DLAZYRAG_ONLY="proto;router" \
+      -DLAZYRAG_ONLY="proto;http;router" \
     && cmake --build /build --target lazyrag-router \
     && install -D -m 0755 /build/router/lazyrag-router /out/usr/local/bin/lazyrag-router
 

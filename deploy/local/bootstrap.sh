@@ -11,8 +11,9 @@ set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config git python3
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
-  libcpp-httplib-dev libpcre2-dev libssl-dev prometheus unzip curl
+  libcpp-httplib-dev nlohmann-json3-dev libpcre2-dev libssl-dev prometheus unzip curl
   golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev python3-yaml
+  golang-google-grpc-dev golang-goprotobuf-dev python3-venv
   redis-server libhiredis-dev)
 
 missing=()
@@ -28,10 +29,17 @@ if ((${#missing[@]})); then
 fi
 
 # The Python client's gRPC packages (clients/python), from PyPI.
-if ! python3 -c "import grpc, grpc_tools, grpc_reflection" 2>/dev/null; then
+if ! python3 -c "import grpc, google.protobuf, grpc_reflection" 2>/dev/null; then
   echo "bootstrap: installing clients/python/requirements.txt from PyPI"
   python3 -m pip install -q --disable-pip-version-check -r "$(dirname "$0")/../../clients/python/requirements.txt" ||
     echo "bootstrap: WARNING: grpcio could not be installed; the Python client test will skip" >&2
+fi
+
+# The OpenAI-compatible HTTP API's test drives it with the official `openai` SDK (PyPI).
+if ! python3 -c "import openai" 2>/dev/null; then
+  echo "bootstrap: installing openai from PyPI"
+  python3 -m pip install -q --disable-pip-version-check openai ||
+    echo "bootstrap: WARNING: openai could not be installed; the OpenAI SDK test will skip" >&2
 fi
 
 # The chart tests (tests/deploy/chart_check.py) validate the rendered manifests against the

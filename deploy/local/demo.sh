@@ -52,9 +52,10 @@ start worker "$build/worker/lazyrag-worker" --listen 127.0.0.1:0 --model "$model
   --device cpu --kvstore "$kv" --kv_pool_bytes $((256 << 20)) --metrics_port 0
 worker=$addr
 start router "$build/router/lazyrag-router" --listen 127.0.0.1:0 --workers "$worker" \
-  --metrics_port 0
+  --metrics_port 0 --http_listen 127.0.0.1:0
 router=$addr
-echo "demo: kvstore $kv, worker $worker, router $router"
+http_port=$(sed -n 's/.* ready grpc=.* http=\([0-9]*\).*/\1/p' "$work/router.out" | head -n 1)
+echo "demo: kvstore $kv, worker $worker, router $router (OpenAI-compatible HTTP on port $http_port)"
 
 docs=deploy/local/docs
 echo
@@ -74,5 +75,21 @@ echo "== The same last request in FULL mode (nothing reused): compare the time t
   --doc $docs/glass.txt --doc $docs/kestrel.txt --doc $docs/ostrova.txt --doc $docs/vantor.txt \
   --system "Answer the question in one sentence using only the documents." \
   --query "Who founded the Glass Archive of Pellorin?"
+echo
+echo "== The OpenAI-compatible HTTP API of the router (curl; any OpenAI SDK works the same way):"
+echo "   the documents (the same texts as above, so cached) go in the body as \"documents\"; the"
+echo "   cached document tokens come back in usage.prompt_tokens_details.cached_tokens."
+python3 - "$docs" <<'PY' >"$work/body.json"
+import json, sys
+docs = sys.argv[1]
+print(json.dumps({
+    "model": "smollm2", "max_tokens": 48,
+    "messages": [{"role": "system",
+                  "content": "Answer the question in one sentence using only the documents."},
+                 {"role": "user", "content": "When does the Vantor river freeze?"}],
+    "documents": [{"text": open(f"{docs}/{name}.txt").read()} for name in ("vantor", "glass")]}))
+PY
+curl -sS "http://127.0.0.1:$http_port/v1/chat/completions" -H 'Content-Type: application/json' \
+  -d @"$work/body.json" | python3 -m json.tool
 echo
 echo "demo: done; stopping kvstore, worker and router"

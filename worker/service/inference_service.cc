@@ -64,11 +64,11 @@ std::string ModeName(v1::AttentionMode mode) {
 // request asked, what the engine reported (absent when it did not run to the end) and the
 // status the client got. Info, or a warning for a call that failed; `request_id` "": a new one.
 void LogFinishedRequest(const v1::GenerateRequest &request, const std::string &request_id,
-                        const std::optional<GenerateResult> &result, const grpc::Status &status,
+                        const std::optional<GenerateResult> &result, const absl::Status &status,
                         absl::Duration wall) {
   const LogLevel level = status.ok() ? LogLevel::kInfo : LogLevel::kWarning;
   if (level < MinLogLevel()) return;
-  const auto code = static_cast<absl::StatusCode>(status.error_code());
+  const absl::StatusCode code = status.code();
   LogMessage line(level, __FILE__, __LINE__);
   line.With("request_id", request_id.empty() ? NewRequestId() : request_id)
       .With("mode", ModeName(request.mode()))
@@ -89,7 +89,7 @@ void LogFinishedRequest(const v1::GenerateRequest &request, const std::string &r
   }
   line.With("wall_ms", absl::ToDoubleMilliseconds(wall))
       .With("status", absl::StatusCodeToString(code));
-  if (!status.ok()) line.With("error", status.error_message());
+  if (!status.ok()) line.With("error", std::string(status.message()));
   line << "request finished";
 }
 
@@ -175,33 +175,43 @@ InferenceService::InferenceService(Generator *generator, InferenceServiceOptions
 grpc::Status InferenceService::Generate(grpc::ServerContext *context,
                                         const v1::GenerateRequest *request,
                                         grpc::ServerWriter<v1::GenerateResponse> *writer) {
+  return ToGrpcStatus(Generate(
+      *request, DeadlineOf(*context), [context] { return context->IsCancelled(); },
+      [writer](const v1::GenerateResponse &m) { return writer->Write(m); }));
+}
+
+absl::Status InferenceService::Generate(const v1::GenerateRequest &request, absl::Time deadline,
+                                        std::function<bool()> is_cancelled,
+                                        const MessageSink &write) {
   const absl::Time start = absl::Now();
   // The result stays empty unless the engine ran the request to the end.
   std::optional<GenerateResult> logged;
-  const grpc::Status status = GenerateStream(context, request, writer, &logged);
-  LogFinishedRequest(*request, request->request_id(), logged, status, absl::Now() - start);
+  const absl::Status status =
+      GenerateStream(request, deadline, std::move(is_cancelled), write, &logged);
+  LogFinishedRequest(request, request.request_id(), logged, status, absl::Now() - start);
   return status;
 }
 
-grpc::Status InferenceService::GenerateStream(grpc::ServerContext *context,
-                                              const v1::GenerateRequest *request,
-                                              grpc::ServerWriter<v1::GenerateResponse> *writer,
+absl::Status InferenceService::GenerateStream(const v1::GenerateRequest &request,
+                                              absl::Time deadline,
+                                              std::function<bool()> is_cancelled,
+                                              const MessageSink &write,
                                               std::optional<GenerateResult> *logged) {
-  auto parsed = ParseGenerateRequest(*request, options_);
-  if (!parsed.ok()) return ToGrpcStatus(parsed.status());
+  auto parsed = ParseGenerateRequest(request, options_);
+  if (!parsed.ok()) return parsed.status();
   GenerateRequest r = std::move(*parsed);
-  r.deadline = DeadlineOf(*context);
+  r.deadline = deadline;
   if (absl::Now() >= r.deadline) {
-    return ToGrpcStatus(absl::DeadlineExceededError("the call's deadline has already passed"));
+    return absl::DeadlineExceededError("the call's deadline has already passed");
   }
-  r.is_cancelled = [context] { return context->IsCancelled(); };
+  r.is_cancelled = is_cancelled;
   bool write_failed = false;
   auto result = generator_->Generate(r, [&](std::string_view delta, int32_t token) {
     v1::GenerateResponse m;
-    m.set_request_id(request->request_id());
+    m.set_request_id(request.request_id());
     m.set_text(std::string(delta));
     if (token >= 0) m.add_token_ids(token);
-    if (!writer->Write(m)) {
+    if (!write(m)) {
       write_failed = true;
       return false;
     }
@@ -216,15 +226,15 @@ grpc::Status InferenceService::GenerateStream(grpc::ServerContext *context,
   }
   if (!result.ok()) {
     if (absl::IsCancelled(result.status()) && absl::Now() >= r.deadline) {
-      return ToGrpcStatus(absl::DeadlineExceededError("request deadline exceeded"));
+      return absl::DeadlineExceededError("request deadline exceeded");
     }
-    return ToGrpcStatus(result.status());
+    return result.status();
   }
-  if (write_failed || context->IsCancelled()) {
-    return ToGrpcStatus(absl::CancelledError("the client went away"));
+  if (write_failed || (is_cancelled && is_cancelled())) {
+    return absl::CancelledError("the client went away");
   }
   v1::GenerateResponse last;
-  last.set_request_id(request->request_id());
+  last.set_request_id(request.request_id());
   last.set_finish_reason(ToProto(result->finish_reason));
   v1::Usage *u = last.mutable_usage();
   u->set_prompt_tokens(result->usage.prompt_tokens);
@@ -240,8 +250,8 @@ grpc::Status InferenceService::GenerateStream(grpc::ServerContext *context,
   t->set_ttft_ms(result->timings.ttft_ms);
   t->set_total_ms(result->timings.total_ms);
   for (const std::string &id : result->document_ids) last.add_document_ids(id);
-  writer->Write(last);
-  return grpc::Status::OK;
+  write(last);
+  return absl::OkStatus();
 }
 
 grpc::Status InferenceService::PrepareDocuments(grpc::ServerContext *,

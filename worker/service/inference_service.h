@@ -7,6 +7,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -41,11 +42,20 @@ class InferenceService final : public v1::Inference::Service {
   grpc::Status Stats(grpc::ServerContext *context, const v1::StatsRequest *request,
                      v1::StatsResponse *response) override;
 
+  // Receives each message of a Generate stream in order; false when the client cannot take it.
+  using MessageSink = std::function<bool(const v1::GenerateResponse &)>;
+  // Generate outside gRPC (the HTTP front door, worker_http_backend.h): the same validation,
+  // engine call, messages, statuses and log line as the gRPC method. `is_cancelled` is polled
+  // by the engine; the call ends DEADLINE_EXCEEDED past `deadline`.
+  absl::Status Generate(const v1::GenerateRequest &request, absl::Time deadline,
+                        std::function<bool()> is_cancelled, const MessageSink &write);
+  const InferenceServiceOptions &options() const { return options_; }
+
  private:
   // Generate without its log line; sets `logged` (usage, timings, finish reason) when the engine
   // ran the request to the end.
-  grpc::Status GenerateStream(grpc::ServerContext *context, const v1::GenerateRequest *request,
-                              grpc::ServerWriter<v1::GenerateResponse> *writer,
+  absl::Status GenerateStream(const v1::GenerateRequest &request, absl::Time deadline,
+                              std::function<bool()> is_cancelled, const MessageSink &write,
                               std::optional<GenerateResult> *logged);
 
   Generator *generator_;

@@ -1,5 +1,7 @@
 #include "worker/service/worker_server.h"
 
+#include <thread>
+
 #include "absl/time/clock.h"
 #include "common/grpc_server.h"
 #include "common/logging.h"
@@ -9,6 +11,7 @@
 #include "worker/peer/peer_service.h"
 #include "worker/peer/peer_store.h"
 #include "worker/service/inference_service.h"
+#include "worker/service/worker_http_backend.h"
 
 namespace lazyrag {
 
@@ -88,7 +91,16 @@ absl::Status WorkerServer::Start() {
       [engine](const std::string &id) { return engine->ExportResidentDocument(id); }, po,
       std::move(lender));
   grpc_->AddService(peer_service_.get());
+  if (!options_.http.listen.empty() && options_.tls.enabled()) {
+    return absl::InvalidArgumentError(
+        "--http_listen serves plain HTTP only; it cannot be combined with --tls_cert");
+  }
   if (auto st = grpc_->Start(); !st.ok()) return st;
+  if (!options_.http.listen.empty()) {
+    http_backend_ = std::make_unique<WorkerHttpBackend>(service_.get());
+    openai_ = std::make_unique<http::OpenAiHttpServer>(http_backend_.get(), options_.http);
+    if (auto st = openai_->Start(); !st.ok()) return st;
+  }
   if (options_.metrics_port >= 0) {
     metrics::MetricsHttpOptions mo;
     mo.host = options_.metrics_host;
@@ -100,6 +112,7 @@ absl::Status WorkerServer::Start() {
   const EngineOptions &eo = engine->options();
   LOG_INFO.With("grpc", grpc_->address())
           .With("metrics_port", metrics_port())
+          .With("http_port", http_port())
           .With("model", options_.runtime.model)
           .With("model_name", runtime_->model_name)
           .With("device", options_.runtime.device)
@@ -121,7 +134,11 @@ absl::Status WorkerServer::Start() {
 void WorkerServer::Shutdown(absl::Time deadline) {
   if (shut_down_) return;
   shut_down_ = true;
+  // Both front doors drain at once: HTTP on its own thread while gRPC waits.
+  std::thread openai_drain;
+  if (openai_) openai_drain = std::thread([this, deadline] { openai_->Shutdown(deadline); });
   if (grpc_) grpc_->Shutdown(deadline);
+  if (openai_drain.joinable()) openai_drain.join();
   if (http_) http_->Stop();
   if (peer_service_) peer_service_->StopLeases();  // unpins leases while the engine lives
   runtime_.reset();  // engine (fails what still runs, drains write-backs), then
@@ -130,5 +147,6 @@ void WorkerServer::Shutdown(absl::Time deadline) {
 
 std::string WorkerServer::address() const { return grpc_ ? grpc_->address() : ""; }
 int WorkerServer::metrics_port() const { return http_ ? http_->port() : -1; }
+int WorkerServer::http_port() const { return openai_ ? openai_->port() : 0; }
 
 }  // namespace lazyrag

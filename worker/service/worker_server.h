@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "common/metrics.h"
 #include "common/tls.h"
+#include "http/openai_http_server.h"
 #include "worker/runtime/runtime.h"
 
 namespace lazyrag {
@@ -18,6 +19,7 @@ namespace lazyrag {
 class GrpcServer;
 class InferenceService;
 class PeerDocumentsService;
+class WorkerHttpBackend;
 namespace metrics {
 class MetricsHttpServer;
 }
@@ -57,6 +59,9 @@ struct WorkerServerOptions {
   std::string metrics_host = "0.0.0.0";
   // Largest max_tokens accepted. Default 4096.
   int max_tokens_limit = 4096;
+  // The OpenAI-compatible HTTP API (http/openai_http_server.h): http.listen HOST:PORT serves it
+  // (port 0 picks one, see http_port()); empty (the default) leaves it off.
+  http::OpenAiHttpOptions http;
 };
 
 // Start() once, Shutdown(deadline) once (the destructor does it too). Not
@@ -77,6 +82,8 @@ class WorkerServer {
   // Valid after Start().
   std::string address() const;
   int metrics_port() const;
+  // The HTTP API's port; 0 when it is off.
+  int http_port() const;
   metrics::Registry &registry() { return registry_; }
 
  private:
@@ -86,6 +93,8 @@ class WorkerServer {
   std::unique_ptr<InferenceService> service_;
   std::unique_ptr<PeerDocumentsService> peer_service_;
   std::unique_ptr<GrpcServer> grpc_;
+  std::unique_ptr<WorkerHttpBackend> http_backend_;
+  std::unique_ptr<http::OpenAiHttpServer> openai_;
   std::unique_ptr<metrics::MetricsHttpServer> http_;
   bool shut_down_ = false;
 };
