@@ -24,6 +24,7 @@
 #include "common/metrics.h"
 #include "common/status.h"
 #include "common/tls.h"
+#include "kvstore/client/value_file_io.h"
 #include "kvstore/format.h"
 #include "lazyrag/v1/kvstore.grpc.pb.h"
 
@@ -137,89 +138,6 @@ class Shard {
   absl::Time unhealthy_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::optional<std::string> local_dir_ ABSL_GUARDED_BY(mu_);
 };
-
-// The destination spans of a value's bytes, addressed by value offset.
-class Scatter {
- public:
-  // INTERNAL when the spans hold fewer than `bytes` bytes.
-  static absl::StatusOr<Scatter> Of(std::vector<MutableBytes> spans, uint64_t bytes) {
-    Scatter s;
-    uint64_t at = 0;
-    for (const MutableBytes& span : spans) {
-      if (span.size == 0) continue;
-      s.spans_.push_back(span);
-      s.starts_.push_back(at);
-      at += span.size;
-    }
-    if (at < bytes) {
-      return absl::InternalError(
-          absl::StrCat("get: the destination holds ", at, " bytes, the value ", bytes));
-    }
-    return s;
-  }
-  // The pieces of [begin, begin + size), in order.
-  std::vector<MutableBytes> Pieces(uint64_t begin, uint64_t size) const {
-    std::vector<MutableBytes> out;
-    auto it = std::upper_bound(starts_.begin(), starts_.end(), begin);
-    for (size_t i = size_t(it - starts_.begin()) - 1; size > 0 && i < spans_.size(); ++i) {
-      const uint64_t offset = begin - starts_[i];
-      const uint64_t n = std::min(size, spans_[i].size - offset);
-      out.push_back({spans_[i].data + offset, n});
-      begin += n;
-      size -= n;
-    }
-    return out;
-  }
-  // Copies `data` to value offset `begin`.
-  void Write(uint64_t begin, std::string_view data) const {
-    for (const MutableBytes& piece : Pieces(begin, data.size())) {
-      std::memcpy(piece.data, data.data(), piece.size);
-      data.remove_prefix(piece.size);
-    }
-  }
-
- private:
-  std::vector<MutableBytes> spans_;
-  std::vector<uint64_t> starts_;
-};
-
-// Reads [begin, begin + size) of `fd` into the pieces of `scatter` and returns the CRC-32C of
-// the bytes read.
-absl::StatusOr<uint32_t> ReadInto(int fd, const Scatter& scatter, uint64_t begin, uint64_t size) {
-  uint32_t crc = 0;
-  for (const MutableBytes& piece : scatter.Pieces(begin, size)) {
-    RETURN_IF_ERROR(PreadAll(fd, piece.data, piece.size, begin));
-    crc = Crc32cExtend(crc, std::string_view(piece.data, piece.size));
-    begin += piece.size;
-  }
-  return crc;
-}
-
-// Values at least this large are read and written by several threads on the fast path.
-constexpr uint64_t kParallelLocalBytes = 64ull << 20;
-// Bytes written to a hand-over file after which the kernel is told to start writing them out.
-constexpr uint64_t kWriteBehindBytes = 16ull << 20;
-
-// Runs fn(first, last) over [0, n) cut into at most `threads` contiguous ranges, each on its
-// own thread but the first; returns the first error.
-absl::Status ForRanges(uint32_t n, int threads,
-                       const std::function<absl::Status(uint32_t, uint32_t)>& fn) {
-  threads = std::max(1, std::min<int>(threads, static_cast<int>(n)));
-  if (threads <= 1) return fn(0, n);
-  std::vector<absl::Status> results(threads);
-  std::vector<std::thread> workers;
-  for (int t = 1; t < threads; ++t) {
-    workers.emplace_back([&, t] {
-      results[t] = fn(uint32_t(uint64_t(n) * t / threads), uint32_t(uint64_t(n) * (t + 1) / threads));
-    });
-  }
-  results[0] = fn(0, uint32_t(uint64_t(n) / threads));
-  for (auto& w : workers) w.join();
-  for (auto& r : results) {
-    if (!r.ok()) return r;
-  }
-  return absl::OkStatus();
-}
 
 struct ChunkPlan {
   uint64_t offset;
@@ -537,14 +455,9 @@ std::string KvClientImpl::LocalDirOf(Shard& shard, absl::Time deadline) {
     return "";
   }
   std::string dir;
-  if (!response.local_dir().empty() && !response.local_token().empty()) {
-    auto fd = OpenFile(response.local_dir() + "/local-token", O_RDONLY);
-    std::string token(response.local_token().size() + 1, '\0');
-    ssize_t n = fd.ok() ? ::pread(fd->get(), token.data(), token.size(), 0) : -1;
-    if (n == ssize_t(response.local_token().size()) &&
-        token.compare(0, size_t(n), response.local_token()) == 0) {
-      dir = response.local_dir();
-    }
+  if (!response.local_dir().empty() && !response.local_token().empty() &&
+      HoldsLocalToken(response.local_dir(), response.local_token())) {
+    dir = response.local_dir();
   }
   shard.set_local_dir(dir);
   return dir;
@@ -584,30 +497,20 @@ absl::Status KvClientImpl::GetLocalFrom(Shard& shard, const pb::KvKey& key, absl
   out->local = true;
   ASSIGN_OR_RETURN(std::vector<MutableBytes> spans, destination(out->header, layout->total_size));
   ASSIGN_OR_RETURN(const Scatter dst, Scatter::Of(std::move(spans), layout->total_size));
-  const int threads = layout->total_size >= kParallelLocalBytes ? options_.local_read_threads : 1;
-  const int file = fd->get();
-  std::atomic<bool> corrupt{false};
-  absl::Status read = ForRanges(layout->num_chunks, threads, [&](uint32_t first, uint32_t last) {
-    for (uint32_t i = first; i < last; ++i) {
-      const uint64_t begin = layout->ChunkBegin(i), size = layout->ChunkEnd(i) - begin;
-      absl::StatusOr<uint32_t> crc = ReadInto(file, dst, begin, size);
-      if (!crc.ok()) {
-        return absl::Status(crc.status().code(),
-                            absl::StrCat(shard.address(), ": get: chunk ", i,
-                                         " of the value file: ", crc.status().message()));
-      }
-      if (*crc != response.chunk_crc32c(int(i))) {
-        CountCorruption();
-        // Streamed instead: the shard then reads the damaged chunk itself, answers DATA_LOSS
-        // and counts it (and a value that changed since is served whole).
-        corrupt = true;
-        return absl::DataLossError(absl::StrCat(shard.address(), ": get: chunk ", i,
-                                                " failed its CRC-32C check"));
-      }
-    }
-    return absl::OkStatus();
-  });
-  *fall_back = corrupt.load();
+  const std::vector<uint32_t> crcs(response.chunk_crc32c().begin(), response.chunk_crc32c().end());
+  bool corrupt = false;
+  absl::Status read = ReadValueFile(fd->get(), *layout, crcs, dst,
+                                    ThreadsFor(layout->total_size, options_.local_read_threads),
+                                    &corrupt);
+  if (corrupt) {
+    CountCorruption();
+    // Streamed instead: the shard then reads the damaged chunk itself, answers DATA_LOSS and
+    // counts it (and a value that changed since is served whole).
+    *fall_back = true;
+  }
+  if (!read.ok()) {
+    read = absl::Status(read.code(), absl::StrCat(shard.address(), ": get: ", read.message()));
+  }
   return read;
 }
 
@@ -627,24 +530,10 @@ absl::Status KvClientImpl::PutLocalTo(Shard& shard, const std::string& dir, cons
       *fall_back = true;  // no write access here: stream it instead
       return fd.status();
     }
-    const int file = fd->get();
-    const int threads = value.size() >= kParallelLocalBytes ? options_.local_read_threads : 1;
-    absl::Status written =
-        ForRanges(uint32_t(plan.size()), threads, [&](uint32_t first, uint32_t last) {
-          uint64_t behind = first < last ? plan[first].offset : 0;
-          for (uint32_t i = first; i < last; ++i) {
-            RETURN_IF_ERROR(PwriteAll(file, value.substr(plan[i].offset, plan[i].size),
-                                      plan[i].offset));
-            const uint64_t end = plan[i].offset + plan[i].size;
-            if (end - behind >= kWriteBehindBytes) {
-              // Start writing out now; the shard's fdatasync then waits for less.
-              (void)::sync_file_range(file, off_t(behind), off_t(end - behind),
-                                      SYNC_FILE_RANGE_WRITE);
-              behind = end;
-            }
-          }
-          return absl::OkStatus();
-        });
+    std::vector<ValueFileChunk> chunks;
+    for (const ChunkPlan& c : plan) chunks.push_back({c.offset, c.size});
+    absl::Status written = WriteValueFile(fd->get(), value, chunks,
+                                          ThreadsFor(value.size(), options_.local_read_threads));
     if (!written.ok()) {
       ::unlink(path.c_str());
       *fall_back = true;
