@@ -59,6 +59,8 @@ class ValueReader {
   // value, and the stored CRC-32C of each chunk. Empty when the engine keeps no such files.
   virtual std::string file_path() const { return {}; }
   virtual std::span<const uint32_t> chunk_crcs() const { return {}; }
+  // Identifies the stored version read (a later put of the key gets another); 0: unknown.
+  virtual uint64_t version() const { return 0; }
 };
 
 // Thread-safe.

@@ -194,43 +194,64 @@ absl::StatusOr<PutResponse> KvStoreHandler::DoPut(MessageReader<PutRequest>& in)
 
 absl::Status KvStoreHandler::DoGet(const GetRequest& request, MessageWriter<GetResponse>& out) {
   ASSIGN_OR_RETURN(const std::string key, EncodeKey(request.key()));
+  const bool by_chunks = request.first_chunk() != 0 || request.num_chunks() != 0;
+  if (by_chunks && (request.first_layer() != 0 || request.num_layers() != 0)) {
+    return absl::InvalidArgumentError("get: a chunk range and a layer range in one request");
+  }
+  if (by_chunks && request.num_chunks() == 0) {
+    return absl::InvalidArgumentError("get: first_chunk set but num_chunks is 0");
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<ValueReader> reader, engine_->Open(key));
+  if (request.version() != 0 && reader->version() != request.version()) {
+    return absl::AbortedError("get: the key holds another version now (replaced or evicted)");
+  }
   const ValueLayout& layout = reader->layout();
-  ASSIGN_OR_RETURN(const ByteRange range,
-                   LayerRange(layout, request.first_layer(), request.num_layers()));
+  ByteRange range;
+  if (by_chunks) {
+    if (request.first_chunk() >= layout.num_chunks) {
+      return absl::OutOfRangeError(absl::StrCat("get: chunk ", request.first_chunk(), " of ",
+                                                layout.num_chunks));
+    }
+    const uint32_t last = static_cast<uint32_t>(std::min<uint64_t>(
+        uint64_t{request.first_chunk()} + request.num_chunks(), layout.num_chunks));
+    range = {layout.ChunkBegin(request.first_chunk()), layout.ChunkEnd(last - 1)};
+  } else {
+    ASSIGN_OR_RETURN(range, LayerRange(layout, request.first_layer(), request.num_layers()));
+  }
   GetResponse reply;
   auto* header = reply.mutable_header();
   LayoutToProto(layout, header->mutable_value());
   header->set_range_begin(range.begin);
   header->set_range_end(range.end);
+  header->set_version(reader->version());
   if (!out.Write(reply)) return absl::CancelledError("get: the client went away");
 
-  const bool whole = range.begin == 0 && range.end == layout.total_size;
-  std::string data;
+  std::string partial;
   uint32_t crc = 0;
   uint32_t out_index = 0;
   if (range.end > range.begin) {
     const uint32_t first = static_cast<uint32_t>(range.begin / layout.chunk_size);
     const uint32_t last = static_cast<uint32_t>((range.end - 1) / layout.chunk_size);
     for (uint32_t i = first; i <= last; ++i) {
-      RETURN_IF_ERROR(reader->ReadChunk(i, &data, &crc));
-      reply.Clear();
-      auto* chunk = reply.mutable_chunk();
+      auto* chunk = reply.mutable_chunk();  // its buffer is reused from chunk to chunk
       chunk->set_index(out_index++);
-      if (whole) {
-        // The writer's checksum travels on unchanged: end to end.
-        chunk->set_data(std::move(data));
+      const uint64_t chunk_begin = layout.ChunkBegin(i), chunk_end = layout.ChunkEnd(i);
+      if (range.begin <= chunk_begin && chunk_end <= range.end) {
+        // Read into the message; the writer's checksum travels on unchanged: end to end.
+        std::string* data = chunk->mutable_data();
+        data->resize(chunk_end - chunk_begin);
+        RETURN_IF_ERROR(reader->ReadChunkInto(i, data->data(), &crc));
         chunk->set_crc32c(crc);
       } else {
-        // Verified above against the stored checksum; the slice gets its own.
-        const uint64_t begin = std::max(range.begin, layout.ChunkBegin(i)) - layout.ChunkBegin(i);
-        const uint64_t end = std::min(range.end, layout.ChunkEnd(i)) - layout.ChunkBegin(i);
-        chunk->set_data(data.substr(begin, end - begin));
+        // Verified against the stored checksum by the read; the slice gets its own.
+        RETURN_IF_ERROR(reader->ReadChunk(i, &partial, &crc));
+        const uint64_t begin = std::max(range.begin, chunk_begin) - chunk_begin;
+        const uint64_t end = std::min(range.end, chunk_end) - chunk_begin;
+        chunk->set_data(partial.substr(begin, end - begin));
         chunk->set_crc32c(Crc32c(chunk->data()));
       }
       metrics_->CountBytes("out", chunk->data().size());
       if (!out.Write(reply)) return absl::CancelledError("get: the client went away");
-      data.clear();
     }
   }
   return absl::OkStatus();

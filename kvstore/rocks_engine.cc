@@ -179,6 +179,7 @@ class RocksValueReader final : public ValueReader {
   absl::Status ReadChunkInto(uint32_t index, char* dst, uint32_t* crc32c) override;
   std::string file_path() const override { return path_; }
   std::span<const uint32_t> chunk_crcs() const override { return record_.crcs; }
+  uint64_t version() const override { return record_.gen; }
 
  private:
   RocksEngine* const engine_;

@@ -139,6 +139,10 @@ class Shard {
   std::optional<std::string> local_dir_ ABSL_GUARDED_BY(mu_);
 };
 
+// Chunks the first stream of a gRPC get asks for; the rest of a larger value is read by
+// KvClientOptions::streams_per_get more streams at once.
+constexpr uint32_t kFirstStreamChunks = 16;
+
 struct ChunkPlan {
   uint64_t offset;
   uint32_t size;
@@ -244,8 +248,21 @@ class KvClientImpl final : public KvClient {
     if (retry) context.set_wait_for_ready(true);
     context.set_deadline(absl::ToChronoTime(deadline));
   }
+  // Where a stream's bytes go: the destination and the value offset of its first byte.
+  struct Placed {
+    const Scatter* dst = nullptr;
+    uint64_t offset = 0;
+  };
+  using OnHeader =
+      std::function<absl::StatusOr<Placed>(const pb::GetHeader& header, const ValueLayout& layout)>;
+  // One Get stream: its header goes to `on_header`, which says where its chunks go; each chunk
+  // is checked against its CRC-32C. Errors carry the shard's address.
+  absl::Status ReadStream(Shard& shard, const pb::GetRequest& request, absl::Time deadline,
+                          bool retry, const OnHeader& on_header);
+  // A Get of `request` from one shard through gRPC; a whole value of more than
+  // kFirstStreamChunks chunks over streams_per_get + 1 streams unless `split` is false.
   absl::Status GetFrom(Shard& shard, const pb::GetRequest& request, absl::Time deadline, bool retry,
-                       const GetDestination& destination, ValueInfo* out);
+                       const GetDestination& destination, ValueInfo* out, bool split = true);
   // The shard's data directory when the same-host fast path works with it, else "". Asks the
   // shard once (Describe, within `deadline`) and remembers the answer.
   std::string LocalDirOf(Shard& shard, absl::Time deadline);
@@ -368,9 +385,8 @@ absl::Status KvClientImpl::Put(const Key& key, const ValueHeader& header, std::s
                                              " replicas: ", absl::StrJoin(errors, "; ")));
 }
 
-absl::Status KvClientImpl::GetFrom(Shard& shard, const pb::GetRequest& request, absl::Time deadline,
-                                   bool retry, const GetDestination& destination,
-                                   ValueInfo* out) {
+absl::Status KvClientImpl::ReadStream(Shard& shard, const pb::GetRequest& request,
+                                      absl::Time deadline, bool retry, const OnHeader& on_header) {
   grpc::ClientContext context;
   SetAttemptDeadline(context, deadline, retry);
   std::unique_ptr<grpc::ClientReader<pb::GetResponse>> reader =
@@ -385,42 +401,32 @@ absl::Status KvClientImpl::GetFrom(Shard& shard, const pb::GetRequest& request, 
   } else {
     const pb::GetHeader& h = message.header();
     auto layout = LayoutFromProto(h.value());
+    absl::StatusOr<Placed> placed = absl::InternalError("unset");
     if (!layout.ok()) {
       bad = absl::InternalError(absl::StrCat("get: bad header: ", layout.status().message()));
     } else if (h.range_begin() > h.range_end() || h.range_end() > layout->total_size) {
       bad = absl::InternalError("get: bad range in header");
-    } else {
-      out->header.metadata = layout->metadata;
-      out->header.layer_offsets = layout->layer_offsets;
-      out->total_size = layout->total_size;
-      out->range_begin = h.range_begin();
-      out->range_size = range_size = h.range_end() - h.range_begin();
-      out->local = false;
-      absl::StatusOr<Scatter> dst = absl::InternalError("unset");
-      if (auto spans = destination(out->header, range_size); !spans.ok()) {
-        bad = spans.status();
-      } else {
-        dst = Scatter::Of(*std::move(spans), range_size);
-        if (!dst.ok()) bad = dst.status();
+    } else if (placed = on_header(h, *layout); !placed.ok()) {
+      bad = placed.status();
+    }
+    range_size = h.range_end() - h.range_begin();
+    uint32_t next = 0;
+    while (bad.ok() && reader->Read(&message)) {
+      const std::string& data = message.chunk().data();
+      if (!message.has_chunk() || message.chunk().index() != next ||
+          received + data.size() > range_size) {
+        bad = absl::InternalError(absl::StrCat("get: unexpected message after chunk ", next));
+        break;
       }
-      uint32_t next = 0;
-      while (bad.ok() && reader->Read(&message)) {
-        const std::string& data = message.chunk().data();
-        if (!message.has_chunk() || message.chunk().index() != next ||
-            received + data.size() > range_size) {
-          bad = absl::InternalError(absl::StrCat("get: unexpected message after chunk ", next));
-          break;
-        }
-        if (Crc32c(data) != message.chunk().crc32c()) {
-          CountCorruption();
-          bad = absl::DataLossError(absl::StrCat(
-              "get: chunk ", next, " failed its CRC-32C check (corrupted in transit)"));
-          break;
-        }
-        dst->Write(received, data);
-        received += data.size();
-        ++next;
+      if (Crc32c(data) != message.chunk().crc32c()) {
+        CountCorruption();
+        bad = absl::DataLossError(absl::StrCat(
+            "get: chunk ", next, " failed its CRC-32C check (corrupted in transit)"));
+        break;
       }
+      placed->dst->Write(placed->offset + received, data);
+      received += data.size();
+      ++next;
     }
   }
   if (!bad.ok()) {
@@ -438,6 +444,69 @@ absl::Status KvClientImpl::GetFrom(Shard& shard, const pb::GetRequest& request, 
     status = absl::Status(status.code(), absl::StrCat(shard.address(), ": ", status.message()));
   }
   return status;
+}
+
+absl::Status KvClientImpl::GetFrom(Shard& shard, const pb::GetRequest& request, absl::Time deadline,
+                                   bool retry, const GetDestination& destination, ValueInfo* out,
+                                   bool split) {
+  const bool whole = request.num_layers() == 0 && request.first_layer() == 0;
+  split = split && whole && options_.streams_per_get > 1;
+  std::optional<Scatter> dst;
+  // A value of more chunks than the first stream asks for, with a version: the rest is read by
+  // streams_per_get more streams at once, each a chunk range of that version.
+  std::vector<std::thread> streams;
+  std::vector<absl::Status> results;
+  bool single = false;  // the store gave no version: read again over one stream
+  pb::GetRequest first = request;
+  if (split) first.set_num_chunks(kFirstStreamChunks);
+  auto on_header = [&](const pb::GetHeader& h, const ValueLayout& layout) -> absl::StatusOr<Placed> {
+    out->header.metadata = layout.metadata;
+    out->header.layer_offsets = layout.layer_offsets;
+    out->total_size = layout.total_size;
+    out->local = false;
+    const bool more = split && layout.num_chunks > kFirstStreamChunks;
+    if (more && h.version() == 0) {
+      single = true;
+      return absl::AbortedError("no version to split the read by");
+    }
+    out->range_begin = more ? 0 : h.range_begin();
+    out->range_size = more ? layout.total_size : h.range_end() - h.range_begin();
+    ASSIGN_OR_RETURN(std::vector<MutableBytes> spans, destination(out->header, out->range_size));
+    ASSIGN_OR_RETURN(Scatter s, Scatter::Of(std::move(spans), out->range_size));
+    dst = std::move(s);
+    if (more) {
+      const uint32_t rest = layout.num_chunks - kFirstStreamChunks;
+      const int n = std::min<int>(options_.streams_per_get, int(rest));
+      results.resize(n);
+      for (int t = 0; t < n; ++t) {
+        const uint32_t begin = kFirstStreamChunks + uint32_t(uint64_t(rest) * t / n);
+        const uint32_t end = kFirstStreamChunks + uint32_t(uint64_t(rest) * (t + 1) / n);
+        pb::GetRequest part = request;
+        part.set_first_chunk(begin);
+        part.set_num_chunks(end - begin);
+        part.set_version(h.version());
+        const uint64_t at = layout.ChunkBegin(begin);
+        streams.emplace_back([this, &shard, &results, &dst, part, at, deadline, retry, t] {
+          auto place = [&](const pb::GetHeader& ph, const ValueLayout&) -> absl::StatusOr<Placed> {
+            if (ph.range_begin() != at) return absl::InternalError("get: a part at another offset");
+            return Placed{&*dst, at};
+          };
+          results[t] = ReadStream(shard, part, deadline, retry, place);
+        });
+      }
+    }
+    return Placed{&*dst, 0};
+  };
+  absl::Status st = ReadStream(shard, first, deadline, retry, on_header);
+  for (auto& t : streams) t.join();
+  for (const auto& r : results) {
+    if (st.ok() && !r.ok()) st = r;
+  }
+  if (single) {
+    pb::GetRequest whole_request = request;
+    return GetFrom(shard, whole_request, deadline, retry, destination, out, /*split=*/false);
+  }
+  return st;
 }
 
 std::string KvClientImpl::LocalDirOf(Shard& shard, absl::Time deadline) {

@@ -144,6 +144,10 @@ struct KvClientOptions {
   bool local_fast_path = true;
   // Threads that read one value on the fast path (values of 64 MiB and more). Default 4.
   int local_read_threads = 4;
+  // Through gRPC, a whole value of more than 16 chunks is read by one stream for its first 16
+  // chunks and this many more streams for the rest (chunk ranges of one stored version, at
+  // once); 1: one stream. Default 4.
+  int streams_per_get = 4;
 };
 
 struct CallOptions {

@@ -293,6 +293,48 @@ TEST_F(KvStoreServiceTest, BadReadsGetClearStatuses) {
   ExpectKeepUnharmed();
 }
 
+// Chunk-range reads (how one value is read over several streams): bad ranges get clear
+// statuses; a version other than the stored one is ABORTED; a store that reports no version
+// (this fixture's wrapped engine) is read over one stream, with the same bytes.
+TEST_F(KvStoreServiceTest, ChunkRangesAndVersions) {
+  auto get = [&](pb::GetRequest r, std::string* bytes = nullptr) {
+    grpc::ClientContext context;
+    auto reader = stub_->Get(&context, r);
+    pb::GetResponse m;
+    while (reader->Read(&m)) {
+      if (bytes != nullptr && m.has_chunk()) *bytes += m.chunk().data();
+    }
+    return reader->Finish().error_code();
+  };
+  pb::GetRequest r;
+  r.mutable_key()->set_raw("keep");  // 3,000,000 bytes in 2 MiB chunks: 2 chunks
+  r.set_first_chunk(1);
+  EXPECT_EQ(get(r), grpc::StatusCode::INVALID_ARGUMENT);  // num_chunks 0
+  r.set_num_chunks(5);
+  std::string tail;
+  EXPECT_EQ(get(r, &tail), grpc::StatusCode::OK);  // clipped to the value
+  EXPECT_EQ(tail, kKeep.substr(2 << 20));
+  r.set_num_layers(1);
+  EXPECT_EQ(get(r), grpc::StatusCode::INVALID_ARGUMENT);  // with a layer range
+  r.set_num_layers(0);
+  r.set_first_chunk(2);
+  EXPECT_EQ(get(r), grpc::StatusCode::OUT_OF_RANGE);
+  r.set_first_chunk(0);
+  r.set_version(12345);
+  EXPECT_EQ(get(r), grpc::StatusCode::ABORTED);
+
+  KvClientOptions co;
+  co.shards = {server_->address()};
+  co.chunk_size = 64 << 10;  // 40 chunks: more than the first stream's 16
+  auto small_chunks = std::move(KvClient::Create(co)).value();
+  const std::string v = PatternBytes(40 * (64 << 10) - 7, 9);
+  ASSERT_TRUE(small_chunks->Put(Key::Raw("many"), {}, v).ok());
+  auto got = small_chunks->Get(Key::Raw("many"));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->bytes == v);
+  ExpectKeepUnharmed();
+}
+
 TEST_F(KvStoreServiceTest, ChunkCorruptedInTransitIsNeverServed) {
   engine_->corrupt_reads = true;
   auto got = client_->Get(Key::Raw("keep"));
