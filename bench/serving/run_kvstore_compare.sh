@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# Issue 24 must-show 3: paper workload at pool 10% of free memory, LAZY, host tier off, without
-# and with one same-host kvstore shard (a fresh worker per run; with the store, the worker that
-# prepares the documents writes them back and the measured worker starts cold on that store).
+# The kvstore's effect on serving (issue 24 must-show 3), one device call: run_pressure.sh at a
+# pool of 10% of free memory, LAZY, host tier off, without and with one same-host kvstore shard.
+# With the store it runs two phases: the first worker computes the documents and writes them
+# back, the second starts cold on that store. Pack .gpu-serve as run_serving.sh says, then
+# (carry [".gpu-serve"], timeout_s 600):   OUT=$OUT bash bench/serving/run_kvstore_compare.sh
+# Output in $OUT: summary-kv0.md, summary-kv1.md, serving-kv.tgz (both runs' folders).
+# (The run of results/2026-12-02-h200-serving-kvstore/ also ran the saturation search of every
+# mode: run_pressure.sh then took an empty SAT_MODES for its default.)
 set -uo pipefail
 FINAL=$OUT
 # KVSTORE=1 runs two phases at 10%: the second worker starts cold on the store the first filled.
