@@ -235,6 +235,10 @@ class RocksEngine final : public KvEngine {
   void CountCorruption() {
     if (options_.metrics != nullptr) options_.metrics->CountCorruption("disk");
   }
+  // Bit rot: counts the corruption and drops the key's value if it is still generation `gen`
+  // (index rows and file), so that the key reads as absent and the next put stores it whole.
+  // 0 for `gen`: whatever the key holds.
+  void Quarantine(const std::string& key, uint64_t gen, std::string_view why);
 
  private:
   struct Entry {
@@ -331,12 +335,12 @@ absl::Status RocksValueReader::ReadChunkInto(uint32_t index, char* dst, uint32_t
   auto where = [&] { return absl::StrCat(DescribeKey(key_), " chunk ", index); };
   absl::Status st = PreadAll(fd_.get(), dst, size, begin);
   if (absl::IsDataLoss(st)) {
-    engine_->CountCorruption();
+    engine_->Quarantine(key_, record_.gen, "value file too short");
     return absl::DataLossError(absl::StrCat(where(), ": value file too short"));
   }
   if (!st.ok()) return absl::Status(st.code(), absl::StrCat("reading ", where(), ": ", st.message()));
   if (Crc32c(std::string_view(dst, size)) != record_.crcs[index]) {
-    engine_->CountCorruption();
+    engine_->Quarantine(key_, record_.gen, absl::StrCat("chunk ", index, " failed its CRC-32C"));
     return absl::DataLossError(absl::StrCat(where(), " failed its CRC-32C check on disk"));
   }
   *crc32c = record_.crcs[index];
@@ -587,7 +591,7 @@ absl::StatusOr<std::unique_ptr<ValueReader>> RocksEngine::Open(std::string_view 
     if (!s.ok()) return FromRocks(s, "reading a header");
     ValueRecord record;
     if (absl::Status st = DecodeValueRecord(raw, &record); !st.ok()) {
-      CountCorruption();
+      Quarantine(std::string(key), 0, std::string(st.message()));
       return st;
     }
     auto fd = files_.OpenForRead(record.gen);
@@ -595,7 +599,7 @@ absl::StatusOr<std::unique_ptr<ValueReader>> RocksEngine::Open(std::string_view 
       if (attempt == 0) continue;
       // The header outlived its file (a crash between a commit and a later unlink cannot cause
       // this; a file deleted by hand can).
-      CountCorruption();
+      Quarantine(std::string(key), record.gen, "value file missing");
       return absl::DataLossError(absl::StrCat(DescribeKey(key), ": value file missing"));
     }
     if (!fd.ok()) return fd.status();
@@ -625,6 +629,29 @@ absl::StatusOr<std::unique_ptr<ValueReader>> RocksEngine::Open(std::string_view 
     return std::make_unique<RocksValueReader>(this, std::string(key), std::move(record),
                                               std::move(path), *std::move(fd));
   }
+}
+
+void RocksEngine::Quarantine(const std::string& key, uint64_t gen, std::string_view why) {
+  CountCorruption();
+  uint64_t dropped = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(key);
+    if (it == entries_.end() || (gen != 0 && it->second.gen != gen)) return;  // replaced since
+    rocksdb::WriteBatch batch;
+    AddEntryDeletes(key, &batch);
+    rocksdb::WriteOptions wo;
+    wo.sync = options_.sync_commits;
+    if (rocksdb::Status s = db_->Write(wo, &batch); !s.ok()) {
+      LOG_ERROR << "kvstore: cannot drop corrupt " << DescribeKey(key) << ": " << s.ToString();
+      return;
+    }
+    dropped = EraseLocked(key);
+    PublishUsageLocked();
+  }
+  files_.Remove(dropped);
+  LOG_ERROR << "kvstore: dropped " << DescribeKey(key) << " (" << why
+            << "); it reads as absent until put again";
 }
 
 absl::StatusOr<KeyStat> RocksEngine::Stat(std::string_view key) {

@@ -200,6 +200,12 @@ TEST_F(EngineTest, FlippedByteOnDiskIsDataLoss) {
   EXPECT_EQ(testing::MetricValue(registry_.Serialize(),
                                  "lazyrag_kvstore_corruptions_total{where=\"disk\"}"),
             1);
+  // Dropped on that read (index and file): absent now, and the next put stores it whole.
+  EXPECT_EQ(engine->Open("Rk").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(engine->Usage().entries, 0u);
+  EXPECT_EQ(CountValueFiles(), 0);
+  Put(*engine, "Rk", PatternBytes(4500, 1));
+  EXPECT_EQ(*Read(*engine, "Rk"), PatternBytes(4500, 1));
 }
 
 TEST_F(EngineTest, SecondOpenOfOneDirectoryIsUnavailable) {

@@ -162,14 +162,7 @@ FetchedDocument DocumentFetcher::ReadFromStore(const std::string &ns, const std:
         return *std::move(*landed);
       }
       f.doc = landed->status();
-      const bool miss = absl::IsNotFound(landed->status());
-      if (metrics_) {
-        metrics_->KvRequests("get", miss ? "miss" : StatusLabel(landed->status())).Increment();
-      }
-      if (!miss) {
-        LOG_WARNING << "kvstore get failed (" << landed->status() << "): recomputing";
-        *failed = true;
-      }
+      CountFailedRead(landed->status(), failed);
       return f;
     }
   }
@@ -198,16 +191,20 @@ FetchedDocument DocumentFetcher::ReadFromStore(const std::string &ns, const std:
     }
   } else {
     f.doc = got.status();
-    const bool miss = absl::IsNotFound(got.status());
-    if (metrics_) {
-      metrics_->KvRequests("get", miss ? "miss" : StatusLabel(got.status())).Increment();
-    }
-    if (!miss) {
-      LOG_WARNING << "kvstore get failed (" << got.status() << "): recomputing";
-      *failed = true;
-    }
+    CountFailedRead(got.status(), failed);
   }
   return f;
+}
+
+void DocumentFetcher::CountFailedRead(const absl::Status &status, bool *failed) {
+  const bool miss = absl::IsNotFound(status);
+  if (metrics_) metrics_->KvRequests("get", miss ? "miss" : StatusLabel(status)).Increment();
+  if (miss) return;
+  LOG_WARNING << "kvstore get failed (" << status << "): recomputing";
+  // One key's trouble (corrupt: the shard dropped it and the write-back of the recomputed
+  // document replaces it; malformed; written for another shape) is not the store's.
+  *failed = !(absl::IsDataLoss(status) || absl::IsInvalidArgument(status) ||
+              absl::IsFailedPrecondition(status) || absl::IsOutOfRange(status));
 }
 
 std::optional<absl::StatusOr<FetchedDocument>> DocumentFetcher::ReadIntoHostTier(

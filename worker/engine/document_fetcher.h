@@ -199,6 +199,10 @@ class DocumentFetcher {
   // *failed when the store could not serve it (an error other than NOT_FOUND).
   FetchedDocument ReadFromStore(const std::string &ns, const std::string &id, int64_t tokens,
                                 bool *failed);
+  // Counts a read that found nothing usable; sets *failed (the store is marked down) only for
+  // the store's own trouble (transport, server), never for one key's (absent, corrupt,
+  // malformed, another shape).
+  void CountFailedRead(const absl::Status &status, bool *failed);
   // The kvstore's bytes straight into a host-tier entry and the token vector. nullopt when
   // that path is not taken (no tier, a store without GetInto, no room in the tier): the caller
   // reads through Get instead. Else the store's answer (a hit has `landed` set).

@@ -4,6 +4,7 @@
 // cancellation and deadlines freeing pages, a failing store falling back to
 // compute, a slow or stalled store given up for compute.
 #include <atomic>
+#include <set>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -291,6 +292,60 @@ TEST(EngineSchedulerTest, AFailedWriteBackDoesNotStopFetches) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_GT(r->usage.document_tokens, 0);
   EXPECT_EQ(r->usage.store_document_tokens, r->usage.document_tokens);
+}
+
+// A kvstore whose stored copy of some documents went bad on disk: their Gets answer DATA_LOSS
+// (as a shard does, which then drops the value) until a Put stores them again.
+class RottenStore : public MemoryDocumentStore {
+ public:
+  absl::StatusOr<StoredDocument> Get(const std::string &ns, const std::string &id) override {
+    {
+      absl::MutexLock l(&mu);
+      if (rotten.erase(ns + "/" + id) > 0) {
+        ++gets;
+        docs.erase(ns + "/" + id);
+        return absl::DataLossError("chunk 0 failed its CRC-32C check on disk");
+      }
+    }
+    return MemoryDocumentStore::Get(ns, id);
+  }
+  std::set<std::string> rotten;  // guarded by mu
+};
+
+// Bit rot (issue 28): a document whose stored copy is corrupt is recomputed and written back
+// over it; the store is not marked down for it, so the request after it still fetches from the
+// store at once.
+TEST(EngineSchedulerTest, ACorruptStoredDocumentIsRecomputedAndWrittenBackNotMarkedDown) {
+  const TokenPrompt stored = Prompt({2, 4}, 1);
+  RottenStore store;
+  {
+    auto writer = MakeEngine(1024, &store);
+    ASSERT_TRUE(writer->RunTokens(stored, Options(4)).ok());
+    for (int i = 0; i < 200 && store.Puts() < 3; ++i) absl::SleepFor(absl::Milliseconds(10));
+    ASSERT_EQ(store.Puts(), 3);  // two documents and the prefix block
+  }
+  auto reader = MakeEngine(1024, &store);
+  const TokenPrompt first = Prompt({2}, 2), second = Prompt({4}, 3);
+  const std::string rotten_id = reader->BlockId(first.documents[0], "");
+  {
+    absl::MutexLock l(&store.mu);
+    store.rotten.insert("/" + rotten_id);
+  }
+  auto a = reader->RunTokens(first, Options(2));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->usage.computed_tokens, a->usage.document_tokens + int64_t(first.suffix.size()) -
+                                          a->usage.store_document_tokens -
+                                          a->usage.pool_document_tokens);
+  auto b = reader->RunTokens(second, Options(2));  // right after: the store is not down
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_GT(b->usage.store_document_tokens, 0);
+  // The recomputed document was written back over the corrupt copy.
+  auto written_back = [&] {
+    absl::MutexLock l(&store.mu);
+    return store.docs.count("/" + rotten_id) == 1;
+  };
+  for (int i = 0; i < 200 && !written_back(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_TRUE(written_back());
 }
 
 class CountingBackend final : public engine_test::ForwardingBackend {
