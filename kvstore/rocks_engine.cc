@@ -23,6 +23,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <set>
 #include <unordered_map>
 #include <utility>
@@ -202,6 +203,7 @@ class RocksEngine final : public KvEngine {
     }
   }
 
+  // Opens and loads the index; a corrupt one is repaired once.
   absl::Status Init();
 
   absl::StatusOr<std::unique_ptr<PutSession>> BeginPut(std::string_view key,
@@ -276,7 +278,15 @@ class RocksEngine final : public KvEngine {
   void RemoveFiles(const std::vector<uint64_t>& gens) const {
     for (uint64_t gen : gens) files_.Remove(gen);
   }
+  static rocksdb::Options IndexOptions();
+  absl::Status OpenIndex();
+  // Reads the index into memory, drops unreferenced files, evicts down to the capacity.
+  // DATA_LOSS when the index itself is corrupt.
+  absl::Status LoadIndex();
   absl::Status DropLegacyRows();
+  // Writes index rows for every value file whose trailer is intact (the newest generation of
+  // each key). REQUIRES: an empty index.
+  absl::Status RebuildIndexFromFiles();
 
   const RocksEngineOptions options_;
   const ValueFiles files_;
@@ -319,6 +329,11 @@ absl::StatusOr<bool> RocksPutSession::Commit() {
         absl::StrCat("commit after ", crcs_.size(), " of ", layout_.num_chunks, " chunks"));
   }
   const std::string staging = engine_->files().StagingPathOf(gen_);
+  if (absl::Status st = WriteTrailer(fd_.get(), layout_.total_size, key_,
+                                     EncodeValueRecord(gen_, layout_, crcs_));
+      !st.ok()) {
+    return st;  // the destructor removes the staging file
+  }
   auto replaced = engine_->PublishAndCommit(fd_.get(), staging, key_, layout_, gen_, crcs_);
   // Published or deleted either way: nothing is left for the destructor.
   committed_ = true;
@@ -360,12 +375,70 @@ absl::Status RocksValueReader::ReadChunk(uint32_t index, std::string* data, uint
 
 absl::Status RocksEngine::Init() {
   if (options_.data_dir.empty()) return absl::InvalidArgumentError("kvstore: data_dir is empty");
+  absl::Status st = OpenIndex();
+  if (st.ok()) st = LoadIndex();
+  if (!absl::IsDataLoss(st)) return st;
+  // Bit rot in the index: rebuilt from the value files' trailers (every value whose file is
+  // intact comes back; access times restart), then loaded again.
+  LOG_ERROR << "kvstore: the index in " << options_.data_dir << " is corrupt (" << st
+            << "): rebuilding it from the value files";
+  CountCorruption();
+  db_.reset();
+  {
+    absl::MutexLock lock(&mu_);
+    entries_.clear();
+    lru_.clear();
+    bytes_ = 0;
+  }
+  // RocksDB's own files go; values/, incoming/ and the token file stay.
+  RETURN_IF_ERROR(FromRocks(rocksdb::DestroyDB(options_.data_dir, IndexOptions()),
+                            "removing the corrupt index"));
+  RETURN_IF_ERROR(OpenIndex());
+  RETURN_IF_ERROR(RebuildIndexFromFiles());
+  return LoadIndex();
+}
+
+absl::Status RocksEngine::RebuildIndexFromFiles() {
+  ASSIGN_OR_RETURN(const std::vector<uint64_t> gens, files_.Generations());
+  std::map<std::string, std::pair<uint64_t, std::string>> newest;  // key -> (gen, record)
+  uint64_t unreadable = 0;
+  for (uint64_t gen : gens) {
+    auto fd = files_.OpenForRead(gen);
+    absl::StatusOr<Trailer> trailer = fd.ok() ? ReadTrailer(fd->get()) : fd.status();
+    ValueRecord record;
+    if (!trailer.ok() || !DecodeValueRecord(trailer->record, &record).ok() || record.gen != gen) {
+      ++unreadable;  // left unreferenced: deleted by the load
+      continue;
+    }
+    auto& slot = newest[trailer->key];
+    if (slot.second.empty() || slot.first < gen) slot = {gen, std::move(trailer->record)};
+  }
+  rocksdb::WriteBatch batch;
+  std::string access;
+  AppendU64(static_cast<uint64_t>(NowMs()), &access);
+  for (const auto& [key, value] : newest) {
+    batch.Put(ValueKey(key), value.second);
+    batch.Put(AccessKey(key), access);
+  }
+  rocksdb::WriteOptions sync;
+  sync.sync = true;
+  RETURN_IF_ERROR(FromRocks(db_->Write(sync, &batch), "writing the rebuilt index"));
+  LOG_WARNING << "kvstore: rebuilt the index: " << newest.size() << " values from "
+              << gens.size() << " files (" << unreadable << " without a readable trailer)";
+  return absl::OkStatus();
+}
+
+rocksdb::Options RocksEngine::IndexOptions() {
   rocksdb::Options o;
   o.create_if_missing = true;
   o.max_background_jobs = 2;
   o.write_buffer_size = 16 << 20;  // headers and access times only
+  return o;
+}
+
+absl::Status RocksEngine::OpenIndex() {
   rocksdb::DB* raw = nullptr;
-  rocksdb::Status s = rocksdb::DB::Open(o, options_.data_dir, &raw);
+  rocksdb::Status s = rocksdb::DB::Open(IndexOptions(), options_.data_dir, &raw);
   if (!s.ok()) {
     if (s.IsIOError() && s.ToString().find("lock") != std::string::npos) {
       return absl::UnavailableError(absl::StrCat("kvstore: ", options_.data_dir,
@@ -374,20 +447,19 @@ absl::Status RocksEngine::Init() {
     return FromRocks(s, absl::StrCat("opening ", options_.data_dir));
   }
   db_.reset(raw);
+  return absl::OkStatus();
+}
 
-  // Generations: epoch << 32 | counter, unique across restarts.
+absl::Status RocksEngine::LoadIndex() {
+  // Generations: epoch << 32 | counter, unique across restarts (and above every stored one, in
+  // case a repaired index lost the epoch row).
   std::string epoch_value;
   uint64_t epoch = 0;
-  s = db_->Get(rocksdb::ReadOptions(), kEpochKey, &epoch_value);
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), kEpochKey, &epoch_value);
   if (s.ok() && epoch_value.size() == 8) epoch = ReadU64(epoch_value.data());
   if (!s.ok() && !s.IsNotFound()) return FromRocks(s, "reading epoch");
-  ++epoch;
-  epoch_value.clear();
-  AppendU64(epoch, &epoch_value);
   rocksdb::WriteOptions sync;
   sync.sync = true;
-  RETURN_IF_ERROR(FromRocks(db_->Put(sync, kEpochKey, epoch_value), "writing epoch"));
-  next_gen_ = epoch << 32;
   RETURN_IF_ERROR(DropLegacyRows());
 
   absl::MutexLock lock(&mu_);
@@ -432,6 +504,12 @@ absl::Status RocksEngine::Init() {
     e.tick = next_tick_++;
     lru_.emplace(e.tick, key);
   }
+  for (const auto& [key, e] : entries_) epoch = std::max(epoch, e.gen >> 32);
+  ++epoch;
+  epoch_value.clear();
+  AppendU64(epoch, &epoch_value);
+  RETURN_IF_ERROR(FromRocks(db_->Put(sync, kEpochKey, epoch_value), "writing epoch"));
+  next_gen_ = epoch << 32;
   // Files no header refers to were left by puts that never committed (or by a crash between a
   // commit and its unlinks). A header whose file is missing is found on its first read.
   std::set<uint64_t> live;
@@ -574,11 +652,18 @@ absl::StatusOr<bool> RocksEngine::PutFile(std::string_view key, const ValueLayou
     check = absl::InvalidArgumentError("put: the handed-over file is not a regular file");
   }
   if (check.ok()) check = VerifyValueFile(fd->get(), layout, crcs);
+  const uint64_t gen = next_gen_.fetch_add(1);
+  if (check.ok()) {
+    auto writable = OpenFile(path, O_WRONLY | O_NOFOLLOW);
+    check = writable.ok() ? WriteTrailer(writable->get(), layout.total_size, key,
+                                         EncodeValueRecord(gen, layout, crcs))
+                          : writable.status();
+  }
   if (!check.ok()) {
     ::unlink(path.c_str());
     return check;
   }
-  return PublishAndCommit(fd->get(), path, std::string(key), layout, next_gen_.fetch_add(1), crcs);
+  return PublishAndCommit(fd->get(), path, std::string(key), layout, gen, crcs);
 }
 
 absl::StatusOr<std::unique_ptr<ValueReader>> RocksEngine::Open(std::string_view key) {

@@ -139,10 +139,73 @@ absl::StatusOr<uint64_t> ValueFiles::RemoveUnreferenced(
   return removed;
 }
 
+absl::StatusOr<std::vector<uint64_t>> ValueFiles::Generations() const {
+  auto names = ListDir(values_dir_);
+  if (!names.ok()) return names.status();
+  std::vector<uint64_t> gens;
+  for (const std::string& name : *names) {
+    uint64_t gen = 0;
+    if (ParseGenName(name, &gen)) gens.push_back(gen);
+  }
+  return gens;
+}
+
+namespace {
+constexpr uint64_t kTrailerMagic = 0x31525456414c5a4cull;  // "LZLAVTR1" little-endian
+constexpr size_t kTrailerTail = 16;
+
+void PutU32(uint32_t v, std::string* out) {
+  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
+}
+uint32_t GetU32(const char* p) {
+  const auto* u = reinterpret_cast<const uint8_t*>(p);
+  return uint32_t{u[0]} | (uint32_t{u[1]} << 8) | (uint32_t{u[2]} << 16) | (uint32_t{u[3]} << 24);
+}
+}  // namespace
+
+absl::Status WriteTrailer(int fd, uint64_t at, std::string_view key, std::string_view record) {
+  std::string body;
+  PutU32(static_cast<uint32_t>(key.size()), &body);
+  body.append(key);
+  body.append(record);
+  std::string out = body;
+  PutU32(static_cast<uint32_t>(body.size()), &out);
+  PutU32(Crc32c(body), &out);
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(kTrailerMagic >> (8 * i)));
+  return PwriteAll(fd, out, at);
+}
+
+absl::StatusOr<Trailer> ReadTrailer(int fd) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return ErrnoStatus(errno, "stat of a value file");
+  const uint64_t size = uint64_t(st.st_size);
+  if (size < kTrailerTail) return absl::DataLossError("value file without a trailer");
+  char tail[kTrailerTail];
+  if (auto s = PreadAll(fd, tail, kTrailerTail, size - kTrailerTail); !s.ok()) return s;
+  uint64_t magic = 0;
+  for (int i = 7; i >= 0; --i) magic = (magic << 8) | static_cast<uint8_t>(tail[8 + i]);
+  const uint32_t body_size = GetU32(tail), crc = GetU32(tail + 4);
+  if (magic != kTrailerMagic || body_size < 4 || body_size > size - kTrailerTail ||
+      body_size > (1u << 20)) {
+    return absl::DataLossError("value file without a valid trailer");
+  }
+  std::string body(body_size, '\0');
+  if (auto s = PreadAll(fd, body.data(), body_size, size - kTrailerTail - body_size); !s.ok()) {
+    return s;
+  }
+  if (Crc32c(body) != crc) return absl::DataLossError("value file trailer fails its CRC-32C");
+  const uint32_t key_size = GetU32(body.data());
+  if (key_size > body_size - 4) return absl::DataLossError("value file trailer malformed");
+  Trailer t;
+  t.key = body.substr(4, key_size);
+  t.record = body.substr(4 + key_size);
+  return t;
+}
+
 absl::Status VerifyValueFile(int fd, const ValueLayout& layout, std::span<const uint32_t> crcs) {
   struct stat st;
   if (::fstat(fd, &st) != 0) return ErrnoStatus(errno, "stat of a value file");
-  if (uint64_t(st.st_size) != layout.total_size) {
+  if (uint64_t(st.st_size) != layout.total_size) {  // as handed over: no trailer yet
     return absl::DataLossError(absl::StrCat("value file has ", st.st_size, " bytes, ",
                                             layout.total_size, " expected"));
   }

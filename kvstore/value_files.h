@@ -7,6 +7,10 @@
 //
 // <data_dir>/incoming holds files that same-host clients wrote for the store to adopt
 // (KvEngine::PutFile): the rename into values/ is the only copy-free way in.
+//
+// After its value's bytes each file carries a trailer naming its key and index record, so that
+// a lost or corrupt index can be rebuilt from the files alone:
+//   [u32le key length][key][record]  [u32le body length][u32le CRC-32C of the body][u64 magic]
 #pragma once
 
 #include <cstdint>
@@ -14,6 +18,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -45,6 +50,8 @@ class ValueFiles {
   // file in incoming/ (called at open, before any client can be writing there). Returns how
   // many files were deleted.
   absl::StatusOr<uint64_t> RemoveUnreferenced(const std::function<bool(uint64_t)>& live) const;
+  // The generations of the value files present (not staging files).
+  absl::StatusOr<std::vector<uint64_t>> Generations() const;
 
  private:
   ValueFiles(std::string values_dir, std::string incoming_dir)
@@ -53,6 +60,16 @@ class ValueFiles {
   std::string values_dir_;
   std::string incoming_dir_;
 };
+
+// Writes the trailer (key and index record) at `at`, the end of the value's bytes.
+absl::Status WriteTrailer(int fd, uint64_t at, std::string_view key, std::string_view record);
+// The key and index record from the trailer of the file `fd`; DATA_LOSS when it has none or a
+// damaged one.
+struct Trailer {
+  std::string key;
+  std::string record;
+};
+absl::StatusOr<Trailer> ReadTrailer(int fd);
 
 // Checks chunk i of the `layout`-shaped value in `fd` against crcs[i] for every chunk, reading
 // through a private mapping (no copy). DATA_LOSS naming the first bad chunk; DATA_LOSS when
