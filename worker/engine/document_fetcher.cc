@@ -149,8 +149,13 @@ FetchedDocument DocumentFetcher::ReadFromStore(const std::string &ns, const std:
   FetchedDocument f{id, absl::UnknownError("unset"), "", nullptr};
   *failed = false;
   const absl::Time t0 = clock_->Now();
-  if (tokens > 0) {
-    if (auto landed = ReadIntoHostTier(ns, id); landed.has_value()) {
+  absl::StatusOr<StoredDocument> got = absl::UnknownError("unset");
+  if (tokens > 0 && options_.host_tier != nullptr) {
+    // The front tiers (peers) first, as Get asks them; then the durable store, straight into
+    // pinned memory where it can.
+    got = store_->GetFromFrontTiers(ns, id);
+    auto landed = got.ok() ? std::nullopt : ReadIntoHostTier(ns, id);
+    if (landed.has_value()) {
       const double seconds = absl::ToDoubleSeconds(clock_->Now() - t0);
       if (landed->ok()) {
         cost_.ObserveFetch(tokens, seconds);
@@ -166,7 +171,7 @@ FetchedDocument DocumentFetcher::ReadFromStore(const std::string &ns, const std:
       return f;
     }
   }
-  auto got = store_->Get(ns, id);
+  if (!got.ok()) got = store_->Get(ns, id);
   if (got.ok() && got->lease != nullptr) {
     // Lent in a peer's device pool: the peer store counts it
     // (lazyrag_worker_peer_*).

@@ -297,6 +297,13 @@ class PeerFirstStore : public DocumentStore {
     return absl::UnavailableError("kvstore marked down and no peer holds the document");
   }
 
+  // The durable store only (the engine asks the peers first, through GetFromFrontTiers).
+  absl::StatusOr<std::string> GetInto(const std::string &ns, const std::string &id,
+                                      const DocumentSink &sink) override {
+    if (inner_ == nullptr) return absl::NotFoundError(absl::StrCat("no store behind the peers"));
+    return inner_->GetInto(ns, id, sink);
+  }
+
   absl::Status Put(const std::string &ns, const std::string &id,
                    const StoredDocument &doc) override {
     if (inner_ == nullptr) return absl::OkStatus();  // nothing keeps it; durable() is false

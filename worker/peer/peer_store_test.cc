@@ -33,6 +33,28 @@ std::unique_ptr<DocumentStore> PeerStore(std::vector<std::string> peers, Documen
   return std::move(*s);
 }
 
+// GetInto reads the durable store only (the engine asks the peers first, GetFromFrontTiers).
+TEST(PeerStoreTest, GetIntoReadsTheKvstoreBehindThePeersOnly) {
+  FakePeer a;
+  a.Add("d1", StoredDocument{"peer-meta", Bytes(100, 1), ""});
+  MemoryStore kv;
+  ASSERT_TRUE(kv.Put("ns", "d1", StoredDocument{"kv-meta", Bytes(100, 2), ""}).ok());
+  metrics::Registry reg;
+  auto store = PeerStore({a.address()}, &kv, &reg);
+  std::string bytes;
+  auto meta = store->GetInto("ns", "d1", [&](const std::string &, uint64_t n)
+                                             -> absl::StatusOr<std::vector<ByteSpan>> {
+    bytes.assign(n, '\0');
+    return std::vector<ByteSpan>{{bytes.data(), n}};
+  });
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  EXPECT_EQ(*meta, "kv-meta");
+  EXPECT_EQ(bytes, Bytes(100, 2));
+  EXPECT_EQ(Metric(reg, "lazyrag_worker_peer_fetch_total{result=\"hit\"}"), 0);
+  auto without = PeerStore({a.address()}, nullptr);
+  EXPECT_EQ(without->GetInto("ns", "d1", nullptr).status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST(PeerStoreTest, PeerHitNeverReachesTheKvstoreAndIsCheckedChunkByChunk) {
   FakePeer a, b;
   const StoredDocument doc{"meta", Bytes(10'000, 1), ""};

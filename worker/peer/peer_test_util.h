@@ -41,6 +41,10 @@ class Borrowed : public DocumentStore {
   absl::Status Put(const std::string &ns, const std::string &id, const StoredDocument &d) override {
     return s_->Put(ns, id, d);
   }
+  absl::StatusOr<std::string> GetInto(const std::string &ns, const std::string &id,
+                                      const DocumentSink &sink) override {
+    return s_->GetInto(ns, id, sink);
+  }
 
  private:
   DocumentStore *s_;
