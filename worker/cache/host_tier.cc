@@ -137,17 +137,20 @@ void HostTier::AbortInsert(const std::string& key) {
   entries_.erase(it);
 }
 
-std::optional<HostTier::Ref> HostTier::Acquire(const std::string& key) {
+std::optional<HostTier::Ref> HostTier::Acquire(const std::string& key, Purpose purpose) {
   absl::MutexLock lock(&mu_);
+  const bool use = purpose == Purpose::kPromotion;
   auto it = entries_.find(key);
   if (it == entries_.end() || !it->second.ready) {
-    ++misses_;
+    if (use) ++misses_;
     return std::nullopt;
   }
-  ++hits_;
   Entry& entry = it->second;
   ++entry.pins;
-  lru_.splice(lru_.end(), lru_, entry.lru);
+  if (use) {
+    ++hits_;
+    lru_.splice(lru_.end(), lru_, entry.lru);
+  }
   return Ref{base_ + entry.offset, entry.bytes, entry.num_tokens, entry.checksum, entry.tokens};
 }
 

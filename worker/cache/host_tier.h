@@ -111,10 +111,12 @@ class HostTier {
     uint64_t checksum = 0;  // as given to CommitInsert; the reader verifies it
     std::vector<int32_t> tokens;
   };
-  // Pins a ready entry for reading (promotion) and marks it most recently used; nullopt when
-  // absent or pending (counted as a miss, an entry returned as a hit). Each Acquire that returns
-  // an entry needs one Release.
-  std::optional<Ref> Acquire(const std::string& key);
+  // Why an entry is read: a promotion (a use: counted as a hit or a miss, and the entry becomes
+  // the most recently used) or the tier's own write-back of it to the store (neither).
+  enum class Purpose { kPromotion, kWriteBack };
+  // Pins a ready entry for reading; nullopt when absent or pending. Each Acquire that returns an
+  // entry needs one Release.
+  std::optional<Ref> Acquire(const std::string& key, Purpose purpose = Purpose::kPromotion);
   // Drops one pin taken by Acquire (of the entry, or of the erased entry still being read under
   // the key). No-op when the key holds no pin.
   void Release(const std::string& key);

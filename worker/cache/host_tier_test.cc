@@ -62,6 +62,22 @@ TEST(HostTierTest, EvictsTheLeastRecentlyUsedAndAcquireRefreshes) {
   EXPECT_EQ(stats.inserts, 6);
 }
 
+// A write-back's read pins the entry but is not a use: no hit or miss counted, LRU unchanged.
+TEST(HostTierTest, AWriteBackReadIsNotAUse) {
+  HostTier tier(Arena(768));
+  for (const char* key : {"a", "b", "c"}) Put(tier, key, 256);
+  auto ref = tier.Acquire("a", HostTier::Purpose::kWriteBack);
+  ASSERT_TRUE(ref.has_value());
+  EXPECT_FALSE(tier.Acquire("zz", HostTier::Purpose::kWriteBack).has_value());
+  EXPECT_EQ(tier.Stats().hits, 0);
+  EXPECT_EQ(tier.Stats().misses, 0);
+  EXPECT_EQ(tier.Stats().pinned_entries, 1);
+  tier.Release("a");
+  Put(tier, "d", 256);  // "a" is still the least recently used: it goes
+  EXPECT_FALSE(tier.Contains("a"));
+  EXPECT_TRUE(tier.Contains("b"));
+}
+
 TEST(HostTierTest, PinnedAndPendingEntriesAreNeverEvicted) {
   HostTier tier(Arena(1024));
   Put(tier, "pinned", 512);

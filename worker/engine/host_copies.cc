@@ -74,7 +74,7 @@ void HostCopies::Finish(const Copy &c, bool ok, uint64_t checksum) {
 void HostCopies::QueueWriteBack(const std::string &ns, const std::string &id,
                                 const std::vector<int32_t> &tokens) {
   if (fetcher_ == nullptr) return;
-  std::optional<HostTier::Ref> ref = tier_->Acquire(id);
+  std::optional<HostTier::Ref> ref = tier_->Acquire(id, HostTier::Purpose::kWriteBack);
   if (!ref.has_value()) return;  // evicted meanwhile: nothing to send from
   HostTier *tier = tier_;
   // Released on the write-back thread once the put is sent or skipped.
