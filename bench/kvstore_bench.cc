@@ -400,8 +400,8 @@ void MeasureEngine(Bench& bench, const std::string& dir, bool sync_commits, bool
     if (!reader.ok()) return reader.status();
     uint32_t crc = 0;
     for (uint32_t i = 0; i < (*reader)->layout().num_chunks; ++i) {
-      absl::Status s = (*reader)->ReadChunkInto(
-          i, buffers[c].data() + (*reader)->layout().ChunkBegin(i), &crc);
+      absl::Status s =
+          (*reader)->ReadChunkInto(i, buffers[c].data() + (*reader)->layout().ChunkBegin(i), &crc);
       if (!s.ok()) return s;
     }
     return Fetched{std::string_view(buffers[c].data(), (*reader)->layout().total_size), nullptr};
@@ -456,10 +456,9 @@ void MeasureService(Bench& bench, const std::string& system, const std::string& 
 
 void MeasureKvStoreProcess(Bench& bench, const std::string& binary, const std::string& dir,
                            bool sync_commits, bool with_get, bool fast_path) {
-  const std::string system =
-      std::string("lazyrag-kvstore ") +
-      (fast_path ? "same-host files" : "gRPC streams") +
-      (sync_commits ? " (sync)" : " (--sync_commits=false)");
+  const std::string system = std::string("lazyrag-kvstore ") +
+                             (fast_path ? "same-host files" : "gRPC streams") +
+                             (sync_commits ? " (sync)" : " (--sync_commits=false)");
   if (binary.empty() || access(binary.c_str(), X_OK) != 0) {
     bench.Skip(system, "put", "no lazyrag-kvstore binary (--kvstore_binary)");
     return;
@@ -627,8 +626,8 @@ void MeasureRedis(Bench& bench, const std::string& redis_server, const std::stri
   const int port = PickFreePort();
   if (port == 0) return skip("no free loopback port");
   std::filesystem::create_directories(dir);
-  ChildProcess process({path, "--port", std::to_string(port), "--bind", "127.0.0.1", "--save",
-                        "", "--appendonly", "no", "--dir", dir, "--proto-max-bulk-len", "512mb",
+  ChildProcess process({path, "--port", std::to_string(port), "--bind", "127.0.0.1", "--save", "",
+                        "--appendonly", "no", "--dir", dir, "--proto-max-bulk-len", "512mb",
                         "--client-query-buffer-limit", "1gb", "--daemonize", "no"},
                        /*capture_stdout=*/false);
   process.SetOutputFiles(dir + "/stdout.txt", dir + "/stderr.txt");

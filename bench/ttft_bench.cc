@@ -22,7 +22,6 @@
 // four concurrent fetches, beside recomputing it.
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
-
 #include <signal.h>
 
 #include <algorithm>
@@ -69,8 +68,8 @@ struct BenchOptions {
   // LAZY request whose documents are all in the host tier, none in the pool.
   double host_cache_gb = 0;
   std::string kvstore_binary;  // rows for fetching a document from a same-host kvstore shard
-  bool profile = false;  // one LAZY request (prefill + 1 decode step) between
-                         // cudaProfilerStart/Stop after warm-up, then exit (for ncu)
+  bool profile = false;        // one LAZY request (prefill + 1 decode step) between
+                               // cudaProfilerStart/Stop after warm-up, then exit (for ncu)
   std::string out;
 };
 
@@ -83,8 +82,8 @@ int Fail(const absl::Status& st, const char* what) {
 
 // A document's KV fetched from a lazyrag-kvstore shard on this host.
 struct KvstoreFetch {
-  Stats to_pinned;      // KvClient::GetInto into pinned host memory
-  Stats to_pool;        // the same, then StartKvFromHost into the document's pages (end to end)
+  Stats to_pinned;       // KvClient::GetInto into pinned host memory
+  Stats to_pool;         // the same, then StartKvFromHost into the document's pages (end to end)
   double four_gbps = 0;  // four concurrent fetches into pinned memory, total GB/s (median of 3)
   bool local = false;    // served through the same-host fast path
 };
@@ -95,8 +94,8 @@ absl::Status MeasureKvstoreFetch(const std::string& binary, Backend& backend,
   const char* tmp_env = std::getenv("TMPDIR");
   std::string dir = std::string(tmp_env != nullptr ? tmp_env : "/tmp") + "/ttft_kvstore.XXXXXX";
   if (mkdtemp(dir.data()) == nullptr) return absl::InternalError("mkdtemp");
-  testing::ChildProcess server({binary, "--listen=127.0.0.1:0", "--data_dir=" + dir + "/db",
-                                "--metrics_port=-1"});
+  testing::ChildProcess server(
+      {binary, "--listen=127.0.0.1:0", "--data_dir=" + dir + "/db", "--metrics_port=-1"});
   RETURN_IF_ERROR(server.Start());
   ASSIGN_OR_RETURN(const std::string line, server.WaitForLine("", absl::Seconds(30)));
   kvstore::KvClientOptions co;
@@ -114,8 +113,9 @@ absl::Status MeasureKvstoreFetch(const std::string& binary, Backend& backend,
   }
   auto fetch = [&](int i) -> absl::StatusOr<kvstore::ValueInfo> {
     return client->GetInto(
-        key(i), [&](const kvstore::ValueHeader&,
-                    uint64_t bytes) -> absl::StatusOr<std::vector<kvstore::MutableBytes>> {
+        key(i),
+        [&](const kvstore::ValueHeader&,
+            uint64_t bytes) -> absl::StatusOr<std::vector<kvstore::MutableBytes>> {
           if (bytes != kv.size()) return absl::DataLossError("stored size differs");
           return std::vector<kvstore::MutableBytes>{{pinned[i]->data(), bytes}};
         });
@@ -504,7 +504,8 @@ int Main(int argc, char** argv) {
     bus_row("  and on into its pages (end to end)", kv_fetch.to_pool);
     std::printf("%-36s %10.2f   (documents' encode time / %d)\n", "recomputing one document",
                 encode_ms / std::max(1, o.docs), o.docs);
-    std::printf("%-36s %10.2f GB/s in total\n", "kvstore: 4 concurrent fetches", kv_fetch.four_gbps);
+    std::printf("%-36s %10.2f GB/s in total\n", "kvstore: 4 concurrent fetches",
+                kv_fetch.four_gbps);
   }
   if (!steps.empty()) {
     std::printf(

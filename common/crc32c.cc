@@ -44,7 +44,7 @@ uint32_t ExtendPortable(uint32_t crc, const uint8_t* p, size_t n) {
 
 #if defined(__x86_64__)
 __attribute__((target("sse4.2"))) uint32_t ExtendSse42Serial(uint32_t crc, const uint8_t* p,
-                                                               size_t n) {
+                                                             size_t n) {
   uint64_t c = crc;
   while (n >= 8) {
     uint64_t word;

@@ -209,8 +209,8 @@ absl::Status KvStoreHandler::DoGet(const GetRequest& request, MessageWriter<GetR
   ByteRange range;
   if (by_chunks) {
     if (request.first_chunk() >= layout.num_chunks) {
-      return absl::OutOfRangeError(absl::StrCat("get: chunk ", request.first_chunk(), " of ",
-                                                layout.num_chunks));
+      return absl::OutOfRangeError(
+          absl::StrCat("get: chunk ", request.first_chunk(), " of ", layout.num_chunks));
     }
     const uint32_t last = static_cast<uint32_t>(std::min<uint64_t>(
         uint64_t{request.first_chunk()} + request.num_chunks(), layout.num_chunks));

@@ -8,7 +8,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/file_io.h"
-
 #include "common/grpc_server.h"
 #include "common/logging.h"
 #include "common/metrics_http.h"
@@ -24,9 +23,8 @@ namespace {
 // the token Describe names there sees this process's filesystem.
 absl::StatusOr<std::string> WriteLocalToken(const std::string& dir) {
   std::random_device rd;
-  const std::string token =
-      absl::StrCat(absl::Hex(uint64_t{rd()} << 32 | rd(), absl::kZeroPad16),
-                   absl::Hex(uint64_t{rd()} << 32 | rd(), absl::kZeroPad16));
+  const std::string token = absl::StrCat(absl::Hex(uint64_t{rd()} << 32 | rd(), absl::kZeroPad16),
+                                         absl::Hex(uint64_t{rd()} << 32 | rd(), absl::kZeroPad16));
   const std::string path = dir + "/local-token", tmp = path + ".tmp";
   {
     ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600));

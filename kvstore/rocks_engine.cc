@@ -195,7 +195,6 @@ class RocksEngine final : public KvEngine {
   // DATA_LOSS when the index itself is corrupt.
   absl::Status LoadIndex();
 
-
   const RocksEngineOptions options_;
   const ValueFiles files_;
   std::unique_ptr<rocksdb::DB> db_;
@@ -224,8 +223,7 @@ absl::Status RocksPutSession::AddChunk(uint32_t index, std::string_view data, ui
   if (engine_->sync_commits() && written_ - write_behind_at_ >= kWriteBehindBytes) {
     // Start writing these bytes out now; the commit's fdatasync then waits for less.
     (void)::sync_file_range(fd_.get(), static_cast<off_t>(write_behind_at_),
-                            static_cast<off_t>(written_ - write_behind_at_),
-                            SYNC_FILE_RANGE_WRITE);
+                            static_cast<off_t>(written_ - write_behind_at_), SYNC_FILE_RANGE_WRITE);
     write_behind_at_ = written_;
   }
   return absl::OkStatus();
@@ -261,7 +259,8 @@ absl::Status RocksValueReader::ReadChunkInto(uint32_t index, char* dst, uint32_t
     engine_->Quarantine(key_, record_.gen, "value file too short");
     return absl::DataLossError(absl::StrCat(where(), ": value file too short"));
   }
-  if (!st.ok()) return absl::Status(st.code(), absl::StrCat("reading ", where(), ": ", st.message()));
+  if (!st.ok())
+    return absl::Status(st.code(), absl::StrCat("reading ", where(), ": ", st.message()));
   if (Crc32c(std::string_view(dst, size)) != record_.crcs[index]) {
     engine_->Quarantine(key_, record_.gen, absl::StrCat("chunk ", index, " failed its CRC-32C"));
     return absl::DataLossError(absl::StrCat(where(), " failed its CRC-32C check on disk"));
@@ -272,8 +271,7 @@ absl::Status RocksValueReader::ReadChunkInto(uint32_t index, char* dst, uint32_t
 
 absl::Status RocksValueReader::ReadChunk(uint32_t index, std::string* data, uint32_t* crc32c) {
   if (index >= record_.layout.num_chunks) {
-    return absl::OutOfRangeError(
-        absl::StrCat("chunk ", index, " of ", record_.layout.num_chunks));
+    return absl::OutOfRangeError(absl::StrCat("chunk ", index, " of ", record_.layout.num_chunks));
   }
   data->resize(record_.layout.ChunkEnd(index) - record_.layout.ChunkBegin(index));
   absl::Status st = ReadChunkInto(index, data->data(), crc32c);
@@ -492,8 +490,7 @@ absl::StatusOr<bool> RocksEngine::PublishAndCommit(int fd, const std::string& pa
 }
 
 absl::StatusOr<bool> RocksEngine::PutFile(std::string_view key, const ValueLayout& layout,
-                                          std::span<const uint32_t> crcs,
-                                          const std::string& path) {
+                                          std::span<const uint32_t> crcs, const std::string& path) {
   auto fd = OpenFile(path, O_RDONLY | O_NOFOLLOW);
   if (!fd.ok()) {
     ::unlink(path.c_str());

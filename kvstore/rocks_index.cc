@@ -56,8 +56,8 @@ absl::Status DecodeValueRecord(std::string_view record, ValueRecord* out) {
   out->crcs.resize(n);
   const auto* p = reinterpret_cast<const uint8_t*>(record.data() + 12);
   for (uint32_t i = 0; i < n; ++i, p += 4) {
-    out->crcs[i] = uint32_t{p[0]} | (uint32_t{p[1]} << 8) | (uint32_t{p[2]} << 16) |
-                   (uint32_t{p[3]} << 24);
+    out->crcs[i] =
+        uint32_t{p[0]} | (uint32_t{p[1]} << 8) | (uint32_t{p[2]} << 16) | (uint32_t{p[3]} << 24);
   }
   const size_t proto_at = 12 + size_t{n} * 4;
   lazyrag::v1::ValueHeader header;
@@ -85,7 +85,6 @@ absl::Status FromRocks(const rocksdb::Status& s, std::string_view what) {
   return absl::InternalError(msg);
 }
 
-
 absl::Status DropLegacyRows(rocksdb::DB* db) {
   uint64_t dropped = 0;
   for (char tag : {kLegacyHeaderTag, kLegacyChunkTag}) {
@@ -100,9 +99,9 @@ absl::Status DropLegacyRows(rocksdb::DB* db) {
       for (; it->Valid() && it->key()[0] == tag; it->Next()) ++dropped;
     }
     it.reset();
-    RETURN_IF_ERROR(FromRocks(
-        db->DeleteRange(rocksdb::WriteOptions(), db->DefaultColumnFamily(), begin, end),
-        "dropping old rows"));
+    RETURN_IF_ERROR(
+        FromRocks(db->DeleteRange(rocksdb::WriteOptions(), db->DefaultColumnFamily(), begin, end),
+                  "dropping old rows"));
   }
   if (dropped > 0) {
     LOG_WARNING << "kvstore: dropped " << dropped
@@ -136,8 +135,8 @@ absl::Status RebuildIndexFromFiles(rocksdb::DB* db, const ValueFiles& files, int
   rocksdb::WriteOptions sync;
   sync.sync = true;
   RETURN_IF_ERROR(FromRocks(db->Write(sync, &batch), "writing the rebuilt index"));
-  LOG_WARNING << "kvstore: rebuilt the index: " << newest.size() << " values from "
-              << gens.size() << " files (" << unreadable << " without a readable trailer)";
+  LOG_WARNING << "kvstore: rebuilt the index: " << newest.size() << " values from " << gens.size()
+              << " files (" << unreadable << " without a readable trailer)";
   return absl::OkStatus();
 }
 

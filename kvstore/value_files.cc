@@ -206,8 +206,8 @@ absl::Status VerifyValueFile(int fd, const ValueLayout& layout, std::span<const 
   struct stat st;
   if (::fstat(fd, &st) != 0) return ErrnoStatus(errno, "stat of a value file");
   if (uint64_t(st.st_size) != layout.total_size) {  // as handed over: no trailer yet
-    return absl::DataLossError(absl::StrCat("value file has ", st.st_size, " bytes, ",
-                                            layout.total_size, " expected"));
+    return absl::DataLossError(
+        absl::StrCat("value file has ", st.st_size, " bytes, ", layout.total_size, " expected"));
   }
   if (crcs.size() != layout.num_chunks) {
     return absl::DataLossError(

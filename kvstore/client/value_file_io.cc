@@ -104,8 +104,9 @@ absl::Status ReadValueFile(int fd, const ValueLayout& layout, std::span<const ui
       const uint64_t begin = layout.ChunkBegin(i), size = layout.ChunkEnd(i) - begin;
       absl::StatusOr<uint32_t> crc = ReadInto(fd, dst, begin, size);
       if (!crc.ok()) {
-        return absl::Status(crc.status().code(), absl::StrCat("chunk ", i, " of the value file: ",
-                                                              crc.status().message()));
+        return absl::Status(
+            crc.status().code(),
+            absl::StrCat("chunk ", i, " of the value file: ", crc.status().message()));
       }
       if (*crc != crcs[i]) {
         bad = true;

@@ -18,9 +18,9 @@ namespace lazyrag::kvstore {
 namespace {
 
 using testing::FetchMetrics;
+using testing::FlipByte;
 using testing::KvStoreProcess;
 using testing::MetricValue;
-using testing::FlipByte;
 using testing::PatternBytes;
 using testing::TempDir;
 

@@ -240,7 +240,8 @@ TEST_F(KvStoreServiceTest, PutsCutShortByTheClientAreCountedAsSuch) {
     EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
   }
   const std::string cancelled = "lazyrag_kvstore_requests_total{op=\"put\",result=\"cancelled\"}";
-  const std::string late = "lazyrag_kvstore_requests_total{op=\"put\",result=\"deadline_exceeded\"}";
+  const std::string late =
+      "lazyrag_kvstore_requests_total{op=\"put\",result=\"deadline_exceeded\"}";
   EXPECT_EQ(wait_for(cancelled), 1);
   {
     grpc::ClientContext context;
@@ -260,8 +261,7 @@ TEST_F(KvStoreServiceTest, PutsCutShortByTheClientAreCountedAsSuch) {
   }
   EXPECT_EQ(std::max(0.0, Counter(cancelled)) + std::max(0.0, Counter(late)), 2);
   // -1: no such series (never counted).
-  EXPECT_LE(Counter("lazyrag_kvstore_requests_total{op=\"put\",result=\"invalid_argument\"}"),
-            0);
+  EXPECT_LE(Counter("lazyrag_kvstore_requests_total{op=\"put\",result=\"invalid_argument\"}"), 0);
   EXPECT_EQ(client_->Get(Key::Raw("cut")).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(client_->Get(Key::Raw("late")).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(Counter("lazyrag_kvstore_entries"), 1);
@@ -425,8 +425,8 @@ class KvStoreFastPathTest : public ::testing::Test {
         key, [&](const ValueHeader&, uint64_t n) -> absl::StatusOr<std::vector<MutableBytes>> {
           out.assign(n, '\0');
           const uint64_t a = std::min<uint64_t>(n, 1000), b = std::min<uint64_t>(n - a, 3'000'000);
-          return std::vector<MutableBytes>{{out.data(), a}, {out.data() + a, b},
-                                           {out.data() + a + b, n - a - b}};
+          return std::vector<MutableBytes>{
+              {out.data(), a}, {out.data() + a, b}, {out.data() + a + b, n - a - b}};
         });
     if (!info.ok()) return info.status();
     *local = info->local;
@@ -466,8 +466,8 @@ TEST_F(KvStoreFastPathTest, FilesAndStreamsServeTheSameBytes) {
   Start(/*local_clients=*/true);
   auto fast = Client(true), streamed = Client(false);
   const std::string a = PatternBytes(5'000'003, 1), b = PatternBytes(70 << 20, 2);
-  ASSERT_TRUE(fast->Put(Key::Raw("a"), {{"meta"}, {0, 1000}}, a).ok());   // by file
-  ASSERT_TRUE(streamed->Put(Key::Raw("b"), {}, b).ok());                  // by stream
+  ASSERT_TRUE(fast->Put(Key::Raw("a"), {{"meta"}, {0, 1000}}, a).ok());  // by file
+  ASSERT_TRUE(streamed->Put(Key::Raw("b"), {}, b).ok());                 // by stream
   for (KvClient* c : {fast.get(), streamed.get()}) {
     for (const auto& [key, value] : {std::pair{"a", &a}, std::pair{"b", &b}}) {
       bool local = false;

@@ -120,7 +120,7 @@ FetchedDocument DocumentFetcher::ReadFromFrontTiers(const std::string &ns, const
   FetchedDocument f{id,
                     down ? absl::UnavailableError("kvstore marked down")
                          : absl::UnavailableError("kvstore slower than recomputing"),
-                    "", nullptr};
+                    "", nullptr, nullptr};
   auto got = store_->GetFromFrontTiers(ns, id);
   if (got.ok() && got->lease != nullptr) {
     f.doc = DecodedDocument{{}, got->lease->tokens(), {}};
@@ -146,7 +146,7 @@ FetchedDocument DocumentFetcher::ReadFromFrontTiers(const std::string &ns, const
 
 FetchedDocument DocumentFetcher::ReadFromStore(const std::string &ns, const std::string &id,
                                                int64_t tokens, bool *failed) {
-  FetchedDocument f{id, absl::UnknownError("unset"), "", nullptr};
+  FetchedDocument f{id, absl::UnknownError("unset"), "", nullptr, nullptr};
   *failed = false;
   const absl::Time t0 = clock_->Now();
   absl::StatusOr<StoredDocument> got = absl::UnknownError("unset");
@@ -230,8 +230,8 @@ std::optional<absl::StatusOr<FetchedDocument>> DocumentFetcher::ReadIntoHostTier
     if (bytes != token_bytes + header.payload_bytes) {
       return absl::DataLossError("stored document: value size does not match its header");
     }
-    auto range = tier->BeginInsert(id, int64_t(header.payload_bytes), int32_t(header.num_tokens),
-                                   {});
+    auto range =
+        tier->BeginInsert(id, int64_t(header.payload_bytes), int32_t(header.num_tokens), {});
     if (!range.ok()) {
       no_room = range.status();
       return range.status();
@@ -278,8 +278,8 @@ absl::StatusOr<std::vector<int32_t>> DocumentFetcher::FetchTokens(const std::str
   prefetched_bytes_ += PayloadBytes(f);
   prefetched_.emplace(key, std::move(f));
   prefetched_order_.push_back(key);
-  while (prefetched_order_.size() > 1 && (prefetched_order_.size() > kMaxPrefetched ||
-                                          prefetched_bytes_ > kMaxPrefetchedBytes)) {
+  while (prefetched_order_.size() > 1 &&
+         (prefetched_order_.size() > kMaxPrefetched || prefetched_bytes_ > kMaxPrefetchedBytes)) {
     auto oldest = prefetched_.find(prefetched_order_.front());
     prefetched_bytes_ -= PayloadBytes(oldest->second);
     prefetched_.erase(oldest);  // a lease in it is released

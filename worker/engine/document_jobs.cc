@@ -182,7 +182,8 @@ void DocumentJobs::StartReady() {
       ReleaseHost(*job);
     }
     if (job->landed != nullptr) {
-      absl::StatusOr<KvTransferId> t = backend_->StartKvFromHost(job->pages, n, job->landed->data());
+      absl::StatusOr<KvTransferId> t =
+          backend_->StartKvFromHost(job->pages, n, job->landed->data());
       if (t.ok()) {
         job->state = DocJob::kPromoting;
         job->transfer = *t;

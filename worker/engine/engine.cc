@@ -27,8 +27,8 @@ Engine::Engine(std::unique_ptr<Backend> backend, const EngineOptions &options,
   allocator_ = std::make_unique<PageAllocator>(options.num_pages);
   table_ = std::make_unique<DocumentTable>(allocator_.get());
   if (options.registry != nullptr) {
-    metrics_ = std::make_unique<EngineMetrics>(options.registry, options.model_name,
-                                               options.pool_tier);
+    metrics_ =
+        std::make_unique<EngineMetrics>(options.registry, options.model_name, options.pool_tier);
   }
   scheduler_ = std::make_unique<Scheduler>(backend_.get(), table_.get(), allocator_.get(),
                                            host_.get(), staging_.get(), options_, metrics_.get());
@@ -68,12 +68,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Backend> 
   }
   if (auto st = backend->InitPool(options.num_pages, options.page_size); !st.ok()) return st;
   // A tier over `bytes` of the backend's host memory (`what` names it in errors).
-  auto make_tier = [&](int64_t bytes, const char *what) -> absl::StatusOr<std::unique_ptr<HostTier>> {
+  auto make_tier = [&](int64_t bytes,
+                       const char *what) -> absl::StatusOr<std::unique_ptr<HostTier>> {
     absl::StatusOr<std::unique_ptr<HostMemory>> memory = backend->AllocateHostMemory(bytes);
     if (!memory.ok()) {
-      return absl::Status(memory.status().code(),
-                          absl::StrCat("engine: ", what, " of ", bytes,
-                                       " bytes: ", memory.status().message()));
+      return absl::Status(
+          memory.status().code(),
+          absl::StrCat("engine: ", what, " of ", bytes, " bytes: ", memory.status().message()));
     }
     return std::make_unique<HostTier>(std::make_unique<BackendHostArena>(*std::move(memory)));
   };

@@ -39,14 +39,14 @@ class Registry;
 inline constexpr int64_t kDefaultMaxWritebackBytes = int64_t(4) << 30;
 
 struct EngineOptions {
-  int num_pages = 4096;         // KV pool pages
-  int page_size = 16;           // tokens per page
-  int prefill_chunk = 512;      // most query rows one sequence feeds in one step
-  int max_batch_tokens = 2048;  // per-step token budget (decode + prefill rows)
-  int max_running = 64;         // requests admitted at once
-  int max_waiting = 256;        // queued beyond that: RESOURCE_EXHAUSTED
-  std::string fingerprint;      // model fingerprint, part of every document id
-  std::string model_name;       // `model` label of the metrics
+  int num_pages = 4096;           // KV pool pages
+  int page_size = 16;             // tokens per page
+  int prefill_chunk = 512;        // most query rows one sequence feeds in one step
+  int max_batch_tokens = 2048;    // per-step token budget (decode + prefill rows)
+  int max_running = 64;           // requests admitted at once
+  int max_waiting = 256;          // queued beyond that: RESOURCE_EXHAUSTED
+  std::string fingerprint;        // model fingerprint, part of every document id
+  std::string model_name;         // `model` label of the metrics
   std::string pool_tier = "gpu";  // `tier` label of KV pool hits: "gpu" (cuda) or "cpu"
   // Optional, not owned, must outlive the engine: the store tier (pool -> store
   // -> compute).
@@ -200,7 +200,7 @@ class Engine {
   std::unique_ptr<PageAllocator> allocator_;
   std::unique_ptr<DocumentTable> table_;
   std::unique_ptr<EngineMetrics> metrics_;
-  std::unique_ptr<HostTier> host_;  // outlives the scheduler (its write-backs pin it)
+  std::unique_ptr<HostTier> host_;     // outlives the scheduler (its write-backs pin it)
   std::unique_ptr<HostTier> staging_;  // EngineOptions::fetch_staging_bytes; outlives it too
   std::unique_ptr<Scheduler> scheduler_;
   absl::StatusOr<PeerPoolHandle> pool_handle_;

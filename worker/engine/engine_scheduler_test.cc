@@ -4,11 +4,11 @@
 // cancellation and deadlines freeing pages, a failing store falling back to
 // compute, a slow or stalled store given up for compute.
 #include <atomic>
-#include <set>
 #include <cmath>
 #include <functional>
 #include <map>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"

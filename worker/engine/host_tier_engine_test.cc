@@ -815,8 +815,7 @@ TEST(HostTierEngineTest, NegativeFetchStagingBytesIsInvalidArgument) {
   o.fingerprint = loaded->fingerprint;
   o.store = &store;
   o.fetch_staging_bytes = -1;
-  EXPECT_EQ(Engine::Create(std::move(*cpu), o).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Engine::Create(std::move(*cpu), o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -31,7 +31,8 @@ struct Scheduler::LoopTask {
 };
 
 Scheduler::Scheduler(Backend *backend, DocumentTable *table, PageAllocator *allocator,
-                     HostTier *host, HostTier *staging, const EngineOptions &options, EngineMetrics *metrics)
+                     HostTier *host, HostTier *staging, const EngineOptions &options,
+                     EngineMetrics *metrics)
     : backend_(backend),
       table_(table),
       allocator_(allocator),

@@ -42,11 +42,11 @@ TEST(PeerStoreTest, GetIntoReadsTheKvstoreBehindThePeersOnly) {
   metrics::Registry reg;
   auto store = PeerStore({a.address()}, &kv, &reg);
   std::string bytes;
-  auto meta = store->GetInto("ns", "d1", [&](const std::string &, uint64_t n)
-                                             -> absl::StatusOr<std::vector<ByteSpan>> {
-    bytes.assign(n, '\0');
-    return std::vector<ByteSpan>{{bytes.data(), n}};
-  });
+  auto meta = store->GetInto(
+      "ns", "d1", [&](const std::string &, uint64_t n) -> absl::StatusOr<std::vector<ByteSpan>> {
+        bytes.assign(n, '\0');
+        return std::vector<ByteSpan>{{bytes.data(), n}};
+      });
   ASSERT_TRUE(meta.ok()) << meta.status();
   EXPECT_EQ(*meta, "kv-meta");
   EXPECT_EQ(bytes, Bytes(100, 2));

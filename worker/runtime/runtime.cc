@@ -64,10 +64,12 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
   const bool cuda_built = false;
 #endif
   if (o.device != "cpu" && !(o.device == "cuda" && cuda_built)) {
-    return absl::InvalidArgumentError(absl::StrCat("device '", o.device, "' is not available in this build (",
+    return absl::InvalidArgumentError(absl::StrCat("device '", o.device,
+                                                   "' is not available in this build (",
                                                    cuda_built ? "cpu, cuda" : "cpu", ")"));
   }
-  if (o.page_size < 1 || o.page_size > 1024) return absl::InvalidArgumentError("page_size must be in [1, 1024]");
+  if (o.page_size < 1 || o.page_size > 1024)
+    return absl::InvalidArgumentError("page_size must be in [1, 1024]");
   if (o.tensor_parallel < 1 || o.tensor_parallel > 64) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor_parallel must be in [1, 64], got ", o.tensor_parallel));
@@ -89,21 +91,20 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
   rt->config = loaded->config;
   rt->fingerprint = loaded->fingerprint;
   rt->model_name = !o.served_model_name.empty() ? o.served_model_name
-                   : !loaded->name.empty()        ? loaded->name
-                                                  : o.model;
+                   : !loaded->name.empty()      ? loaded->name
+                                                : o.model;
   auto tok = Tokenizer::Create(loaded->tokenizer, loaded->config.vocab_size);
   if (!tok.ok()) return tok.status();
   rt->tokenizer = std::move(*tok);
   RagTemplate tmpl = RagTemplate::ForSpec(loaded->tokenizer);
-  absl::StatusOr<std::unique_ptr<Backend>> backend =
-      absl::InvalidArgumentError("no backend");
+  absl::StatusOr<std::unique_ptr<Backend>> backend = absl::InvalidArgumentError("no backend");
 #ifdef LAZYRAG_WITH_CUDA
   if (o.device == "cuda") {
     CudaBackendOptions co;
     co.cuda_graphs = o.cuda_graphs;
     co.device = o.cuda_device;
-    backend = tp == 1 ? CreateCudaBackend(*loaded, co)
-                      : CreateCudaTensorParallelBackend(*loaded, tp, co);
+    backend =
+        tp == 1 ? CreateCudaBackend(*loaded, co) : CreateCudaTensorParallelBackend(*loaded, tp, co);
   }
 #endif
   if (o.device == "cpu") {
@@ -135,10 +136,11 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
     eo.store = rt->store.get();
   }
   // Default pool: 256 MiB on the CPU, 16 GiB per GPU. BytesPerPage counts all ranks.
-  const int64_t pool = o.kv_pool_bytes > 0         ? o.kv_pool_bytes
+  const int64_t pool = o.kv_pool_bytes > 0  ? o.kv_pool_bytes
                        : o.device == "cuda" ? (int64_t(16) << 30) * tp
-                                              : int64_t(256) << 20;
-  const int64_t per_page = (*backend)->BytesPerPage() / std::max(1, (*backend)->page_size()) * o.page_size;
+                                            : int64_t(256) << 20;
+  const int64_t per_page =
+      (*backend)->BytesPerPage() / std::max(1, (*backend)->page_size()) * o.page_size;
   eo.num_pages = int(std::min<int64_t>(pool / per_page, 1 << 24));
   rt->page_bytes = per_page;
   if (eo.num_pages < 4) return absl::InvalidArgumentError("kv_pool_bytes holds fewer than 4 pages");
