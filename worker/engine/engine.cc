@@ -62,6 +62,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Backend> 
   if (options.host_cache_bytes < 0) {
     return absl::InvalidArgumentError("engine: host_cache_bytes must be >= 0");
   }
+  if (auto q = ResolveQuality({}, options.quality); !q.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("engine: ", q.status().message()));
+  }
   if (auto st = backend->InitPool(options.num_pages, options.page_size); !st.ok()) return st;
   std::unique_ptr<HostTier> host;
   if (options.host_cache_bytes > 0) {
@@ -86,6 +89,7 @@ absl::Status Engine::Validate(const TokenPrompt &prompt, const TokenRunOptions &
   if (prompt.suffix.empty()) return absl::InvalidArgumentError("the query block is empty");
   if (o.max_tokens < 1) return absl::InvalidArgumentError("max_tokens must be at least 1");
   if (auto st = o.sampling.Validate(); !st.ok()) return st;
+  if (auto q = ResolveQuality(o.quality, options_.quality); !q.ok()) return q.status();
   int64_t total = prompt.total_tokens() + o.max_tokens;
   if (total > c.max_position) {
     return absl::InvalidArgumentError(

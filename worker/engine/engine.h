@@ -66,6 +66,9 @@ struct EngineOptions {
   // the pool, and every computed one, kept in memory the backend copies at bus speed; a GPU miss
   // looks there before the store). 0: no host tier. Allocated by Create (pinned for CUDA).
   int64_t host_cache_bytes = 0;
+  // Server defaults of the answer-quality settings (request.h: QualityOptions); a request's
+  // own values override them. Default: none (plain block attention). Checked by Create.
+  QualitySettings quality;
 };
 
 struct TokenRunOptions {
@@ -75,6 +78,8 @@ struct TokenRunOptions {
   bool ignore_eos = false;              // generate max_tokens whatever is sampled
   std::vector<int32_t> stop_token_ids;  // EOS and the template's end-of-turn tokens
   std::string cache_namespace;
+  // Overrides of EngineOptions::quality (LAZY and MATERIALIZE); out of range: INVALID_ARGUMENT.
+  QualityOptions quality;
   // DEADLINE_EXCEEDED once it passes (already past: at once, nothing runs).
   absl::Time deadline = absl::InfiniteFuture();
   // Polled while the request runs (about every 20 ms and at every token); true

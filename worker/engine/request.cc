@@ -13,6 +13,18 @@ absl::StatusOr<AttentionMode> ParseAttentionMode(std::string_view name) {
       absl::StrCat("unknown mode '", std::string(name), "' (lazy, materialize, prefix, full)"));
 }
 
+absl::StatusOr<QualitySettings> ResolveQuality(const QualityOptions &request,
+                                               const QualitySettings &defaults) {
+  QualitySettings q = defaults;
+  if (request.recompute_first_tokens) q.recompute_first_tokens = *request.recompute_first_tokens;
+  if (q.recompute_first_tokens < 0 || q.recompute_first_tokens > kMaxRecomputeFirstTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("recompute_first_tokens must be in 0 .. ",
+                                                   kMaxRecomputeFirstTokens, ", got ",
+                                                   q.recompute_first_tokens));
+  }
+  return q;
+}
+
 std::string_view AttentionModeName(AttentionMode mode) {
   switch (mode) {
     case AttentionMode::kLazy: return "lazy";

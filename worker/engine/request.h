@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,6 +32,28 @@ struct TokenPrompt {
   }
 };
 
+// Answer-quality settings of LAZY and MATERIALIZE requests (issue 25), which keep document KV
+// shared and position-agnostic. A request sets the fields it overrides; the engine fills the
+// rest from EngineOptions::quality (ResolveQuality) and echoes what ran in Usage. FULL and
+// PREFIX ignore them.
+struct QualityOptions {
+  // k: the first k tokens of every document are recomputed for the request at their true
+  // positions (attending the prefix and the documents before them), in the request's own
+  // pages; the rest of each document stays shared and zero-copy (EPIC-style). A document
+  // shorter than k is recomputed whole. 0 .. kMaxRecomputeFirstTokens.
+  std::optional<int> recompute_first_tokens;
+};
+inline constexpr int kMaxRecomputeFirstTokens = 512;
+
+// QualityOptions with every field set.
+struct QualitySettings {
+  int recompute_first_tokens = 0;
+};
+// `request`'s fields over `defaults`. INVALID_ARGUMENT for a value out of range (the message
+// names the field and its range).
+absl::StatusOr<QualitySettings> ResolveQuality(const QualityOptions &request,
+                                               const QualitySettings &defaults);
+
 struct Usage {
   int64_t prompt_tokens = 0;
   int64_t document_tokens = 0;         // tokens of the documents
@@ -40,6 +63,11 @@ struct Usage {
   int64_t host_document_tokens = 0;    // ... of which copied from the host-memory tier
   int64_t computed_tokens = 0;         // prompt tokens run through the model for this request
   int64_t completion_tokens = 0;
+  // The quality settings that ran (LAZY and MATERIALIZE; zero for FULL and PREFIX) and the
+  // document tokens recomputed for them (part of computed_tokens, not of
+  // cached_document_tokens).
+  int32_t recompute_first_tokens = 0;
+  int64_t recomputed_document_tokens = 0;
 };
 
 struct Timings {

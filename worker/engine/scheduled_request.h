@@ -51,6 +51,7 @@ struct ScheduledRequest {
   uint64_t order = 0;  // larger = younger (submitted later)
   TokenPrompt prompt;
   TokenRunOptions opts;
+  QualitySettings quality;  // opts.quality over the engine's defaults
   // Not a generation: makes the prompt's documents resident (and written back),
   // then ends OK without running a token (Scheduler::SubmitEncode).
   bool encode_only = false;

@@ -100,6 +100,9 @@ absl::StatusOr<std::shared_ptr<RequestChannel>> Scheduler::Submit(TokenPrompt pr
   r->prompt = std::move(prompt);
   r->opts = std::move(options);
   r->opts.is_cancelled = nullptr;  // polled by the caller's thread, never here
+  auto quality = ResolveQuality(r->opts.quality, options_.quality);
+  if (!quality.ok()) return quality.status();
+  r->quality = *quality;
   return Enqueue(std::move(r));
 }
 

@@ -140,6 +140,7 @@ absl::StatusOr<GenerateResult> Generator::Generate(const GenerateRequest &r,
     o.stop_token_ids.push_back(tokenizer_->eos_id());
   }
   o.cache_namespace = r.cache_namespace;
+  o.quality = r.quality;
   o.deadline = r.deadline;
   o.is_cancelled = r.is_cancelled;
   for (const std::string &s : r.stop) {

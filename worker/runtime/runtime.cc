@@ -125,6 +125,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
   eo.max_writeback_bytes = o.max_writeback_bytes;
   eo.host_cache_bytes = *host_cache_bytes;
   eo.registry = o.registry;
+  eo.quality = o.quality;
   if (o.store_factory) {
     auto store = o.store_factory(rt->fingerprint);
     if (!store.ok()) return store.status();

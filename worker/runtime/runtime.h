@@ -46,6 +46,9 @@ struct RuntimeOptions {
   // device (on the CPU the pool already is host memory, but tests and benchmarks use it there
   // too). Below -1: CreateRuntime fails with INVALID_ARGUMENT.
   int64_t host_cache_bytes = -1;
+  // Server defaults of the answer-quality settings (EngineOptions::quality; the worker's
+  // --recompute_first_tokens). Out of range: CreateRuntime fails with INVALID_ARGUMENT.
+  QualitySettings quality;
   // Optional: opens the store tier once the model fingerprint (part of every
   // key) is known; the runtime owns the store. Empty: no store (pool ->
   // compute).
