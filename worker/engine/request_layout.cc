@@ -31,25 +31,48 @@ std::vector<BlockRef> RequestBlocks(const TokenPrompt &prompt, AttentionMode mod
   return out;
 }
 
-RequestLayout LayoutBlocks(const TokenPrompt &prompt, const std::vector<DocumentRun> &runs) {
+RequestLayout LayoutBlocks(const TokenPrompt &prompt, const std::vector<DocumentRun> &runs,
+                           int recompute_first_tokens) {
   RequestLayout l;
-  int32_t start = 0;
-  for (const DocumentRun &run : runs) {
-    l.fixed.push_back(Segment{start, run.num_tokens, run.pages});
+  const std::vector<BlockRef> blocks = RequestBlocks(prompt, AttentionMode::kLazy);
+  int32_t start = 0, reserved = 0;
+  for (size_t b = 0; b < runs.size(); ++b) {
+    const DocumentRun &run = runs[b];
+    const bool is_doc = b < blocks.size() && blocks[b].is_doc;
+    const int32_t k = is_doc ? RecomputedTokens(recompute_first_tokens, run.num_tokens) : 0;
+    // A document recomputed whole keeps no shared segment.
+    if (k < run.num_tokens) l.fixed.push_back(Segment{start, run.num_tokens, run.pages, k});
+    if (k > 0) {
+      // Own-run slots [reserved, reserved + k) at logical [start, start + k).
+      l.own_pieces.push_back(Segment{start - reserved, reserved + k, {}, reserved});
+      for (int32_t j = 0; j < k; ++j) {
+        l.feed.push_back((*blocks[b].tokens)[j]);
+        l.fill_slot.push_back(reserved + j);
+        l.fill_pos.push_back(start + j);
+      }
+      reserved += k;
+    }
     start += run.num_tokens;
   }
-  l.own = Segment{start, 0, {}};
-  l.feed = prompt.suffix;
-  l.computed_tokens = int64_t(prompt.suffix.size());
+  l.blocks_tokens = start;
+  l.own = Segment{start - reserved, reserved, {}, reserved};
+  l.feed.insert(l.feed.end(), prompt.suffix.begin(), prompt.suffix.end());
+  l.recomputed_document_tokens = reserved;
+  l.computed_tokens = int64_t(prompt.suffix.size()) + reserved;
   return l;
 }
 
 std::vector<MaterializeCopy> MaterializeInto(RequestLayout *l, const std::vector<int32_t> &pages) {
   std::vector<MaterializeCopy> copies;
   for (const Segment &f : l->fixed) {
-    copies.push_back(MaterializeCopy{f.pages, f.len, pages, f.start, f.start});
+    if (f.len > f.skip) {
+      copies.push_back(
+          MaterializeCopy{f.pages, f.len - f.skip, pages, f.start + f.skip, f.start, f.skip});
+    }
   }
-  l->own = Segment{0, l->own.start, pages};
+  l->own = Segment{0, l->blocks_tokens, pages, 0};
+  l->own_pieces.clear();
+  l->fill_slot = l->fill_pos;  // start 0: own-run index == logical position
   l->fixed.clear();
   return copies;
 }
