@@ -4,6 +4,7 @@
 // answers compared for every setting. Prints a table and writes JSON (--out).
 //
 //   rag_qa_bench --model PATH --sets A.jsonl,B.jsonl [--configs LIST] [--out FILE]
+//                [--shared_prefix none|template] [--default_k K]
 //                [--max_questions N] [--max_tokens N] [--device cpu|cuda]
 //
 // --configs: comma-separated "MODE[:k=K]" (MODE full|prefix|lazy|materialize; k = the
@@ -132,7 +133,8 @@ int Main(int argc, char** argv) {
       {"max_questions", "1000"},
       {"max_tokens", "32"},
       {"device", "cpu"},
-      {"default_k", "0"}};
+      {"default_k", "0"},
+      {"shared_prefix", "none"}};
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string key = argv[i];
     if (key.rfind("--", 0) != 0 || !a.count(key.substr(2))) {
@@ -155,6 +157,7 @@ int Main(int argc, char** argv) {
   ro.device = a["device"];
   ro.kv_pool_bytes = int64_t(512) << 20;
   ro.quality.recompute_first_tokens = std::stoi(a["default_k"]);
+  ro.shared_prefix = a["shared_prefix"];
   auto rt_or = CreateRuntime(ro);
   if (!rt_or.ok()) {
     std::fprintf(stderr, "rag_qa_bench: %s\n", rt_or.status().ToString().c_str());
@@ -162,6 +165,18 @@ int Main(int argc, char** argv) {
   }
   Runtime& rt = **rt_or;
   Generator& gen = *rt.generator;
+  {
+    // The shared prefix moves the template's opening out of the prompt prefix: the prompt's
+    // tokens must stay those of the whole prefix, or FULL would change with the setting.
+    const std::string sys = "Answer the question with a short phrase using only the documents.";
+    const RagTemplate& t = gen.rag_template();
+    std::vector<int32_t> split = t.opening_shared ? rt.tokenizer->Encode(t.Opening())
+                                                  : std::vector<int32_t>{};
+    for (int32_t id : rt.tokenizer->Encode(t.Prefix(sys))) split.push_back(id);
+    const bool same = split == rt.tokenizer->Encode(t.FullPrefix(sys));
+    std::printf("shared prefix %s: prompt tokens %s those of the unsplit template\n",
+                a["shared_prefix"].c_str(), same ? "equal" : "DIFFER FROM");
+  }
   const int max_tokens = std::stoi(a["max_tokens"]);
 
   JsonWriter j;
@@ -171,6 +186,7 @@ int Main(int argc, char** argv) {
   j.Key("threads").Int(NumWorkerThreads());
   j.Key("max_tokens").Int(max_tokens);
   j.Key("default_k").Int(ro.quality.recompute_first_tokens);
+  j.Key("shared_prefix").String(ro.shared_prefix);
   j.Key("sets").BeginArray();
   for (const std::string& path : std::vector<std::string>(absl::StrSplit(a["sets"], ','))) {
     std::vector<Question> questions = LoadQuestions(path);

@@ -69,6 +69,9 @@ ABSL_FLAG(int, prefill_chunk, 512, "most prompt rows one request feeds per step"
 ABSL_FLAG(int, max_running, 64, "requests admitted at once");
 ABSL_FLAG(int, max_waiting, 256, "waiting queue bound; beyond it RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, max_tokens_limit, 4096, "largest max_tokens accepted");
+ABSL_FLAG(std::string, shared_prefix, "none",
+          "documents encoded after a shared prefix (attention sink) that opens every prompt: "
+          "none | template (the chat template's fixed opening); part of every document id");
 ABSL_FLAG(int, recompute_first_tokens, 0,
           "LAZY/MATERIALIZE: recompute each document's first k tokens at their true positions "
           "per request (0 .. 512; a request's quality.recompute_first_tokens overrides it; CPU "
@@ -97,6 +100,7 @@ int main(int argc, char **argv) {
   options.runtime.kv_pool_bytes = absl::GetFlag(FLAGS_kv_pool_bytes);
   options.runtime.host_cache_bytes = absl::GetFlag(FLAGS_host_cache_bytes);
   options.runtime.quality.recompute_first_tokens = absl::GetFlag(FLAGS_recompute_first_tokens);
+  options.runtime.shared_prefix = absl::GetFlag(FLAGS_shared_prefix);
   options.runtime.page_size = absl::GetFlag(FLAGS_page_size);
   options.runtime.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   options.runtime.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);

@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/document_id.h"
+#include "common/sha256.h"
+#include "common/status.h"
 #include "worker/engine/document_codec.h"
 #include "worker/engine/engine_metrics.h"
 #include "worker/engine/request_layout.h"
@@ -82,11 +84,42 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Backend> 
     }
     host = std::make_unique<HostTier>(std::make_unique<BackendHostArena>(*std::move(memory)));
   }
-  return std::unique_ptr<Engine>(new Engine(std::move(backend), options, std::move(host)));
+  const ModelConfig &mc = backend->config();
+  for (int32_t t : options.shared_prefix) {
+    if (t < 0 || t >= mc.vocab_size) {
+      return absl::InvalidArgumentError("engine: shared_prefix token out of the vocabulary");
+    }
+  }
+  if (PagesFor(int64_t(options.shared_prefix.size()), options.page_size) * 4 > options.num_pages) {
+    return absl::InvalidArgumentError("engine: shared_prefix takes over a quarter of the pool");
+  }
+  std::unique_ptr<Engine> engine(new Engine(std::move(backend), options, std::move(host)));
+  if (!options.shared_prefix.empty()) {
+    // Computed alone (no sink is set yet), then pinned for the engine's life: every block
+    // computed from now on attends it.
+    auto ch = engine->scheduler_->SubmitEncode(options.shared_prefix, "", absl::InfiniteFuture());
+    if (!ch.ok()) return ch.status();
+    {
+      absl::MutexLock l(&(*ch)->mu);
+      (*ch)->mu.Await(absl::Condition(&(*ch)->done));
+      if (!(*ch)->status.ok()) return (*ch)->status;
+    }
+    RETURN_IF_ERROR(engine->scheduler_->RunOnLoop(
+        [&] { return engine->scheduler_->PinSharedPrefix(options.shared_prefix); }));
+  }
+  return engine;
+}
+
+std::string Engine::IdNamespace(const std::string &ns) const {
+  if (options_.shared_prefix.empty()) return ns;
+  Sha256 h;
+  h.Update("lazyrag.shared_prefix.v1");
+  h.Update(options_.shared_prefix.data(), sizeof(int32_t) * options_.shared_prefix.size());
+  return absl::StrCat(ns, "\x1f", "after:", ToHex(h.Finish()).substr(0, 32));
 }
 
 std::string Engine::BlockId(const std::vector<int32_t> &tokens, const std::string &ns) const {
-  return DocumentId(options_.fingerprint, ns, tokens);
+  return DocumentId(options_.fingerprint, IdNamespace(ns), tokens);
 }
 
 absl::Status Engine::Validate(const TokenPrompt &prompt, const TokenRunOptions &o) const {
@@ -128,8 +161,13 @@ absl::Status Engine::Validate(const TokenPrompt &prompt, const TokenRunOptions &
   return absl::OkStatus();
 }
 
-absl::StatusOr<TokenResult> Engine::RunTokens(const TokenPrompt &prompt, const TokenRunOptions &o,
+absl::StatusOr<TokenResult> Engine::RunTokens(const TokenPrompt &given,
+                                              const TokenRunOptions &given_options,
                                               const TokenCallback &on_token) {
+  TokenPrompt prompt = given;
+  prompt.sink = options_.shared_prefix;
+  TokenRunOptions o = given_options;
+  o.cache_namespace = IdNamespace(given_options.cache_namespace);
   if (auto s = Validate(prompt, o); !s.ok()) return s;
   auto submitted = scheduler_->Submit(prompt, o);
   if (!submitted.ok()) return submitted.status();
@@ -179,7 +217,7 @@ absl::StatusOr<TokenResult> Engine::RunTokens(const TokenPrompt &prompt, const T
 
 absl::StatusOr<std::vector<int32_t>> Engine::FetchDocumentTokens(const std::string &ns,
                                                                  const std::string &id) {
-  return scheduler_->FetchDocumentTokens(ns, id);
+  return scheduler_->FetchDocumentTokens(IdNamespace(ns), id);
 }
 
 absl::StatusOr<std::vector<EncodedDocument>> Engine::EncodeDocuments(
@@ -215,7 +253,7 @@ absl::StatusOr<std::vector<EncodedDocument>> Engine::EncodeDocuments(
     std::vector<std::shared_ptr<RequestChannel>> channels;
     absl::Status failed;
     for (size_t i = begin; i < end; ++i) {
-      auto ch = scheduler_->SubmitEncode(documents[i], ns, deadline);
+      auto ch = scheduler_->SubmitEncode(documents[i], IdNamespace(ns), deadline);
       if (!ch.ok()) {
         failed = ch.status();
         break;

@@ -50,6 +50,7 @@ int64_t PageBudget::AdmissionPages(const TokenPrompt &p, const TokenRunOptions &
                                    const std::string &fingerprint) const {
   int64_t need = OwnPagesAtMost(p, o, q);
   for (const BlockRef &b : RequestBlocks(p, o.mode)) {
+    if (b.is_sink) continue;  // pinned by the engine for its lifetime
     if (!table_->Contains(DocumentId(fingerprint, o.cache_namespace, *b.tokens))) {
       need += PagesFor(int64_t(b.tokens->size()), page_size_);
     }

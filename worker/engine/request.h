@@ -22,11 +22,14 @@ std::string_view AttentionModeName(AttentionMode mode);
 // concatenation prefix + documents... + suffix with plain causal attention; LAZY and
 // MATERIALIZE run block attention over the same tokens.
 struct TokenPrompt {
+  // The engine's shared prefix (EngineOptions::shared_prefix; the engine sets it): opens the
+  // prompt in every mode; documents are encoded after it. Empty without one.
+  std::vector<int32_t> sink;
   std::vector<int32_t> prefix;                  // chat header + system prompt (a shared block)
   std::vector<std::vector<int32_t>> documents;  // one block each
   std::vector<int32_t> suffix;                  // query + assistant header (the request's own)
   int64_t total_tokens() const {
-    int64_t n = int64_t(prefix.size()) + int64_t(suffix.size());
+    int64_t n = int64_t(sink.size()) + int64_t(prefix.size()) + int64_t(suffix.size());
     for (const auto& d : documents) n += int64_t(d.size());
     return n;
   }

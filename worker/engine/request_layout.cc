@@ -10,7 +10,8 @@ namespace {
 
 std::vector<int32_t> Concatenated(const TokenPrompt &p,
                                   std::vector<std::pair<int64_t, int64_t>> *doc_spans) {
-  std::vector<int32_t> all(p.prefix);
+  std::vector<int32_t> all(p.sink);
+  all.insert(all.end(), p.prefix.begin(), p.prefix.end());
   for (const auto &d : p.documents) {
     if (doc_spans) doc_spans->push_back({int64_t(all.size()), int64_t(all.size() + d.size())});
     all.insert(all.end(), d.begin(), d.end());
@@ -24,6 +25,7 @@ std::vector<int32_t> Concatenated(const TokenPrompt &p,
 std::vector<BlockRef> RequestBlocks(const TokenPrompt &prompt, AttentionMode mode) {
   std::vector<BlockRef> out;
   if (mode != AttentionMode::kLazy && mode != AttentionMode::kMaterialize) return out;
+  if (!prompt.sink.empty()) out.push_back({&prompt.sink, false, true});
   if (!prompt.prefix.empty()) out.push_back({&prompt.prefix, false});
   for (const auto &d : prompt.documents) {
     if (!d.empty()) out.push_back({&d, true});

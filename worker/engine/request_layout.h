@@ -36,11 +36,12 @@ inline int32_t RecomputedTokens(int k, int64_t document_tokens) {
   return int32_t(std::min<int64_t>(k, document_tokens));
 }
 
-// A shared block of a LAZY or MATERIALIZE request: the prefix, then each
-// document.
+// A shared block of a LAZY or MATERIALIZE request: the engine's shared prefix
+// (the sink), the prefix, then each document.
 struct BlockRef {
   const std::vector<int32_t> *tokens = nullptr;  // points into the prompt
   bool is_doc = false;
+  bool is_sink = false;  // cached once under the engine's sink id, whatever the namespace
 };
 // The blocks of `prompt` in order, empty blocks left out; none for PREFIX and
 // FULL (which compute the concatenated prompt).

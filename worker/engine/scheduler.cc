@@ -204,6 +204,17 @@ void Scheduler::Loop() {
   waiting_.clear();
 }
 
+absl::Status Scheduler::PinSharedPrefix(const std::vector<int32_t> &tokens) {
+  const std::string id = DocumentId(options_.fingerprint, "", tokens);
+  auto run = table_->Acquire(id);
+  if (!run.ok()) {
+    return absl::InternalError("engine: the shared prefix is not resident after its encoding");
+  }
+  sink_id_ = id;
+  planner_.SetSink(id, *run);
+  return absl::OkStatus();
+}
+
 absl::Status Scheduler::EvictDocument(const std::string &id) {
   return RunOnLoop([this, &id]() -> absl::Status {
     absl::StatusOr<DocumentTable::Evicted> e = table_->Evict(id);
@@ -371,7 +382,8 @@ void Scheduler::Admit(const RequestPtr &r) {
   r->pending = 0;
   for (const BlockRef &b : RequestBlocks(r->prompt, r->opts.mode)) {
     Block blk;
-    blk.id = DocumentId(options_.fingerprint, r->opts.cache_namespace, *b.tokens);
+    blk.id = b.is_sink ? sink_id_
+                       : DocumentId(options_.fingerprint, r->opts.cache_namespace, *b.tokens);
     blk.tokens = b.tokens;
     blk.is_doc = b.is_doc;
     r->blocks.push_back(std::move(blk));

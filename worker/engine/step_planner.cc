@@ -80,15 +80,20 @@ StepPlan StepPlanner::Build(std::vector<StepSequence> seqs) const {
     const StepSequence &s = plan.seqs[i];
     std::vector<int32_t> q_pos(s.n);
     if (s.job) {
-      // A document alone, from local position 0.
+      // A document alone, from local position 0, or after the shared prefix.
       const DocJob &j = *s.job;
-      b.view.AddSegment(0, j.fed + s.n, j.pages);
+      int32_t after = 0;
+      if (!sink_id_.empty() && j.id != sink_id_) {
+        b.view.AddSegment(0, sink_run_.num_tokens, sink_run_.pages);
+        after = sink_run_.num_tokens;
+      }
+      b.view.AddSegment(after, j.fed + s.n, j.pages);
       for (int t = 0; t < s.n; ++t) {
         const int32_t local = j.fed + t;
         b.tokens.push_back(j.tokens[local]);
         b.kv_pos.push_back(local);
         b.kv_slot.push_back(int64_t(j.pages[local / ps]) * ps + local % ps);
-        q_pos[t] = local;
+        q_pos[t] = after + local;
       }
     } else {
       const ScheduledRequest &r = *s.request;

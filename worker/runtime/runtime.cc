@@ -126,6 +126,17 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
   eo.host_cache_bytes = *host_cache_bytes;
   eo.registry = o.registry;
   eo.quality = o.quality;
+  if (o.shared_prefix == "template") {
+    if (tmpl.Opening().empty()) {
+      return absl::InvalidArgumentError(
+          "shared_prefix=template: this model's prompt layout has no fixed opening");
+    }
+    tmpl.opening_shared = true;
+    eo.shared_prefix = rt->tokenizer->Encode(tmpl.Opening());
+  } else if (o.shared_prefix != "none" && !o.shared_prefix.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("shared_prefix '", o.shared_prefix,
+                                                   "' is not one of none, template"));
+  }
   if (o.store_factory) {
     auto store = o.store_factory(rt->fingerprint);
     if (!store.ok()) return store.status();

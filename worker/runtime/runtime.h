@@ -49,6 +49,11 @@ struct RuntimeOptions {
   // Server defaults of the answer-quality settings (EngineOptions::quality; the worker's
   // --recompute_first_tokens). Out of range: CreateRuntime fails with INVALID_ARGUMENT.
   QualitySettings quality;
+  // The engine's shared prefix (EngineOptions::shared_prefix, the worker's --shared_prefix):
+  // "none" (or empty): documents encoded alone; "template": the prompt layout's fixed opening
+  // (RagTemplate::Opening, ChatML "<|im_start|>system\n"), moved out of the prompt prefix into
+  // the shared prefix. Anything else: INVALID_ARGUMENT.
+  std::string shared_prefix = "none";
   // Optional: opens the store tier once the model fingerprint (part of every
   // key) is known; the runtime owns the store. Empty: no store (pool ->
   // compute).
