@@ -7,8 +7,9 @@
 //                [--shared_prefix none|template] [--default_k K]
 //                [--max_questions N] [--max_tokens N] [--device cpu|cuda]
 //
-// --configs: comma-separated "MODE[:k=K]" (MODE full|prefix|lazy|materialize; k = the
-// per-request recompute_first_tokens, unset = the server default, --default_k). Default:
+// --configs: comma-separated "MODE[:k=K][:t=T][:s=S]" (MODE full|prefix|lazy|materialize; K, T,
+// S = the per-request recompute_first_tokens, document_temperature, document_scale; unset =
+// the server defaults: --default_k, 1, 1). Default:
 // "full,prefix,lazy,materialize". Every configuration runs on every question, question by
 // question, so a question's documents stay resident across its LAZY / MATERIALIZE runs.
 //
@@ -85,7 +86,7 @@ std::vector<Question> LoadQuestions(const std::string& path) {
 struct Config {
   std::string name;
   AttentionMode mode = AttentionMode::kLazy;
-  std::optional<int> k;
+  QualityOptions quality;
 };
 
 std::optional<Config> ParseConfig(const std::string& spec) {
@@ -97,7 +98,11 @@ std::optional<Config> ParseConfig(const std::string& spec) {
   c.mode = *mode;
   for (size_t i = 1; i < parts.size(); ++i) {
     if (parts[i].rfind("k=", 0) == 0) {
-      c.k = std::stoi(parts[i].substr(2));
+      c.quality.recompute_first_tokens = std::stoi(parts[i].substr(2));
+    } else if (parts[i].rfind("t=", 0) == 0) {
+      c.quality.document_temperature = std::stof(parts[i].substr(2));
+    } else if (parts[i].rfind("s=", 0) == 0) {
+      c.quality.document_scale = std::stof(parts[i].substr(2));
     } else {
       return std::nullopt;
     }
@@ -147,7 +152,8 @@ int Main(int argc, char** argv) {
   for (const std::string& spec : std::vector<std::string>(absl::StrSplit(a["configs"], ','))) {
     auto c = ParseConfig(spec);
     if (!c) {
-      std::fprintf(stderr, "rag_qa_bench: bad config '%s' (MODE[:k=K])\n", spec.c_str());
+      std::fprintf(stderr, "rag_qa_bench: bad config '%s' (MODE[:k=K][:t=T][:s=S])\n",
+                   spec.c_str());
       return 2;
     }
     configs.push_back(*c);
@@ -229,7 +235,7 @@ int Main(int argc, char** argv) {
         g.query = q.question;
         g.mode = c.mode;
         g.max_tokens = max_tokens;
-        g.quality.recompute_first_tokens = c.k;
+        g.quality = c.quality;
         auto out = gen.Generate(g);
         if (!out.ok()) {
           std::fprintf(stderr, "rag_qa_bench: %s on question %d: %s\n", c.name.c_str(), q.id,
@@ -279,7 +285,11 @@ int Main(int argc, char** argv) {
       j.BeginObject();
       j.Key("config").String(c.name);
       j.Key("mode").String(std::string(AttentionModeName(c.mode)));
-      if (c.k) j.Key("k").Int(*c.k);
+      if (c.quality.recompute_first_tokens) j.Key("k").Int(*c.quality.recompute_first_tokens);
+      if (c.quality.document_temperature) {
+        j.Key("document_temperature").Double(*c.quality.document_temperature);
+      }
+      if (c.quality.document_scale) j.Key("document_scale").Double(*c.quality.document_scale);
       j.Key("correct").Int(t.correct);
       j.Key("exact_match").Double(em);
       if (full_em > 0) j.Key("of_full").Double(em / full_em);

@@ -49,6 +49,8 @@ void PagedAttentionCpu(const AttentionShape& shape, const SegmentView& view,
         std::memcpy(qr.data(), qh, sizeof(float) * D);
         if (layout == KeyLayout::kRotatedLocal) RopeRotate(qr.data(), D, inv_freq, p - start);
         else RopeRotate(qr.data(), D, inv_freq, p);
+        const float seg_scale = shape.scale * (view.seg_scale ? view.seg_scale[s] : 1.0f);
+        const float seg_bias = view.seg_bias ? view.seg_bias[s] : 0.0f;
         for (int j = skip; j < n; ++j) {
           const float* k = KeyAt(k_cache, view, s, j, kvh, Hkv, D);
           if (layout == KeyLayout::kUnrotated) {
@@ -58,7 +60,7 @@ void PagedAttentionCpu(const AttentionShape& shape, const SegmentView& view,
           }
           double dot = 0;
           for (int d = 0; d < D; ++d) dot += double(qr[d]) * k[d];
-          float sc = float(dot) * shape.scale;
+          float sc = float(dot) * seg_scale + seg_bias;
           scores.push_back(sc);
           max_score = std::max(max_score, sc);
         }

@@ -18,6 +18,10 @@
 // seg_start[s] + j <= p, and its score uses the query rotated by p - seg_start[s] (LAZY:
 // one rotation of the query per segment instead of one per cached key).
 //
+//                 seg_scale[s], seg_bias[s]: the score of a key of the segment is
+//                              (q . k) * shape.scale * seg_scale[s] + seg_bias[s] (a
+//                              temperature 1 / seg_scale and a weight exp(seg_bias) on the
+//                              segment's attention, APE-style); nullptr = 1 and 0.
 // A query row attends key (s, j) iff seg_skip[s] <= j < seg_len[s] and seg_start[s] + j <= p.
 //
 // MATERIALIZE and FULL use the same view with a single segment starting at 0.
@@ -26,6 +30,7 @@
 //   [num_pages, page_size, num_kv_heads, head_dim]
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -44,6 +49,8 @@ struct SegmentView {
   const int32_t* page_indptr = nullptr;  // [num_segs + 1]
   const int32_t* page_indices = nullptr; // [page_indptr[num_segs]]
   const int32_t* seg_skip = nullptr;     // [num_segs] or nullptr (none skipped)
+  const float* seg_scale = nullptr;      // [num_segs] or nullptr (all 1)
+  const float* seg_bias = nullptr;       // [num_segs] or nullptr (all 0)
 };
 
 // Owning host form; Add* helpers keep the CSR arrays consistent.
@@ -57,13 +64,17 @@ struct SegmentViewHost {
   std::vector<int32_t> page_indptr{0};
   std::vector<int32_t> page_indices;
   std::vector<int32_t> seg_skip;  // [num_segs]
+  std::vector<float> seg_scale;   // [num_segs]
+  std::vector<float> seg_bias;    // [num_segs]
 
   // Appends a segment to the request being built (call before EndRequest).
   void AddSegment(int32_t start, int32_t len, const std::vector<int32_t>& pages,
-                  int32_t skip = 0) {
+                  int32_t skip = 0, float scale = 1.0f, float bias = 0.0f) {
     seg_start.push_back(start);
     seg_len.push_back(len);
     seg_skip.push_back(skip);
+    seg_scale.push_back(scale);
+    seg_bias.push_back(bias);
     page_indices.insert(page_indices.end(), pages.begin(), pages.end());
     page_indptr.push_back(static_cast<int32_t>(page_indices.size()));
   }
@@ -75,10 +86,11 @@ struct SegmentViewHost {
   }
   int num_requests() const { return static_cast<int>(q_indptr.size()) - 1; }
   int num_segments() const { return static_cast<int>(seg_start.size()); }
-  // True when some segment skips keys (a backend without SupportsSegmentSkip rejects it).
-  bool any_skip() const {
-    for (int32_t k : seg_skip) {
-      if (k != 0) return true;
+  // True when some segment skips keys or scales its scores (a backend without
+  // SupportsQualityViews rejects it).
+  bool any_quality() const {
+    for (size_t s = 0; s < seg_skip.size(); ++s) {
+      if (seg_skip[s] != 0 || seg_scale[s] != 1.0f || seg_bias[s] != 0.0f) return true;
     }
     return false;
   }
@@ -96,6 +108,8 @@ struct SegmentViewHost {
     v.page_indptr = page_indptr.data();
     v.page_indices = page_indices.data();
     v.seg_skip = seg_skip.size() == seg_start.size() ? seg_skip.data() : nullptr;
+    v.seg_scale = seg_scale.size() == seg_start.size() ? seg_scale.data() : nullptr;
+    v.seg_bias = seg_bias.size() == seg_start.size() ? seg_bias.data() : nullptr;
     return v;
   }
 };

@@ -136,9 +136,9 @@ class TensorParallelBackend final : public Backend {
     return FanOut([&](int, Backend& b) { return b.InitPool(num_pages, page_size); });
   }
 
-  bool SupportsSegmentSkip() const override {
+  bool SupportsQualityViews() const override {
     for (const auto& r : ranks_) {
-      if (!r->SupportsSegmentSkip()) return false;
+      if (!r->SupportsQualityViews()) return false;
     }
     return true;
   }

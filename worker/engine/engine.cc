@@ -67,10 +67,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Backend> 
   if (auto q = ResolveQuality({}, options.quality); !q.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("engine: ", q.status().message()));
   }
-  if (options.quality.recompute_first_tokens > 0 && !backend->SupportsSegmentSkip()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("engine: recompute_first_tokens > 0 needs a backend that skips segment keys; ",
-                     backend->name(), " does not (the CPU backend does)"));
+  if (options.quality.NeedsQualityViews() && !backend->SupportsQualityViews()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "engine: recompute_first_tokens > 0 and document temperature / scale need a backend that "
+        "skips and scales segment keys; ",
+        backend->name(), " does not (the CPU backend does)"));
   }
   if (auto st = backend->InitPool(options.num_pages, options.page_size); !st.ok()) return st;
   std::unique_ptr<HostTier> host;
@@ -129,11 +130,11 @@ absl::Status Engine::Validate(const TokenPrompt &prompt, const TokenRunOptions &
   if (auto st = o.sampling.Validate(); !st.ok()) return st;
   if (auto q = ResolveQuality(o.quality, options_.quality); !q.ok()) {
     return q.status();
-  } else if (q->recompute_first_tokens > 0 && !backend_->SupportsSegmentSkip() &&
+  } else if (q->NeedsQualityViews() && !backend_->SupportsQualityViews() &&
              (o.mode == AttentionMode::kLazy || o.mode == AttentionMode::kMaterialize)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "recompute_first_tokens > 0 is not supported by the ", backend_->name(),
-        " backend (the CPU backend only, for now)"));
+        "recompute_first_tokens > 0 and document temperature / scale are not supported by the ",
+        backend_->name(), " backend (the CPU backend only, for now)"));
   }
   int64_t total = prompt.total_tokens() + o.max_tokens;
   if (total > c.max_position) {

@@ -15,6 +15,7 @@
 #include <memory>
 #include <random>
 #include <set>
+#include <tuple>
 
 #include "gtest/gtest.h"
 #include "worker/backend/cpu/cpu_backend.h"
@@ -81,7 +82,7 @@ class RecordingBackend final : public ForwardingBackend {
  public:
   explicit RecordingBackend(std::unique_ptr<Backend> inner, bool skips = true)
       : ForwardingBackend(std::move(inner)), skips_(skips) {}
-  bool SupportsSegmentSkip() const override { return skips_; }
+  bool SupportsQualityViews() const override { return skips_; }
   absl::Status Forward(const ForwardBatch& b, std::vector<float>* logits) override {
     batches.push_back(b);
     return ForwardingBackend::Forward(b, logits);
@@ -422,6 +423,73 @@ TEST(EngineQualityTest, StoredDocumentOfAnotherPrefixIsNeverUsed) {
   TestEngine same = MakeEngine(c, 16, 2, 0, true, Sink(1, 6, c.vocab_size), &store);
   ModeRun r = RunMode(*same.engine, p, AttentionMode::kLazy, 2);
   EXPECT_EQ(r.result.usage.store_document_tokens, doc_tokens);
+}
+
+ModeRun RunWith(Engine& e, const TokenPrompt& p, AttentionMode mode, int steps,
+                const QualityOptions& q) {
+  ModeRun r;
+  TokenRunOptions o;
+  o.mode = mode;
+  o.max_tokens = steps;
+  o.ignore_eos = true;
+  o.step_logits = &r.logits;
+  o.quality = q;
+  auto res = e.RunTokens(p, o);
+  EXPECT_TRUE(res.ok()) << res.status();
+  if (res.ok()) r.result = *res;
+  return r;
+}
+
+TEST(EngineQualityTest, DocumentTemperatureAndScaleKeepLazyEqualToMaterialize) {
+  std::mt19937 rng(32);
+  ModelConfig c = SmallConfig(6, 2);
+  for (bool sink : {false, true}) {
+    TestEngine e = MakeEngine(c, 16, 6, 0, true,
+                              sink ? Sink(3, 9, c.vocab_size) : std::vector<int32_t>{});
+    for (auto [t, scale, k] : {std::tuple{0.7f, 1.0f, 0}, {1.0f, 2.5f, 0}, {1.3f, 0.6f, 5}}) {
+      SCOPED_TRACE(testing::Message() << "sink " << sink << " T " << t << " S " << scale << " k "
+                                      << k);
+      TokenPrompt p = RandomPrompt(rng, 3, c.vocab_size);
+      QualityOptions q;
+      q.document_temperature = t;
+      q.document_scale = scale;
+      q.recompute_first_tokens = k;
+      ModeRun a = RunWith(*e.engine, p, AttentionMode::kLazy, 3, q);
+      ModeRun b = RunWith(*e.engine, p, AttentionMode::kMaterialize, 3, q);
+      EXPECT_LE(MaxRelError(a.logits, b.logits), 1e-4);
+      EXPECT_FLOAT_EQ(a.result.usage.document_temperature, t);
+      EXPECT_FLOAT_EQ(b.result.usage.document_scale, scale);
+      // The setting changes the function (the test can fail).
+      ModeRun plain = RunMode(*e.engine, p, AttentionMode::kLazy, 3, k);
+      EXPECT_GT(MaxRelError(a.logits, plain.logits), 1e-4);
+    }
+  }
+}
+
+TEST(EngineQualityTest, BadTemperatureAndScaleAreRejected) {
+  ModelConfig c = SmallConfig(4, 2);
+  TestEngine e = MakeEngine(c, 16, 2);
+  std::mt19937 rng(33);
+  TokenPrompt p = RandomPrompt(rng, 2, c.vocab_size);
+  TokenRunOptions o;
+  o.max_tokens = 2;
+  for (float t : {0.0f, -1.0f, 21.0f, float(NAN)}) {
+    o.quality = {};
+    o.quality.document_temperature = t;
+    auto r = e.engine->RunTokens(p, o);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << t;
+    EXPECT_NE(r.status().message().find("document_temperature"), std::string::npos);
+  }
+  for (float s : {0.0f, 101.0f, float(INFINITY), float(NAN)}) {
+    o.quality = {};
+    o.quality.document_scale = s;
+    EXPECT_EQ(e.engine->RunTokens(p, o).status().code(), absl::StatusCode::kInvalidArgument) << s;
+  }
+  TestEngine no_views = MakeEngine(c, 16, 2, 0, /*skips=*/false);
+  o.quality = {};
+  o.quality.document_temperature = 0.9f;
+  EXPECT_EQ(no_views.engine->RunTokens(p, o).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -118,7 +118,7 @@ class ForwardingBackend : public Backend {
   int num_pages() const override { return inner_->num_pages(); }
   int page_size() const override { return inner_->page_size(); }
   KvDtype kv_dtype() const override { return inner_->kv_dtype(); }
-  bool SupportsSegmentSkip() const override { return inner_->SupportsSegmentSkip(); }
+  bool SupportsQualityViews() const override { return inner_->SupportsQualityViews(); }
   absl::Status Forward(const ForwardBatch& b, std::vector<float>* logits) override {
     return inner_->Forward(b, logits);
   }

@@ -45,12 +45,26 @@ struct QualityOptions {
   // pages; the rest of each document stays shared and zero-copy (EPIC-style). A document
   // shorter than k is recomputed whole. 0 .. kMaxRecomputeFirstTokens.
   std::optional<int> recompute_first_tokens;
+  // APE-style (arXiv 2502.05431) scaling of the attention to the documents: a key of a
+  // document (its shared part and its recomputed first tokens) scores
+  // (q . k) / (sqrt(head_dim) * document_temperature) + ln(document_scale); the sink, the
+  // prefix and the request's own tokens score as usual. Applies to every query row of the
+  // request (with first-k, the recomputed tokens' attention to earlier documents too).
+  // Temperature in [0.05, 20], scale in [0.01, 100]; 1 and 1: off.
+  std::optional<float> document_temperature;
+  std::optional<float> document_scale;
 };
 inline constexpr int kMaxRecomputeFirstTokens = 512;
 
 // QualityOptions with every field set.
 struct QualitySettings {
   int recompute_first_tokens = 0;
+  float document_temperature = 1.0f;
+  float document_scale = 1.0f;
+  // True when the settings need Backend::SupportsQualityViews.
+  bool NeedsQualityViews() const {
+    return recompute_first_tokens > 0 || document_temperature != 1.0f || document_scale != 1.0f;
+  }
 };
 // `request`'s fields over `defaults`. INVALID_ARGUMENT for a value out of range (the message
 // names the field and its range).
@@ -70,6 +84,8 @@ struct Usage {
   // document tokens recomputed for them (part of computed_tokens, not of
   // cached_document_tokens).
   int32_t recompute_first_tokens = 0;
+  float document_temperature = 1.0f;
+  float document_scale = 1.0f;
   int64_t recomputed_document_tokens = 0;
 };
 

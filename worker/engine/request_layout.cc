@@ -1,6 +1,7 @@
 #include "worker/engine/request_layout.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "common/sha256.h"
@@ -34,7 +35,11 @@ std::vector<BlockRef> RequestBlocks(const TokenPrompt &prompt, AttentionMode mod
 }
 
 RequestLayout LayoutBlocks(const TokenPrompt &prompt, const std::vector<DocumentRun> &runs,
-                           int recompute_first_tokens) {
+                           const QualitySettings &quality) {
+  const int recompute_first_tokens = quality.recompute_first_tokens;
+  const float doc_scale = 1.0f / quality.document_temperature;
+  const float doc_bias = std::log(quality.document_scale);
+  const bool scaled = doc_scale != 1.0f || doc_bias != 0.0f;
   RequestLayout l;
   const std::vector<BlockRef> blocks = RequestBlocks(prompt, AttentionMode::kLazy);
   int32_t start = 0, reserved = 0;
@@ -42,11 +47,15 @@ RequestLayout LayoutBlocks(const TokenPrompt &prompt, const std::vector<Document
     const DocumentRun &run = runs[b];
     const bool is_doc = b < blocks.size() && blocks[b].is_doc;
     const int32_t k = is_doc ? RecomputedTokens(recompute_first_tokens, run.num_tokens) : 0;
+    const float scale = is_doc ? doc_scale : 1.0f, bias = is_doc ? doc_bias : 0.0f;
+    if (scaled) l.block_spans.push_back(Segment{start, run.num_tokens, {}, 0, scale, bias});
     // A document recomputed whole keeps no shared segment.
-    if (k < run.num_tokens) l.fixed.push_back(Segment{start, run.num_tokens, run.pages, k});
+    if (k < run.num_tokens) {
+      l.fixed.push_back(Segment{start, run.num_tokens, run.pages, k, scale, bias});
+    }
     if (k > 0) {
       // Own-run slots [reserved, reserved + k) at logical [start, start + k).
-      l.own_pieces.push_back(Segment{start - reserved, reserved + k, {}, reserved});
+      l.own_pieces.push_back(Segment{start - reserved, reserved + k, {}, reserved, scale, bias});
       for (int32_t j = 0; j < k; ++j) {
         l.feed.push_back((*blocks[b].tokens)[j]);
         l.fill_slot.push_back(reserved + j);
@@ -74,6 +83,12 @@ std::vector<MaterializeCopy> MaterializeInto(RequestLayout *l, const std::vector
   }
   l->own = Segment{0, l->blocks_tokens, pages, 0};
   l->own_pieces.clear();
+  if (!l->block_spans.empty()) {
+    for (const Segment &b : l->block_spans) {
+      l->own_pieces.push_back(Segment{0, b.start + b.len, {}, b.start, b.scale, b.bias});
+    }
+    l->own.skip = l->blocks_tokens;
+  }
   l->fill_slot = l->fill_pos;  // start 0: own-run index == logical position
   l->fixed.clear();
   return copies;

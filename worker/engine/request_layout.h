@@ -28,6 +28,8 @@ struct Segment {
   int32_t len = 0;
   std::vector<int32_t> pages;
   int32_t skip = 0;
+  float scale = 1.0f;  // SegmentView::seg_scale / seg_bias
+  float bias = 0.0f;
 };
 
 // Tokens of a document that a request recomputes at their true positions
@@ -68,6 +70,9 @@ struct RequestLayout {
   std::vector<int32_t> fill_slot;
   std::vector<int32_t> fill_pos;
   int32_t blocks_tokens = 0;    // LAZY / MATERIALIZE: tokens of the prefix and documents
+  // LAZY / MATERIALIZE with document temperature / scale: each block's logical range
+  // (start, len) and score scale and bias (pages empty), for MaterializeInto.
+  std::vector<Segment> block_spans;
   int64_t computed_tokens = 0;  // prompt tokens this request runs (usage)
   int64_t recomputed_document_tokens = 0;  // of those, document tokens (first-k)
   int64_t cached_document_tokens = 0;  // FULL and PREFIX: document tokens in reused pages
@@ -79,15 +84,19 @@ struct RequestLayout {
 // fed first (own-run slots 0, 1, ... in document order, at their logical
 // positions), its shared segment skips them, and the query follows; with k = 0
 // the own segment starts after the blocks, empty, and nothing is reserved.
+// Document segments (shared and recomputed) carry the settings' temperature and
+// scale as their score scale and bias.
 RequestLayout LayoutBlocks(const TokenPrompt &prompt, const std::vector<DocumentRun> &runs,
-                           int recompute_first_tokens = 0);
+                           const QualitySettings &quality = {});
 
 // MATERIALIZE: the copies of every fixed segment of `layout` into `pages` (the
 // request's own, REQUIRES: at least PagesFor(blocks_tokens + 1) of them), keys
 // re-rotated by the segment's start, its skipped first tokens left out (they
 // are fed into their logical slots: fill_slot becomes fill_pos). Afterwards the
 // own segment holds the blocks (start 0, len = blocks_tokens, `pages`) and
-// `layout` has no fixed segment and no piece.
+// `layout` has no fixed segment; when blocks scale their scores, the own run is
+// instead cut into one piece per block (start 0, skip = the block's start) and
+// an own segment skipping all blocks, so MATERIALIZE scores as LAZY does.
 std::vector<MaterializeCopy> MaterializeInto(RequestLayout *layout,
                                              const std::vector<int32_t> &pages);
 

@@ -446,7 +446,7 @@ bool Scheduler::Setup(const RequestPtr &rp) {
   if (mode == AttentionMode::kLazy || mode == AttentionMode::kMaterialize) {
     std::vector<DocumentRun> runs;
     for (const Block &blk : r.blocks) runs.push_back(blk.run);
-    layout = LayoutBlocks(p, runs, r.quality.recompute_first_tokens);
+    layout = LayoutBlocks(p, runs, r.quality);
     if (mode == AttentionMode::kMaterialize) {
       // Copy every block into the request's pages, re-rotating keys by their start.
       auto pages =
@@ -472,6 +472,8 @@ bool Scheduler::Setup(const RequestPtr &rp) {
     if (count) {
       u.computed_tokens += layout.computed_tokens;
       u.recompute_first_tokens = r.quality.recompute_first_tokens;
+      u.document_temperature = r.quality.document_temperature;
+      u.document_scale = r.quality.document_scale;
       u.recomputed_document_tokens = layout.recomputed_document_tokens;
     }
   } else {

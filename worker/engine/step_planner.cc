@@ -97,8 +97,12 @@ StepPlan StepPlanner::Build(std::vector<StepSequence> seqs) const {
       }
     } else {
       const ScheduledRequest &r = *s.request;
-      for (const Segment &f : r.fixed) b.view.AddSegment(f.start, f.len, f.pages, f.skip);
-      for (const Segment &f : r.own_pieces) b.view.AddSegment(f.start, f.len, r.own.pages, f.skip);
+      for (const Segment &f : r.fixed) {
+        b.view.AddSegment(f.start, f.len, f.pages, f.skip, f.scale, f.bias);
+      }
+      for (const Segment &f : r.own_pieces) {
+        b.view.AddSegment(f.start, f.len, r.own.pages, f.skip, f.scale, f.bias);
+      }
       b.view.AddSegment(r.own.start, r.own.len + Appended(r, s.n), r.own.pages, r.own.skip);
       int32_t next = r.own.len;
       for (int t = 0; t < s.n; ++t) {

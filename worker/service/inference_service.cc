@@ -171,15 +171,13 @@ absl::StatusOr<GenerateRequest> ParseGenerateRequest(const v1::GenerateRequest &
   if (!q.GetReflection()->GetUnknownFields(q).empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "quality: unknown option (field ", q.GetReflection()->GetUnknownFields(q).field(0).number(),
-        "); this worker knows recompute_first_tokens"));
+        "); this worker knows recompute_first_tokens, document_temperature, document_scale"));
   }
-  if (q.has_recompute_first_tokens()) {
-    if (q.recompute_first_tokens() < 0 || q.recompute_first_tokens() > kMaxRecomputeFirstTokens) {
-      return absl::InvalidArgumentError(absl::StrCat("quality.recompute_first_tokens must be in 0 .. ",
-                                                     kMaxRecomputeFirstTokens, ", got ",
-                                                     q.recompute_first_tokens()));
-    }
-    r.quality.recompute_first_tokens = q.recompute_first_tokens();
+  if (q.has_recompute_first_tokens()) r.quality.recompute_first_tokens = q.recompute_first_tokens();
+  if (q.has_document_temperature()) r.quality.document_temperature = q.document_temperature();
+  if (q.has_document_scale()) r.quality.document_scale = q.document_scale();
+  if (auto checked = ResolveQuality(r.quality, QualitySettings{}); !checked.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("quality.", checked.status().message()));
   }
   return r;
 }
@@ -252,6 +250,8 @@ grpc::Status InferenceService::GenerateStream(grpc::ServerContext *context,
   u->set_completion_tokens(result->usage.completion_tokens);
   u->set_recompute_first_tokens(result->usage.recompute_first_tokens);
   u->set_recomputed_document_tokens(result->usage.recomputed_document_tokens);
+  u->set_document_temperature(result->usage.document_temperature);
+  u->set_document_scale(result->usage.document_scale);
   v1::Timings *t = last.mutable_timings();
   t->set_queue_ms(result->timings.queue_ms);
   t->set_ttft_ms(result->timings.ttft_ms);

@@ -66,11 +66,19 @@ TEST(ParseGenerateRequestTest, RejectsBadInput) {
     ASSERT_TRUE(unset.ok());
     EXPECT_FALSE(unset->quality.recompute_first_tokens.has_value());  // the worker's default
   }
+  r.mutable_quality()->set_document_temperature(0);
+  ExpectInvalid(r, "quality.document_temperature must be in [0.05, 20]");
+  r.mutable_quality()->set_document_temperature(0.9f);
+  r.mutable_quality()->set_document_scale(1000);
+  ExpectInvalid(r, "quality.document_scale must be in [0.01, 100]");
+  r.mutable_quality()->set_document_scale(1.5f);
   r.mutable_quality()->set_recompute_first_tokens(16);
   {
     auto set = ParseGenerateRequest(r, InferenceServiceOptions{});
     ASSERT_TRUE(set.ok());
     EXPECT_EQ(set->quality.recompute_first_tokens, 16);
+    EXPECT_EQ(set->quality.document_temperature, 0.9f);
+    EXPECT_EQ(set->quality.document_scale, 1.5f);
   }
   r = Good();
   r.add_documents();

@@ -97,7 +97,7 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  bool SupportsSegmentSkip() const override { return true; }
+  bool SupportsQualityViews() const override { return true; }
   absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override;
   absl::Status Materialize(const std::vector<MaterializeCopy>& copies) override;
   absl::Status ExportKv(const std::vector<int32_t>& pages, int num_tokens,
@@ -318,8 +318,16 @@ void PagedAttentionBlas(const AttentionShape& shape, const SegmentView& view,
             RopeRotate(dst, D, inv_freq, view.q_pos[r0 + r] - start);
           }
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, n, D, shape.scale, qs.data(), D,
+        const float alpha = shape.scale * (view.seg_scale ? view.seg_scale[s] : 1.0f);
+        const float bias = view.seg_bias ? view.seg_bias[s] : 0.0f;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, n, D, alpha, qs.data(), D,
                     ks.data(), D, 0.0f, &scores[col0], total_keys);
+        if (bias != 0.0f) {
+          for (int m = 0; m < M; ++m) {
+            float* row = &scores[int64_t(m) * total_keys + col0];
+            for (int j = 0; j < n; ++j) row[j] += bias;
+          }
+        }
         // Causal mask: key j visible to row r iff skip <= j and start + j <= p.
         const int skip = view.seg_skip ? std::min(view.seg_skip[s], n) : 0;
         for (int r = 0; r < nq; ++r) {
