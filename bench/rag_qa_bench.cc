@@ -254,6 +254,12 @@ int Main(int argc, char** argv) {
         answers[c.name].push_back(out->text);
         ids[c.name].push_back(out->token_ids);
       }
+      // Progress on stderr (a CPU run of a set takes tens of minutes).
+      std::fprintf(stderr, "%s q%d:", path.c_str(), q.id);
+      for (const Config& c : configs) {
+        std::fprintf(stderr, " %s=%d/%d", c.name.c_str(), tally[c.name].correct, tally[c.name].n);
+      }
+      std::fprintf(stderr, "\n");
     }
     const int n = int(questions.size());
     std::printf("%-22s %7s %6s", "config", "EM", "EM/FULL");
