@@ -89,8 +89,14 @@ struct SegmentViewHost {
   // True when some segment skips keys or scales its scores (a backend without
   // SupportsQualityViews rejects it).
   bool any_quality() const {
-    for (size_t s = 0; s < seg_skip.size(); ++s) {
-      if (seg_skip[s] != 0 || seg_scale[s] != 1.0f || seg_bias[s] != 0.0f) return true;
+    for (int32_t k : seg_skip) {
+      if (k != 0) return true;
+    }
+    for (float x : seg_scale) {
+      if (x != 1.0f) return true;
+    }
+    for (float x : seg_bias) {
+      if (x != 0.0f) return true;
     }
     return false;
   }

@@ -144,6 +144,10 @@ absl::Status CpuBackend::CheckBatch(const ForwardBatch& b) const {
   for (int32_t p : b.view.page_indices) {
     if (p < 0 || p >= num_pages_) return absl::InvalidArgumentError("forward: page out of range");
   }
+  const size_t S = b.view.seg_start.size();
+  for (size_t n : {b.view.seg_skip.size(), b.view.seg_scale.size(), b.view.seg_bias.size()}) {
+    if (n != 0 && n != S) return absl::InvalidArgumentError("forward: malformed segment view");
+  }
   for (int s = 0; s < b.view.num_segments(); ++s) {
     int pages = b.view.page_indptr[s + 1] - b.view.page_indptr[s];
     if (b.view.seg_len[s] < 0 || b.view.seg_len[s] > int64_t(pages) * page_size_) {
