@@ -148,8 +148,12 @@ int Main(int argc, char** argv) {
     }
     a[key.substr(2)] = argv[i + 1];
   }
+  // --configs none: only the sets' statistics and each question's fact depth (for
+  // summarize.py, which rebuilds tables from progress logs).
   std::vector<Config> configs;
+  const bool depths_only = a["configs"] == "none";
   for (const std::string& spec : std::vector<std::string>(absl::StrSplit(a["configs"], ','))) {
+    if (depths_only) break;
     auto c = ParseConfig(spec);
     if (!c) {
       std::fprintf(stderr, "rag_qa_bench: bad config '%s' (MODE[:k=K][:t=T][:s=S])\n",
@@ -209,6 +213,7 @@ int Main(int argc, char** argv) {
       for (const auto& [d, c] : q.facts) {
         q.depth = std::max<int>(q.depth, rt.tokenizer->Encode(q.documents[d].substr(0, c)).size());
       }
+      if (depths_only) std::printf("depth %s q%d %d\n", path.c_str(), q.id, q.depth);
       ++bucket_count[BucketOf(q.depth)];
       for (const auto& d : q.documents) {
         const int n = int(rt.tokenizer->Encode(rt.generator->rag_template().Document(d)).size());
@@ -255,6 +260,7 @@ int Main(int argc, char** argv) {
         ids[c.name].push_back(out->token_ids);
       }
       // Progress on stderr (a CPU run of a set takes tens of minutes).
+      if (depths_only) continue;
       std::fprintf(stderr, "%s q%d:", path.c_str(), q.id);
       for (const Config& c : configs) {
         std::fprintf(stderr, " %s=%d/%d", c.name.c_str(), tally[c.name].correct, tally[c.name].n);

@@ -106,14 +106,14 @@ StepPlan StepPlanner::Build(std::vector<StepSequence> seqs) const {
       b.view.AddSegment(r.own.start, r.own.len + Appended(r, s.n), r.own.pages, r.own.skip);
       int32_t next = r.own.len;
       for (int t = 0; t < s.n; ++t) {
-        const size_t i = r.fed + t;
-        const bool fill = i < r.fill_slot.size();
+        const size_t f = r.fed + t;
+        const bool fill = f < r.fill_slot.size();
         // Own-run index: its key is rotated at it (local to the own run).
-        const int32_t local = fill ? r.fill_slot[i] : next++;
-        b.tokens.push_back(r.feed[i]);
+        const int32_t local = fill ? r.fill_slot[f] : next++;
+        b.tokens.push_back(r.feed[f]);
         b.kv_pos.push_back(local);
         b.kv_slot.push_back(int64_t(r.own.pages[local / ps]) * ps + local % ps);
-        q_pos[t] = fill ? r.fill_pos[i] : r.own.start + local;
+        q_pos[t] = fill ? r.fill_pos[f] : r.own.start + local;
       }
       if (r.fed + s.n == r.feed.size()) {
         b.logit_rows.push_back(row + s.n - 1);
