@@ -80,8 +80,10 @@ ABSL_FLAG(double, document_scale, 1.0,
           "backend only); a request's quality.document_scale overrides it");
 ABSL_FLAG(int, recompute_first_tokens, 0,
           "LAZY/MATERIALIZE: recompute each document's first k tokens at their true positions "
-          "per request (0 .. 512; a request's quality.recompute_first_tokens overrides it; CPU "
-          "backend only)");
+          "per request (0 .. 512; a request's quality.recompute_first_tokens overrides it). -1: "
+          "the value measured best on bench/rag_qa's dev split "
+          "(lazyrag::kMeasuredRecomputeFirstTokens) on backends that support it (CPU), 0 on "
+          "the others (CUDA)");
 ABSL_FLAG(int, metrics_port, 0, "port of the /metrics endpoint; 0 picks one, -1 disables");
 ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "address the /metrics endpoint binds");
 ABSL_FLAG(double, shutdown_grace_s, 10, "seconds running calls get to finish at shutdown");

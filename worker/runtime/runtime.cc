@@ -126,6 +126,10 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
   eo.host_cache_bytes = *host_cache_bytes;
   eo.registry = o.registry;
   eo.quality = o.quality;
+  if (eo.quality.recompute_first_tokens == -1) {  // "measured" (RuntimeOptions::quality)
+    eo.quality.recompute_first_tokens =
+        (*backend)->SupportsQualityViews() ? kMeasuredRecomputeFirstTokens : 0;
+  }
   if (o.shared_prefix == "template") {
     if (tmpl.Opening().empty()) {
       return absl::InvalidArgumentError(

@@ -17,6 +17,10 @@
 
 namespace lazyrag {
 
+// The server default of recompute_first_tokens chosen on bench/rag_qa's dev split (SmolLM2-135M,
+// CPU; bench/README.md, Quality): the best exact match of k in {0, 4, 8, 16, 32}.
+inline constexpr int kMeasuredRecomputeFirstTokens = 32;
+
 struct RuntimeOptions {
   std::string model;           // GGUF path, HF directory or synthetic:NAME[@SEED]
   std::string device = "cpu";  // cpu | cuda
@@ -47,7 +51,9 @@ struct RuntimeOptions {
   // too). Below -1: CreateRuntime fails with INVALID_ARGUMENT.
   int64_t host_cache_bytes = -1;
   // Server defaults of the answer-quality settings (EngineOptions::quality; the worker's
-  // --recompute_first_tokens). Out of range: CreateRuntime fails with INVALID_ARGUMENT.
+  // --recompute_first_tokens). recompute_first_tokens -1: kMeasuredRecomputeFirstTokens where
+  // the backend supports it (Backend::SupportsQualityViews: CPU), else 0. Otherwise out of
+  // range: CreateRuntime fails with INVALID_ARGUMENT.
   QualitySettings quality;
   // The engine's shared prefix (EngineOptions::shared_prefix, the worker's --shared_prefix):
   // "none" (or empty): documents encoded alone; "template": the prompt layout's fixed opening
