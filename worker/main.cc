@@ -72,6 +72,21 @@ ABSL_FLAG(int, max_tokens_limit, 4096, "largest max_tokens accepted");
 ABSL_FLAG(std::string, http_listen, "",
           "address HOST:PORT of the OpenAI-compatible HTTP API (/v1/chat/completions, "
           "/v1/completions, /v1/models, /health); port 0 picks one; empty: off");
+ABSL_FLAG(std::string, shared_prefix, "none",
+          "documents encoded after a shared prefix (attention sink) that opens every prompt: "
+          "none | template (the chat template's fixed opening); part of every document id");
+ABSL_FLAG(double, document_temperature, 1.0,
+          "LAZY/MATERIALIZE: temperature of the attention to documents (0.05 .. 20; 1: off; "
+          "CPU backend only); a request's quality.document_temperature overrides it");
+ABSL_FLAG(double, document_scale, 1.0,
+          "LAZY/MATERIALIZE: weight of the attention to documents (0.01 .. 100; 1: off; CPU "
+          "backend only); a request's quality.document_scale overrides it");
+ABSL_FLAG(int, recompute_first_tokens, 0,
+          "LAZY/MATERIALIZE: recompute each document's first k tokens at their true positions "
+          "per request (0 .. 512; a request's quality.recompute_first_tokens overrides it). -1: "
+          "the value measured best on bench/rag_qa's dev split "
+          "(lazyrag::kMeasuredRecomputeFirstTokens) on backends that support it (CPU), 0 on "
+          "the others (CUDA)");
 ABSL_FLAG(int, metrics_port, 0, "port of the /metrics endpoint; 0 picks one, -1 disables");
 ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "address the /metrics endpoint binds");
 ABSL_FLAG(double, shutdown_grace_s, 10, "seconds running calls get to finish at shutdown");
@@ -95,6 +110,10 @@ int main(int argc, char **argv) {
   options.runtime.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   options.runtime.kv_pool_bytes = absl::GetFlag(FLAGS_kv_pool_bytes);
   options.runtime.host_cache_bytes = absl::GetFlag(FLAGS_host_cache_bytes);
+  options.runtime.quality.recompute_first_tokens = absl::GetFlag(FLAGS_recompute_first_tokens);
+  options.runtime.shared_prefix = absl::GetFlag(FLAGS_shared_prefix);
+  options.runtime.quality.document_temperature = float(absl::GetFlag(FLAGS_document_temperature));
+  options.runtime.quality.document_scale = float(absl::GetFlag(FLAGS_document_scale));
   options.runtime.page_size = absl::GetFlag(FLAGS_page_size);
   options.runtime.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   options.runtime.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);

@@ -44,11 +44,14 @@ void PagedAttentionCpu(const AttentionShape& shape, const SegmentView& view,
       for (int s = view.seg_indptr[b]; s < view.seg_indptr[b + 1]; ++s) {
         const int start = view.seg_start[s];
         const int n = std::min(view.seg_len[s], p - start + 1);  // causal: start + j <= p
-        if (n <= 0) continue;
+        const int skip = view.seg_skip ? view.seg_skip[s] : 0;
+        if (n <= skip) continue;
         std::memcpy(qr.data(), qh, sizeof(float) * D);
         if (layout == KeyLayout::kRotatedLocal) RopeRotate(qr.data(), D, inv_freq, p - start);
         else RopeRotate(qr.data(), D, inv_freq, p);
-        for (int j = 0; j < n; ++j) {
+        const float seg_scale = shape.scale * (view.seg_scale ? view.seg_scale[s] : 1.0f);
+        const float seg_bias = view.seg_bias ? view.seg_bias[s] : 0.0f;
+        for (int j = skip; j < n; ++j) {
           const float* k = KeyAt(k_cache, view, s, j, kvh, Hkv, D);
           if (layout == KeyLayout::kUnrotated) {
             std::memcpy(kr.data(), k, sizeof(float) * D);
@@ -57,7 +60,7 @@ void PagedAttentionCpu(const AttentionShape& shape, const SegmentView& view,
           }
           double dot = 0;
           for (int d = 0; d < D; ++d) dot += double(qr[d]) * k[d];
-          float sc = float(dot) * shape.scale;
+          float sc = float(dot) * seg_scale + seg_bias;
           scores.push_back(sc);
           max_score = std::max(max_score, sc);
         }
@@ -74,7 +77,8 @@ void PagedAttentionCpu(const AttentionShape& shape, const SegmentView& view,
       for (int s = view.seg_indptr[b]; s < view.seg_indptr[b + 1]; ++s) {
         const int start = view.seg_start[s];
         const int n = std::min(view.seg_len[s], p - start + 1);
-        for (int j = 0; j < n; ++j) {
+        const int skip = view.seg_skip ? view.seg_skip[s] : 0;
+        for (int j = skip; j < n; ++j) {
           double w = std::exp(double(scores[k_idx++]) - max_score);
           denom += w;
           const float* v = KeyAt(v_cache, view, s, j, kvh, Hkv, D);
@@ -99,7 +103,8 @@ void MaterializeCpu(const std::vector<MaterializeCopy>& copies, int page_size, i
       sin_d[i] = float(std::sin(a));
     }
     for (int j = 0; j < c.len; ++j) {
-      int64_t src = int64_t(c.src_pages[j / page_size]) * page_size + j % page_size;
+      const int from = c.src_offset + j;
+      int64_t src = int64_t(c.src_pages[from / page_size]) * page_size + from % page_size;
       int t = c.dst_offset + j;
       int64_t dst = int64_t(c.dst_pages[t / page_size]) * page_size + t % page_size;
       float* kd = k_cache + dst * token_stride;

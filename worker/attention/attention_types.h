@@ -19,15 +19,18 @@ enum class KeyLayout {
   kUnrotated,     // keys stored un-rotated; each key rotated at seg_start + j (MEPIC variant)
 };
 
-// One MATERIALIZE copy (Block-Attention): tokens [0, len) of a source page run are copied to
-// consecutive slots of a destination page run starting at token offset dst_offset, and each
-// key is re-rotated by `delta` (R(delta) R(j) k = R(delta + j) k). Values are copied as they are.
+// One MATERIALIZE copy (Block-Attention): tokens [src_offset, src_offset + len) of a source page
+// run are copied to consecutive slots of a destination page run starting at token offset
+// dst_offset, and each key is re-rotated by `delta` (R(delta) R(j) k = R(delta + j) k). Values
+// are copied as they are. src_offset > 0 leaves a run's first tokens out (they are recomputed:
+// QualityOptions::recompute_first_tokens).
 struct MaterializeCopy {
   std::vector<int32_t> src_pages;
   int32_t len = 0;
   std::vector<int32_t> dst_pages;
   int32_t dst_offset = 0;
   int32_t delta = 0;
+  int32_t src_offset = 0;
 };
 
 }  // namespace lazyrag

@@ -89,6 +89,12 @@ class Backend {
   // Bytes of one page across all layers, K and V.
   int64_t BytesPerPage() const { return KvBytes(page_size()); }
 
+  // Whether Forward honours the segment view's quality fields (seg_skip, seg_scale, seg_bias)
+  // and Materialize MaterializeCopy::src_offset: what QualityOptions' recompute_first_tokens
+  // and document temperature / scale need. A backend that does not rejects batches and copies
+  // that use them with UNIMPLEMENTED.
+  virtual bool SupportsQualityViews() const { return false; }
+
   // Writes the batch's new K/V into the pool, runs attention over the view and returns
   // logits [logit_rows.size(), vocab] (row-major) in `logits`.
   virtual absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) = 0;

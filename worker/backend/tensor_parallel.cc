@@ -136,6 +136,13 @@ class TensorParallelBackend final : public Backend {
     return FanOut([&](int, Backend& b) { return b.InitPool(num_pages, page_size); });
   }
 
+  bool SupportsQualityViews() const override {
+    for (const auto& r : ranks_) {
+      if (!r->SupportsQualityViews()) return false;
+    }
+    return true;
+  }
+
   absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override {
     return ForwardAll(batch, [&](Backend& b) { return b.Forward(batch, logits); });
   }

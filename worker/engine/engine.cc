@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/document_id.h"
+#include "common/sha256.h"
+#include "common/status.h"
 #include "worker/engine/document_codec.h"
 #include "worker/engine/engine_metrics.h"
 #include "worker/engine/request_layout.h"
@@ -66,6 +68,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Backend> 
     return absl::InvalidArgumentError(
         "engine: host_cache_bytes and fetch_staging_bytes must be >= 0");
   }
+  if (auto q = ResolveQuality({}, options.quality); !q.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("engine: ", q.status().message()));
+  }
+  if (options.quality.NeedsQualityViews() && !backend->SupportsQualityViews()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "engine: recompute_first_tokens > 0 and document temperature / scale need a backend that "
+        "skips and scales segment keys; ",
+        backend->name(), " does not (the CPU backend does)"));
+  }
   if (auto st = backend->InitPool(options.num_pages, options.page_size); !st.ok()) return st;
   // A tier over `bytes` of the backend's host memory (`what` names it in errors).
   auto make_tier = [&](int64_t bytes,
@@ -88,12 +99,43 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Backend> 
     if (!tier.ok()) return tier.status();
     staging = *std::move(tier);
   }
-  return std::unique_ptr<Engine>(
+  const ModelConfig &mc = backend->config();
+  for (int32_t t : options.shared_prefix) {
+    if (t < 0 || t >= mc.vocab_size) {
+      return absl::InvalidArgumentError("engine: shared_prefix token out of the vocabulary");
+    }
+  }
+  if (PagesFor(int64_t(options.shared_prefix.size()), options.page_size) * 4 > options.num_pages) {
+    return absl::InvalidArgumentError("engine: shared_prefix takes over a quarter of the pool");
+  }
+  std::unique_ptr<Engine> engine(
       new Engine(std::move(backend), options, std::move(host), std::move(staging)));
+  if (!options.shared_prefix.empty()) {
+    // Computed alone (no sink is set yet), then pinned for the engine's life: every block
+    // computed from now on attends it.
+    auto ch = engine->scheduler_->SubmitEncode(options.shared_prefix, "", absl::InfiniteFuture());
+    if (!ch.ok()) return ch.status();
+    {
+      absl::MutexLock l(&(*ch)->mu);
+      (*ch)->mu.Await(absl::Condition(&(*ch)->done));
+      if (!(*ch)->status.ok()) return (*ch)->status;
+    }
+    RETURN_IF_ERROR(engine->scheduler_->RunOnLoop(
+        [&] { return engine->scheduler_->PinSharedPrefix(options.shared_prefix); }));
+  }
+  return engine;
+}
+
+std::string Engine::IdNamespace(const std::string &ns) const {
+  if (options_.shared_prefix.empty()) return ns;
+  Sha256 h;
+  h.Update("lazyrag.shared_prefix.v1");
+  h.Update(options_.shared_prefix.data(), sizeof(int32_t) * options_.shared_prefix.size());
+  return absl::StrCat(ns, "\x1f", "after:", ToHex(h.Finish()).substr(0, 32));
 }
 
 std::string Engine::BlockId(const std::vector<int32_t> &tokens, const std::string &ns) const {
-  return DocumentId(options_.fingerprint, ns, tokens);
+  return DocumentId(options_.fingerprint, IdNamespace(ns), tokens);
 }
 
 absl::Status Engine::Validate(const TokenPrompt &prompt, const TokenRunOptions &o) const {
@@ -101,6 +143,14 @@ absl::Status Engine::Validate(const TokenPrompt &prompt, const TokenRunOptions &
   if (prompt.suffix.empty()) return absl::InvalidArgumentError("the query block is empty");
   if (o.max_tokens < 1) return absl::InvalidArgumentError("max_tokens must be at least 1");
   if (auto st = o.sampling.Validate(); !st.ok()) return st;
+  if (auto q = ResolveQuality(o.quality, options_.quality); !q.ok()) {
+    return q.status();
+  } else if (q->NeedsQualityViews() && !backend_->SupportsQualityViews() &&
+             (o.mode == AttentionMode::kLazy || o.mode == AttentionMode::kMaterialize)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "recompute_first_tokens > 0 and document temperature / scale are not supported by the ",
+        backend_->name(), " backend (the CPU backend only, for now)"));
+  }
   int64_t total = prompt.total_tokens() + o.max_tokens;
   if (total > c.max_position) {
     return absl::InvalidArgumentError(
@@ -127,8 +177,13 @@ absl::Status Engine::Validate(const TokenPrompt &prompt, const TokenRunOptions &
   return absl::OkStatus();
 }
 
-absl::StatusOr<TokenResult> Engine::RunTokens(const TokenPrompt &prompt, const TokenRunOptions &o,
+absl::StatusOr<TokenResult> Engine::RunTokens(const TokenPrompt &given,
+                                              const TokenRunOptions &given_options,
                                               const TokenCallback &on_token) {
+  TokenPrompt prompt = given;
+  prompt.sink = options_.shared_prefix;
+  TokenRunOptions o = given_options;
+  o.cache_namespace = IdNamespace(given_options.cache_namespace);
   if (auto s = Validate(prompt, o); !s.ok()) return s;
   auto submitted = scheduler_->Submit(prompt, o);
   if (!submitted.ok()) return submitted.status();
@@ -178,7 +233,7 @@ absl::StatusOr<TokenResult> Engine::RunTokens(const TokenPrompt &prompt, const T
 
 absl::StatusOr<std::vector<int32_t>> Engine::FetchDocumentTokens(const std::string &ns,
                                                                  const std::string &id) {
-  return scheduler_->FetchDocumentTokens(ns, id);
+  return scheduler_->FetchDocumentTokens(IdNamespace(ns), id);
 }
 
 absl::StatusOr<std::vector<EncodedDocument>> Engine::EncodeDocuments(
@@ -214,7 +269,7 @@ absl::StatusOr<std::vector<EncodedDocument>> Engine::EncodeDocuments(
     std::vector<std::shared_ptr<RequestChannel>> channels;
     absl::Status failed;
     for (size_t i = begin; i < end; ++i) {
-      auto ch = scheduler_->SubmitEncode(documents[i], ns, deadline);
+      auto ch = scheduler_->SubmitEncode(documents[i], IdNamespace(ns), deadline);
       if (!ch.ok()) {
         failed = ch.status();
         break;

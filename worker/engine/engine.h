@@ -71,6 +71,17 @@ struct EngineOptions {
   // fetched documents go through pageable memory (Get, ImportKv). With a host tier fetches land
   // in the tier and stay there.
   int64_t fetch_staging_bytes = 0;
+  // Server defaults of the answer-quality settings (request.h: QualityOptions); a request's
+  // own values override them. Default: none (plain block attention). Checked by Create.
+  QualitySettings quality;
+  // The shared prefix (attention sink, issue 25): tokens that open every prompt (the engine
+  // puts them in TokenPrompt::sink) and after which every block (prefix and documents) is
+  // encoded, at local positions: a block's keys are stored rotated at 0.. as without it, but
+  // computed attending the shared prefix at positions 0 .. size - 1. Its KV is computed once at
+  // Create and pinned for the engine's life. It is part of every block id (the cache namespace
+  // is extended with its hash: Engine::BlockId), so documents encoded after another prefix, or
+  // none, are never used. Empty (default): none, documents encoded alone.
+  std::vector<int32_t> shared_prefix;
 };
 
 struct TokenRunOptions {
@@ -80,6 +91,8 @@ struct TokenRunOptions {
   bool ignore_eos = false;              // generate max_tokens whatever is sampled
   std::vector<int32_t> stop_token_ids;  // EOS and the template's end-of-turn tokens
   std::string cache_namespace;
+  // Overrides of EngineOptions::quality (LAZY and MATERIALIZE); out of range: INVALID_ARGUMENT.
+  QualityOptions quality;
   // DEADLINE_EXCEEDED once it passes (already past: at once, nothing runs).
   absl::Time deadline = absl::InfiniteFuture();
   // Polled while the request runs (about every 20 ms and at every token); true
@@ -141,7 +154,8 @@ class Engine {
       const std::vector<std::vector<int32_t>> &documents, const std::string &cache_namespace,
       absl::Time deadline = absl::InfiniteFuture());
 
-  // The id under which a block of tokens is cached (common/document_id.h).
+  // The id under which a block of tokens is cached (common/document_id.h; with a shared
+  // prefix, its hash extends `cache_namespace`).
   std::string BlockId(const std::vector<int32_t> &tokens, const std::string &cache_namespace) const;
 
   // The tokens of a document known only by id, read from the store (a document
@@ -193,6 +207,9 @@ class Engine {
   Engine(std::unique_ptr<Backend> backend, const EngineOptions &options,
          std::unique_ptr<HostTier> host, std::unique_ptr<HostTier> staging);
   absl::Status Validate(const TokenPrompt &prompt, const TokenRunOptions &options) const;
+  // The namespace block ids are computed under: the caller's, extended with the shared
+  // prefix's hash when there is one.
+  std::string IdNamespace(const std::string &cache_namespace) const;
   absl::Time Now() const { return options_.clock->Now(); }
 
   EngineOptions options_;

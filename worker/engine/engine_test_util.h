@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -52,10 +53,12 @@ struct ModeRun {
   TokenResult result;
 };
 
-inline ModeRun RunMode(Engine& e, const TokenPrompt& p, AttentionMode mode, int steps) {
+inline ModeRun RunMode(Engine& e, const TokenPrompt& p, AttentionMode mode, int steps,
+                       std::optional<int> recompute_first_tokens = std::nullopt) {
   ModeRun r;
   TokenRunOptions o;
   o.mode = mode;
+  o.quality.recompute_first_tokens = recompute_first_tokens;
   o.max_tokens = steps;
   o.ignore_eos = true;
   o.step_logits = &r.logits;
@@ -115,6 +118,7 @@ class ForwardingBackend : public Backend {
   int num_pages() const override { return inner_->num_pages(); }
   int page_size() const override { return inner_->page_size(); }
   KvDtype kv_dtype() const override { return inner_->kv_dtype(); }
+  bool SupportsQualityViews() const override { return inner_->SupportsQualityViews(); }
   absl::Status Forward(const ForwardBatch& b, std::vector<float>* logits) override {
     return inner_->Forward(b, logits);
   }

@@ -34,17 +34,23 @@ absl::StatusOr<std::vector<int32_t>> PageBudget::Allocate(
   }
 }
 
-int64_t PageBudget::OwnPagesAtMost(const TokenPrompt &p, const TokenRunOptions &o) const {
+int64_t PageBudget::OwnPagesAtMost(const TokenPrompt &p, const TokenRunOptions &o,
+                                   const QualitySettings &q) const {
   const int64_t gen = o.max_tokens;
-  const int64_t tokens =
-      o.mode == AttentionMode::kLazy ? int64_t(p.suffix.size()) + gen : p.total_tokens() + gen;
+  int64_t tokens = p.total_tokens() + gen;
+  if (o.mode == AttentionMode::kLazy) {
+    tokens = int64_t(p.suffix.size()) + gen;
+    for (const auto &d : p.documents) tokens += RecomputedTokens(q.recompute_first_tokens, d.size());
+  }
   return PagesFor(tokens, page_size_);
 }
 
 int64_t PageBudget::AdmissionPages(const TokenPrompt &p, const TokenRunOptions &o,
+                                   const QualitySettings &q,
                                    const std::string &fingerprint) const {
-  int64_t need = OwnPagesAtMost(p, o);
+  int64_t need = OwnPagesAtMost(p, o, q);
   for (const BlockRef &b : RequestBlocks(p, o.mode)) {
+    if (b.is_sink) continue;  // pinned by the engine for its lifetime
     if (!table_->Contains(DocumentId(fingerprint, o.cache_namespace, *b.tokens))) {
       need += PagesFor(int64_t(b.tokens->size()), page_size_);
     }

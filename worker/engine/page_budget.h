@@ -47,13 +47,15 @@ class PageBudget {
   // victim). RESOURCE_EXHAUSTED then.
   absl::StatusOr<std::vector<int32_t>> Allocate(int n, const std::function<bool()> &preempt_one);
 
-  // Pages a request's own segment may hold at most: its query block (LAZY) or
-  // whole prompt (the other modes) plus max_tokens.
-  int64_t OwnPagesAtMost(const TokenPrompt &prompt, const TokenRunOptions &options) const;
+  // Pages a request's own segment may hold at most: its query block and its
+  // documents' recomputed first tokens (LAZY) or whole prompt (the other modes)
+  // plus max_tokens. `quality`: the request's resolved settings.
+  int64_t OwnPagesAtMost(const TokenPrompt &prompt, const TokenRunOptions &options,
+                         const QualitySettings &quality) const;
   // A request's worst case at admission: OwnPagesAtMost plus its blocks that
   // are not resident.
   int64_t AdmissionPages(const TokenPrompt &prompt, const TokenRunOptions &options,
-                         const std::string &fingerprint) const;
+                         const QualitySettings &quality, const std::string &fingerprint) const;
   // True when `need` pages fit on top of `reserved` (what running requests may
   // still claim), counting unpinned cached documents as free.
   bool Fits(int64_t need, int64_t reserved) const;

@@ -13,6 +13,29 @@ absl::StatusOr<AttentionMode> ParseAttentionMode(std::string_view name) {
       absl::StrCat("unknown mode '", std::string(name), "' (lazy, materialize, prefix, full)"));
 }
 
+absl::StatusOr<QualitySettings> ResolveQuality(const QualityOptions &request,
+                                               const QualitySettings &defaults) {
+  QualitySettings q = defaults;
+  if (request.recompute_first_tokens) q.recompute_first_tokens = *request.recompute_first_tokens;
+  if (request.document_temperature) q.document_temperature = *request.document_temperature;
+  if (request.document_scale) q.document_scale = *request.document_scale;
+  if (q.recompute_first_tokens < 0 || q.recompute_first_tokens > kMaxRecomputeFirstTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("recompute_first_tokens must be in 0 .. ",
+                                                   kMaxRecomputeFirstTokens, ", got ",
+                                                   q.recompute_first_tokens));
+  }
+  // Written so that NaN fails too.
+  if (!(q.document_temperature >= 0.05f && q.document_temperature <= 20.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("document_temperature must be in [0.05, 20], got ", q.document_temperature));
+  }
+  if (!(q.document_scale >= 0.01f && q.document_scale <= 100.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("document_scale must be in [0.01, 100], got ", q.document_scale));
+  }
+  return q;
+}
+
 std::string_view AttentionModeName(AttentionMode mode) {
   switch (mode) {
     case AttentionMode::kLazy: return "lazy";

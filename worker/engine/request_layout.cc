@@ -1,6 +1,7 @@
 #include "worker/engine/request_layout.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "common/sha256.h"
@@ -10,7 +11,8 @@ namespace {
 
 std::vector<int32_t> Concatenated(const TokenPrompt &p,
                                   std::vector<std::pair<int64_t, int64_t>> *doc_spans) {
-  std::vector<int32_t> all(p.prefix);
+  std::vector<int32_t> all(p.sink);
+  all.insert(all.end(), p.prefix.begin(), p.prefix.end());
   for (const auto &d : p.documents) {
     if (doc_spans) doc_spans->push_back({int64_t(all.size()), int64_t(all.size() + d.size())});
     all.insert(all.end(), d.begin(), d.end());
@@ -24,6 +26,7 @@ std::vector<int32_t> Concatenated(const TokenPrompt &p,
 std::vector<BlockRef> RequestBlocks(const TokenPrompt &prompt, AttentionMode mode) {
   std::vector<BlockRef> out;
   if (mode != AttentionMode::kLazy && mode != AttentionMode::kMaterialize) return out;
+  if (!prompt.sink.empty()) out.push_back({&prompt.sink, false, true});
   if (!prompt.prefix.empty()) out.push_back({&prompt.prefix, false});
   for (const auto &d : prompt.documents) {
     if (!d.empty()) out.push_back({&d, true});
@@ -31,25 +34,62 @@ std::vector<BlockRef> RequestBlocks(const TokenPrompt &prompt, AttentionMode mod
   return out;
 }
 
-RequestLayout LayoutBlocks(const TokenPrompt &prompt, const std::vector<DocumentRun> &runs) {
+RequestLayout LayoutBlocks(const TokenPrompt &prompt, const std::vector<DocumentRun> &runs,
+                           const QualitySettings &quality) {
+  const int recompute_first_tokens = quality.recompute_first_tokens;
+  const float doc_scale = 1.0f / quality.document_temperature;
+  const float doc_bias = std::log(quality.document_scale);
+  const bool scaled = doc_scale != 1.0f || doc_bias != 0.0f;
   RequestLayout l;
-  int32_t start = 0;
-  for (const DocumentRun &run : runs) {
-    l.fixed.push_back(Segment{start, run.num_tokens, run.pages});
+  const std::vector<BlockRef> blocks = RequestBlocks(prompt, AttentionMode::kLazy);
+  int32_t start = 0, reserved = 0;
+  for (size_t b = 0; b < runs.size(); ++b) {
+    const DocumentRun &run = runs[b];
+    const bool is_doc = b < blocks.size() && blocks[b].is_doc;
+    const int32_t k = is_doc ? RecomputedTokens(recompute_first_tokens, run.num_tokens) : 0;
+    const float scale = is_doc ? doc_scale : 1.0f, bias = is_doc ? doc_bias : 0.0f;
+    if (scaled) l.block_spans.push_back(Segment{start, run.num_tokens, {}, 0, scale, bias});
+    // A document recomputed whole keeps no shared segment.
+    if (k < run.num_tokens) {
+      l.fixed.push_back(Segment{start, run.num_tokens, run.pages, k, scale, bias});
+    }
+    if (k > 0) {
+      // Own-run slots [reserved, reserved + k) at logical [start, start + k).
+      l.own_pieces.push_back(Segment{start - reserved, reserved + k, {}, reserved, scale, bias});
+      for (int32_t j = 0; j < k; ++j) {
+        l.feed.push_back((*blocks[b].tokens)[j]);
+        l.fill_slot.push_back(reserved + j);
+        l.fill_pos.push_back(start + j);
+      }
+      reserved += k;
+    }
     start += run.num_tokens;
   }
-  l.own = Segment{start, 0, {}};
-  l.feed = prompt.suffix;
-  l.computed_tokens = int64_t(prompt.suffix.size());
+  l.blocks_tokens = start;
+  l.own = Segment{start - reserved, reserved, {}, reserved};
+  l.feed.insert(l.feed.end(), prompt.suffix.begin(), prompt.suffix.end());
+  l.recomputed_document_tokens = reserved;
+  l.computed_tokens = int64_t(prompt.suffix.size()) + reserved;
   return l;
 }
 
 std::vector<MaterializeCopy> MaterializeInto(RequestLayout *l, const std::vector<int32_t> &pages) {
   std::vector<MaterializeCopy> copies;
   for (const Segment &f : l->fixed) {
-    copies.push_back(MaterializeCopy{f.pages, f.len, pages, f.start, f.start});
+    if (f.len > f.skip) {
+      copies.push_back(
+          MaterializeCopy{f.pages, f.len - f.skip, pages, f.start + f.skip, f.start, f.skip});
+    }
   }
-  l->own = Segment{0, l->own.start, pages};
+  l->own = Segment{0, l->blocks_tokens, pages, 0};
+  l->own_pieces.clear();
+  if (!l->block_spans.empty()) {
+    for (const Segment &b : l->block_spans) {
+      l->own_pieces.push_back(Segment{0, b.start + b.len, {}, b.start, b.scale, b.bias});
+    }
+    l->own.skip = l->blocks_tokens;
+  }
+  l->fill_slot = l->fill_pos;  // start 0: own-run index == logical position
   l->fixed.clear();
   return copies;
 }

@@ -51,6 +51,7 @@ struct ScheduledRequest {
   uint64_t order = 0;  // larger = younger (submitted later)
   TokenPrompt prompt;
   TokenRunOptions opts;
+  QualitySettings quality;  // opts.quality over the engine's defaults
   // Not a generation: makes the prompt's documents resident (and written back),
   // then ends OK without running a token (Scheduler::SubmitEncode).
   bool encode_only = false;
@@ -68,8 +69,11 @@ struct ScheduledRequest {
   std::vector<std::string> pinned;  // table ids this request holds a reference on
   std::vector<int32_t> own_pages;   // pages it owns outright
   std::vector<Segment> fixed;       // LAZY: prefix and document blocks
+  std::vector<Segment> own_pieces;  // LAZY first-k: segments over own.pages (RequestLayout)
   Segment own;                      // the segment receiving fed tokens
   std::vector<int32_t> feed;        // tokens of the own segment: prompt part + generated
+  std::vector<int32_t> fill_slot;   // feed[i < fill_slot.size()] goes to own-run slot
+  std::vector<int32_t> fill_pos;    // fill_slot[i] at logical fill_pos[i] (RequestLayout)
   size_t fed = 0;                   // how many of `feed` are in the KV
   size_t prompt_feed = 0;           // the prompt part of `feed`
   std::vector<int32_t> generated;

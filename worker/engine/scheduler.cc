@@ -103,6 +103,9 @@ absl::StatusOr<std::shared_ptr<RequestChannel>> Scheduler::Submit(TokenPrompt pr
   r->prompt = std::move(prompt);
   r->opts = std::move(options);
   r->opts.is_cancelled = nullptr;  // polled by the caller's thread, never here
+  auto quality = ResolveQuality(r->opts.quality, options_.quality);
+  if (!quality.ok()) return quality.status();
+  r->quality = *quality;
   return Enqueue(std::move(r));
 }
 
@@ -202,6 +205,17 @@ void Scheduler::Loop() {
   for (auto &r : waiting_) Finish(*r, down, FinishReason::kCancelled);
   running_.clear();
   waiting_.clear();
+}
+
+absl::Status Scheduler::PinSharedPrefix(const std::vector<int32_t> &tokens) {
+  const std::string id = DocumentId(options_.fingerprint, "", tokens);
+  auto run = table_->Acquire(id);
+  if (!run.ok()) {
+    return absl::InternalError("engine: the shared prefix is not resident after its encoding");
+  }
+  sink_id_ = id;
+  planner_.SetSink(id, *run);
+  return absl::OkStatus();
 }
 
 absl::Status Scheduler::EvictDocument(const std::string &id) {
@@ -371,7 +385,8 @@ void Scheduler::Admit(const RequestPtr &r) {
   r->pending = 0;
   for (const BlockRef &b : RequestBlocks(r->prompt, r->opts.mode)) {
     Block blk;
-    blk.id = DocumentId(options_.fingerprint, r->opts.cache_namespace, *b.tokens);
+    blk.id = b.is_sink ? sink_id_
+                       : DocumentId(options_.fingerprint, r->opts.cache_namespace, *b.tokens);
     blk.tokens = b.tokens;
     blk.is_doc = b.is_doc;
     r->blocks.push_back(std::move(blk));
@@ -434,11 +449,11 @@ bool Scheduler::Setup(const RequestPtr &rp) {
   if (mode == AttentionMode::kLazy || mode == AttentionMode::kMaterialize) {
     std::vector<DocumentRun> runs;
     for (const Block &blk : r.blocks) runs.push_back(blk.run);
-    layout = LayoutBlocks(p, runs);
+    layout = LayoutBlocks(p, runs, r.quality);
     if (mode == AttentionMode::kMaterialize) {
       // Copy every block into the request's pages, re-rotating keys by their start.
       auto pages =
-          AllocatePages(PagesFor(int64_t(layout.own.start) + 1, options_.page_size), r.order);
+          AllocatePages(PagesFor(int64_t(layout.blocks_tokens) + 1, options_.page_size), r.order);
       if (!pages.ok()) {
         if (OnlyRequestHoldingPages(r)) {
           Finish(r, pages.status(), FinishReason::kCancelled);
@@ -457,7 +472,13 @@ bool Scheduler::Setup(const RequestPtr &rp) {
       for (const std::string &id : r.pinned) table_->Release(id);
       r.pinned.clear();
     }
-    if (count) u.computed_tokens += layout.computed_tokens;
+    if (count) {
+      u.computed_tokens += layout.computed_tokens;
+      u.recompute_first_tokens = r.quality.recompute_first_tokens;
+      u.document_temperature = r.quality.document_temperature;
+      u.document_scale = r.quality.document_scale;
+      u.recomputed_document_tokens = layout.recomputed_document_tokens;
+    }
   } else {
     std::vector<int32_t> reused;
     r.page_ids.clear();
@@ -484,8 +505,11 @@ bool Scheduler::Setup(const RequestPtr &rp) {
     }
   }
   r.fixed = std::move(layout.fixed);
+  r.own_pieces = std::move(layout.own_pieces);
   r.own = std::move(layout.own);
   r.feed = std::move(layout.feed);
+  r.fill_slot = std::move(layout.fill_slot);
+  r.fill_pos = std::move(layout.fill_pos);
   r.fed = 0;
   r.prompt_feed = r.feed.size();
   r.feed.insert(r.feed.end(), r.generated.begin(), r.generated.end());
@@ -522,9 +546,11 @@ bool Scheduler::FitsInPool(const ScheduledRequest &w) const {
   for (const auto &r : running_) {
     if (r->finished) continue;
     reserved += std::max<int64_t>(
-        0, budget_.OwnPagesAtMost(r->prompt, r->opts) - int64_t(r->own_pages.size()));
+        0, budget_.OwnPagesAtMost(r->prompt, r->opts, r->quality) -
+               int64_t(r->own_pages.size()));
   }
-  return budget_.Fits(budget_.AdmissionPages(w.prompt, w.opts, options_.fingerprint), reserved);
+  return budget_.Fits(budget_.AdmissionPages(w.prompt, w.opts, w.quality, options_.fingerprint),
+                      reserved);
 }
 
 bool Scheduler::EnsureOwnPages(const RequestPtr &rp, int64_t tokens) {
@@ -552,6 +578,9 @@ void Scheduler::ReleaseResources(ScheduledRequest &r) {
   table_->FreePages(r.own_pages);
   r.own_pages.clear();
   r.fixed.clear();
+  r.own_pieces.clear();
+  r.fill_slot.clear();
+  r.fill_pos.clear();
   r.own = Segment{};
   r.blocks.clear();
   r.pending = 0;

@@ -94,6 +94,11 @@ class Scheduler {
   // Engine::EvictDocument, on the scheduler thread (RunOnLoop).
   absl::Status EvictDocument(const std::string &id);
 
+  // On the scheduler thread (RunOnLoop), once, after the shared prefix was encoded
+  // (SubmitEncode with namespace ""): pins it for the scheduler's life, opens every LAZY /
+  // MATERIALIZE request with it and computes every later block after it.
+  absl::Status PinSharedPrefix(const std::vector<int32_t> &tokens);
+
   int running() const { return running_count_.load(); }
   int waiting() const { return waiting_count_.load(); }
   int64_t preemptions() const { return preemptions_.load(); }
@@ -149,6 +154,7 @@ class Scheduler {
   std::unique_ptr<DocumentJobs> jobs_;
 
   // Scheduler-thread state.
+  std::string sink_id_;  // the pinned shared prefix; empty without one
   uint64_t next_order_ = 0;
   std::deque<RequestPtr> waiting_;
   std::vector<RequestPtr> running_;

@@ -11,6 +11,13 @@ bool IsDecode(const ScheduledRequest &r) { return Remaining(r) == 1 && !r.genera
 
 bool Runs(const ScheduledRequest &r) { return !r.finished && r.phase == ScheduledRequest::kRun; }
 
+// Of the next n tokens of `r`'s feed, those appended at own.len (not filling a
+// reserved slot).
+int Appended(const ScheduledRequest &r, int n) {
+  const int64_t fills = std::clamp<int64_t>(int64_t(r.fill_slot.size()) - int64_t(r.fed), 0, n);
+  return n - int(fills);
+}
+
 }  // namespace
 
 StepPlanner::StepPlanner(DocumentTable *table, int page_size, int prefill_chunk,
@@ -34,7 +41,7 @@ std::vector<StepSequence> StepPlanner::Pack(
   auto add_request = [&](const std::shared_ptr<ScheduledRequest> &r) {
     if (!Runs(*r) || budget <= 0) return;
     const int n = int(std::min<int64_t>({Remaining(*r), prefill_chunk_, budget}));
-    if (!grow(r, int64_t(r->own.len) + n)) return;
+    if (!grow(r, int64_t(r->own.len) + Appended(*r, n))) return;
     if (!Runs(*r)) return;
     seqs.push_back({r, nullptr, n});
     budget -= n;
@@ -73,26 +80,40 @@ StepPlan StepPlanner::Build(std::vector<StepSequence> seqs) const {
     const StepSequence &s = plan.seqs[i];
     std::vector<int32_t> q_pos(s.n);
     if (s.job) {
-      // A document alone, from local position 0.
+      // A document alone, from local position 0, or after the shared prefix.
       const DocJob &j = *s.job;
-      b.view.AddSegment(0, j.fed + s.n, j.pages);
+      int32_t after = 0;
+      if (!sink_id_.empty() && j.id != sink_id_) {
+        b.view.AddSegment(0, sink_run_.num_tokens, sink_run_.pages);
+        after = sink_run_.num_tokens;
+      }
+      b.view.AddSegment(after, j.fed + s.n, j.pages);
       for (int t = 0; t < s.n; ++t) {
         const int32_t local = j.fed + t;
         b.tokens.push_back(j.tokens[local]);
         b.kv_pos.push_back(local);
         b.kv_slot.push_back(int64_t(j.pages[local / ps]) * ps + local % ps);
-        q_pos[t] = local;
+        q_pos[t] = after + local;
       }
     } else {
       const ScheduledRequest &r = *s.request;
-      for (const Segment &f : r.fixed) b.view.AddSegment(f.start, f.len, f.pages);
-      b.view.AddSegment(r.own.start, r.own.len + s.n, r.own.pages);
+      for (const Segment &f : r.fixed) {
+        b.view.AddSegment(f.start, f.len, f.pages, f.skip, f.scale, f.bias);
+      }
+      for (const Segment &f : r.own_pieces) {
+        b.view.AddSegment(f.start, f.len, r.own.pages, f.skip, f.scale, f.bias);
+      }
+      b.view.AddSegment(r.own.start, r.own.len + Appended(r, s.n), r.own.pages, r.own.skip);
+      int32_t next = r.own.len;
       for (int t = 0; t < s.n; ++t) {
-        const int32_t local = r.own.len + t;
-        b.tokens.push_back(r.feed[r.fed + t]);
+        const size_t f = r.fed + t;
+        const bool fill = f < r.fill_slot.size();
+        // Own-run index: its key is rotated at it (local to the own run).
+        const int32_t local = fill ? r.fill_slot[f] : next++;
+        b.tokens.push_back(r.feed[f]);
         b.kv_pos.push_back(local);
         b.kv_slot.push_back(int64_t(r.own.pages[local / ps]) * ps + local % ps);
-        q_pos[t] = r.own.start + local;
+        q_pos[t] = fill ? r.fill_pos[f] : r.own.start + local;
       }
       if (r.fed + s.n == r.feed.size()) {
         b.logit_rows.push_back(row + s.n - 1);
@@ -120,7 +141,7 @@ bool StepPlanner::ApplyFed(const StepSequence &s) const {
     return s.job->fed == int(s.job->tokens.size());
   }
   ScheduledRequest &r = *s.request;
-  r.own.len += s.n;
+  r.own.len += Appended(r, s.n);
   r.fed += s.n;
   if (r.opts.mode == AttentionMode::kPrefix && !r.prefix_inserted && r.fed >= r.prompt_feed) {
     // Hand the newly computed full prompt pages to the prefix cache.

@@ -51,6 +51,13 @@ class StepPlanner {
   std::vector<StepSequence> Pack(std::span<const std::shared_ptr<ScheduledRequest>> running,
                                  const std::map<std::string, std::shared_ptr<DocJob>> &jobs,
                                  const GrowFn &grow) const;
+  // From now on every block computed, but the block `id` itself, attends `run`
+  // (the engine's shared prefix) at positions [0, run.num_tokens) and sits after
+  // it; its keys are still rotated at local positions 0.. (EngineOptions).
+  void SetSink(std::string id, DocumentRun run) {
+    sink_id_ = std::move(id);
+    sink_run_ = std::move(run);
+  }
   // The ForwardBatch of `seqs` (REQUIRES: non-empty, from Pack).
   StepPlan Build(std::vector<StepSequence> seqs) const;
 
@@ -70,6 +77,8 @@ class StepPlanner {
   const int page_size_;
   const int prefill_chunk_;
   const int max_batch_tokens_;
+  std::string sink_id_;  // empty: no shared prefix
+  DocumentRun sink_run_;
 };
 
 }  // namespace lazyrag

@@ -73,7 +73,6 @@ absl::StatusOr<TokenPrompt> Generator::BuildPrompt(const GenerateRequest &r,
   TokenPrompt p;
   p.prefix = tokenizer_->Encode(template_.Prefix(r.system_prompt));
   p.suffix = tokenizer_->Encode(template_.Suffix(r.query));
-  const std::string &fp = engine_->options().fingerprint;
   for (size_t i = 0; i < r.documents.size(); ++i) {
     const DocumentInput &d = r.documents[i];
     if (!d.text.empty() && !d.id.empty()) {
@@ -115,7 +114,7 @@ absl::StatusOr<TokenPrompt> Generator::BuildPrompt(const GenerateRequest &r,
         return absl::InvalidArgumentError(absl::StrCat("document ", i, " is not valid UTF-8"));
       }
       tokens = tokenizer_->Encode(template_.Document(d.text));
-      id = DocumentId(fp, r.cache_namespace, tokens);
+      id = engine_->BlockId(tokens, r.cache_namespace);
       Remember(id, tokens);
     }
     if (document_ids) document_ids->push_back(id);
@@ -140,6 +139,7 @@ absl::StatusOr<GenerateResult> Generator::Generate(const GenerateRequest &r,
     o.stop_token_ids.push_back(tokenizer_->eos_id());
   }
   o.cache_namespace = r.cache_namespace;
+  o.quality = r.quality;
   o.deadline = r.deadline;
   o.is_cancelled = r.is_cancelled;
   for (const std::string &s : r.stop) {

@@ -38,6 +38,8 @@ struct GenerateRequest {
   bool ignore_eos = false;
   AttentionMode mode = AttentionMode::kLazy;
   std::string cache_namespace;
+  // Overrides of the server's answer-quality settings (worker/engine/request.h).
+  QualityOptions quality;
   // DEADLINE_EXCEEDED once it passes; polled cancellation (a client that went
   // away).
   absl::Time deadline = absl::InfiniteFuture();

@@ -129,6 +129,22 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
   // documents in flight; a fetch that finds no room goes through pageable memory).
   eo.fetch_staging_bytes = o.device == "cuda" && *host_cache_bytes == 0 ? int64_t(1) << 30 : 0;
   eo.registry = o.registry;
+  eo.quality = o.quality;
+  if (eo.quality.recompute_first_tokens == -1) {  // "measured" (RuntimeOptions::quality)
+    eo.quality.recompute_first_tokens =
+        (*backend)->SupportsQualityViews() ? kMeasuredRecomputeFirstTokens : 0;
+  }
+  if (o.shared_prefix == "template") {
+    if (tmpl.Opening().empty()) {
+      return absl::InvalidArgumentError(
+          "shared_prefix=template: this model's prompt layout has no fixed opening");
+    }
+    tmpl.opening_shared = true;
+    eo.shared_prefix = rt->tokenizer->Encode(tmpl.Opening());
+  } else if (o.shared_prefix != "none" && !o.shared_prefix.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("shared_prefix '", o.shared_prefix,
+                                                   "' is not one of none, template"));
+  }
   if (o.store_factory) {
     auto store = o.store_factory(rt->fingerprint);
     if (!store.ok()) return store.status();

@@ -17,6 +17,10 @@
 
 namespace lazyrag {
 
+// The server default of recompute_first_tokens chosen on bench/rag_qa's dev split (SmolLM2-135M,
+// CPU; bench/README.md, Quality): the best exact match of k in {0, 4, 8, 16, 32}.
+inline constexpr int kMeasuredRecomputeFirstTokens = 32;
+
 struct RuntimeOptions {
   std::string model;           // GGUF path, HF directory or synthetic:NAME[@SEED]
   std::string device = "cpu";  // cpu | cuda
@@ -46,6 +50,16 @@ struct RuntimeOptions {
   // device (on the CPU the pool already is host memory, but tests and benchmarks use it there
   // too). Below -1: CreateRuntime fails with INVALID_ARGUMENT.
   int64_t host_cache_bytes = -1;
+  // Server defaults of the answer-quality settings (EngineOptions::quality; the worker's
+  // --recompute_first_tokens). recompute_first_tokens -1: kMeasuredRecomputeFirstTokens where
+  // the backend supports it (Backend::SupportsQualityViews: CPU), else 0. Otherwise out of
+  // range: CreateRuntime fails with INVALID_ARGUMENT.
+  QualitySettings quality;
+  // The engine's shared prefix (EngineOptions::shared_prefix, the worker's --shared_prefix):
+  // "none" (or empty): documents encoded alone; "template": the prompt layout's fixed opening
+  // (RagTemplate::Opening, ChatML "<|im_start|>system\n"), moved out of the prompt prefix into
+  // the shared prefix. Anything else: INVALID_ARGUMENT.
+  std::string shared_prefix = "none";
   // Optional: opens the store tier once the model fingerprint (part of every
   // key) is known; the runtime owns the store. Empty: no store (pool ->
   // compute).

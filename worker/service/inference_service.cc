@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "google/protobuf/unknown_field_set.h"
 #include "common/logging.h"
 #include "worker/model/tokenizer/utf8.h"
 
@@ -166,6 +167,22 @@ absl::StatusOr<GenerateRequest> ParseGenerateRequest(const v1::GenerateRequest &
                                                      " (LAZY=0, MATERIALIZE=1, PREFIX=2, FULL=3)"));
   }
   r.cache_namespace = p.cache_namespace();
+  const v1::QualityOptions &q = p.quality();
+  if (!q.GetReflection()->GetUnknownFields(q).empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "quality: unknown option (field ", q.GetReflection()->GetUnknownFields(q).field(0).number(),
+        "); this worker knows recompute_first_tokens, document_temperature, document_scale"));
+  }
+  if (q.has_recompute_first_tokens()) {
+    r.quality.recompute_first_tokens = q.recompute_first_tokens().value();
+  }
+  if (q.has_document_temperature()) {
+    r.quality.document_temperature = q.document_temperature().value();
+  }
+  if (q.has_document_scale()) r.quality.document_scale = q.document_scale().value();
+  if (auto checked = ResolveQuality(r.quality, QualitySettings{}); !checked.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("quality.", checked.status().message()));
+  }
   return r;
 }
 
@@ -245,6 +262,10 @@ absl::Status InferenceService::GenerateStream(const v1::GenerateRequest &request
   u->set_host_document_tokens(result->usage.host_document_tokens);
   u->set_computed_tokens(result->usage.computed_tokens);
   u->set_completion_tokens(result->usage.completion_tokens);
+  u->set_recompute_first_tokens(result->usage.recompute_first_tokens);
+  u->set_recomputed_document_tokens(result->usage.recomputed_document_tokens);
+  u->set_document_temperature(result->usage.document_temperature);
+  u->set_document_scale(result->usage.document_scale);
   v1::Timings *t = last.mutable_timings();
   t->set_queue_ms(result->timings.queue_ms);
   t->set_ttft_ms(result->timings.ttft_ms);

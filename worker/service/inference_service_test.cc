@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "google/protobuf/unknown_field_set.h"
 #include "gtest/gtest.h"
 
 namespace lazyrag {
@@ -49,6 +50,36 @@ TEST(ParseGenerateRequestTest, RejectsBadInput) {
   r = Good();
   r.set_mode(static_cast<v1::AttentionMode>(9));
   ExpectInvalid(r, "unknown mode 9");
+  for (int k : {-1, 513, 1 << 30}) {
+    r = Good();
+    r.mutable_quality()->mutable_recompute_first_tokens()->set_value(k);
+    ExpectInvalid(r, "quality.recompute_first_tokens must be in 0 .. 512");
+  }
+  // A quality option this worker does not know (a newer client's field 99) is refused.
+  r = Good();
+  r.mutable_quality()->GetReflection()->MutableUnknownFields(r.mutable_quality())->AddVarint(99,
+                                                                                            1);
+  ExpectInvalid(r, "quality: unknown option (field 99)");
+  r = Good();
+  {
+    auto unset = ParseGenerateRequest(r, InferenceServiceOptions{});
+    ASSERT_TRUE(unset.ok());
+    EXPECT_FALSE(unset->quality.recompute_first_tokens.has_value());  // the worker's default
+  }
+  r.mutable_quality()->mutable_document_temperature()->set_value(0);
+  ExpectInvalid(r, "quality.document_temperature must be in [0.05, 20]");
+  r.mutable_quality()->mutable_document_temperature()->set_value(0.9f);
+  r.mutable_quality()->mutable_document_scale()->set_value(1000);
+  ExpectInvalid(r, "quality.document_scale must be in [0.01, 100]");
+  r.mutable_quality()->mutable_document_scale()->set_value(1.5f);
+  r.mutable_quality()->mutable_recompute_first_tokens()->set_value(16);
+  {
+    auto set = ParseGenerateRequest(r, InferenceServiceOptions{});
+    ASSERT_TRUE(set.ok());
+    EXPECT_EQ(set->quality.recompute_first_tokens, 16);
+    EXPECT_EQ(set->quality.document_temperature, 0.9f);
+    EXPECT_EQ(set->quality.document_scale, 1.5f);
+  }
   r = Good();
   r.add_documents();
   ExpectInvalid(r, "set text or id");

@@ -23,13 +23,20 @@ class Document(_message.Message):
     text: str
     def __init__(self, text: _Optional[str] = ..., id: _Optional[str] = ...) -> None: ...
 
+class FloatSetting(_message.Message):
+    __slots__ = ["value"]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    value: float
+    def __init__(self, value: _Optional[float] = ...) -> None: ...
+
 class GenerateRequest(_message.Message):
-    __slots__ = ["cache_namespace", "documents", "ignore_eos", "max_tokens", "mode", "query", "request_id", "sampling", "stop", "system_prompt"]
+    __slots__ = ["cache_namespace", "documents", "ignore_eos", "max_tokens", "mode", "quality", "query", "request_id", "sampling", "stop", "system_prompt"]
     CACHE_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
+    QUALITY_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -40,12 +47,13 @@ class GenerateRequest(_message.Message):
     ignore_eos: bool
     max_tokens: int
     mode: AttentionMode
+    quality: QualityOptions
     query: str
     request_id: str
     sampling: SamplingParams
     stop: _containers.RepeatedScalarFieldContainer[str]
     system_prompt: str
-    def __init__(self, request_id: _Optional[str] = ..., system_prompt: _Optional[str] = ..., documents: _Optional[_Iterable[_Union[Document, _Mapping]]] = ..., query: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: bool = ..., mode: _Optional[_Union[AttentionMode, str]] = ..., cache_namespace: _Optional[str] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., system_prompt: _Optional[str] = ..., documents: _Optional[_Iterable[_Union[Document, _Mapping]]] = ..., query: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: bool = ..., mode: _Optional[_Union[AttentionMode, str]] = ..., cache_namespace: _Optional[str] = ..., quality: _Optional[_Union[QualityOptions, _Mapping]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ["document_ids", "finish_reason", "request_id", "text", "timings", "token_ids", "usage"]
@@ -74,6 +82,12 @@ class HostCacheStats(_message.Message):
     entries: int
     used_bytes: int
     def __init__(self, capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., entries: _Optional[int] = ...) -> None: ...
+
+class IntSetting(_message.Message):
+    __slots__ = ["value"]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    value: int
+    def __init__(self, value: _Optional[int] = ...) -> None: ...
 
 class PoolStats(_message.Message):
     __slots__ = ["page_size", "pages_free", "pages_pinned", "pages_total", "pages_used"]
@@ -112,6 +126,16 @@ class PreparedDocument(_message.Message):
     id: str
     num_tokens: int
     def __init__(self, id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., computed: bool = ...) -> None: ...
+
+class QualityOptions(_message.Message):
+    __slots__ = ["document_scale", "document_temperature", "recompute_first_tokens"]
+    DOCUMENT_SCALE_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    RECOMPUTE_FIRST_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    document_scale: FloatSetting
+    document_temperature: FloatSetting
+    recompute_first_tokens: IntSetting
+    def __init__(self, recompute_first_tokens: _Optional[_Union[IntSetting, _Mapping]] = ..., document_temperature: _Optional[_Union[FloatSetting, _Mapping]] = ..., document_scale: _Optional[_Union[FloatSetting, _Mapping]] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ["seed", "temperature", "top_k", "top_p"]
@@ -158,24 +182,32 @@ class Timings(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ["cached_document_tokens", "completion_tokens", "computed_tokens", "document_tokens", "host_document_tokens", "pool_document_tokens", "prompt_tokens", "store_document_tokens"]
+    __slots__ = ["cached_document_tokens", "completion_tokens", "computed_tokens", "document_scale", "document_temperature", "document_tokens", "host_document_tokens", "pool_document_tokens", "prompt_tokens", "recompute_first_tokens", "recomputed_document_tokens", "store_document_tokens"]
     CACHED_DOCUMENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_SCALE_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     DOCUMENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     HOST_DOCUMENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     POOL_DOCUMENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RECOMPUTED_DOCUMENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RECOMPUTE_FIRST_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STORE_DOCUMENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     cached_document_tokens: int
     completion_tokens: int
     computed_tokens: int
+    document_scale: float
+    document_temperature: float
     document_tokens: int
     host_document_tokens: int
     pool_document_tokens: int
     prompt_tokens: int
+    recompute_first_tokens: int
+    recomputed_document_tokens: int
     store_document_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., document_tokens: _Optional[int] = ..., cached_document_tokens: _Optional[int] = ..., pool_document_tokens: _Optional[int] = ..., store_document_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., host_document_tokens: _Optional[int] = ...) -> None: ...
+    def __init__(self, prompt_tokens: _Optional[int] = ..., document_tokens: _Optional[int] = ..., cached_document_tokens: _Optional[int] = ..., pool_document_tokens: _Optional[int] = ..., store_document_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., host_document_tokens: _Optional[int] = ..., recompute_first_tokens: _Optional[int] = ..., recomputed_document_tokens: _Optional[int] = ..., document_temperature: _Optional[float] = ..., document_scale: _Optional[float] = ...) -> None: ...
 
 class AttentionMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

@@ -158,5 +158,95 @@ TEST(AttentionCpuTest, UnrotatedKeyLayoutMatchesLazy) {
   for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-4f * (1 + std::fabs(a[i])));
 }
 
+// Issue 25's segment fields: random skips, score scales and biases on every segment.
+void RandomQualityFields(SegmentViewHost* v, std::mt19937& rng) {
+  std::uniform_real_distribution<float> scale(0.5f, 2.0f), bias(-1.5f, 1.5f);
+  for (int s = 0; s < v->num_segments(); ++s) {
+    v->seg_skip[s] = int32_t(rng() % (v->seg_len[s] + 1));
+    v->seg_scale[s] = scale(rng);
+    v->seg_bias[s] = bias(rng);
+  }
+}
+
+TEST(AttentionCpuTest, BlasMatchesReferenceWithSkipsAndScales) {
+  std::mt19937 rng(17);
+  for (Case c : {Case{1, 4, 4, 16}, Case{16, 6, 2, 32}, Case{64, 8, 2, 64}}) {
+    RandomBatch rb = MakeBatch(c, 3, rng);
+    RandomQualityFields(&rb.view, rng);
+    auto inv = RopeInvFreq(RopeConfig(c.head_dim));
+    AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
+    std::vector<float> ref(rb.q.size(), NAN), fast(rb.q.size(), NAN);
+    SegmentView view = rb.view.View();
+    PagedAttentionCpu(shape, view, inv.data(), rb.q.data(), rb.k.data(), rb.v.data(), ref.data());
+    PagedAttentionBlas(shape, view, inv.data(), rb.q.data(), rb.k.data(), rb.v.data(), fast.data());
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_NEAR(ref[i], fast[i], 1e-4f * (1 + std::fabs(ref[i]))) << "page " << c.page_size << " i " << i;
+    }
+  }
+}
+
+// The reference against the definition computed directly: every visible key (skip <= j <
+// len, start + j <= p) un-paged into one list with its logical position, the query and key
+// rotated at their logical positions, score * shape.scale * seg_scale + seg_bias, softmax in
+// double.
+TEST(AttentionCpuTest, SkipsAndScalesMatchADirectComputation) {
+  std::mt19937 rng(19);
+  for (Case c : {Case{1, 4, 2, 16}, Case{16, 6, 3, 32}}) {
+    RandomBatch rb = MakeBatch(c, 3, rng);
+    RandomQualityFields(&rb.view, rng);
+    auto inv = RopeInvFreq(RopeConfig(c.head_dim));
+    const int H = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim, ps = c.page_size;
+    AttentionShape shape{H, Hkv, D, 1.0f / std::sqrt(float(D))};
+    std::vector<float> ref(rb.q.size(), NAN);
+    PagedAttentionCpu(shape, rb.view.View(), inv.data(), rb.q.data(), rb.k.data(), rb.v.data(),
+                      ref.data());
+    const SegmentViewHost& v = rb.view;
+    for (int b = 0; b < v.num_requests(); ++b) {
+      for (int row = v.q_indptr[b]; row < v.q_indptr[b + 1]; ++row) {
+        const int p = v.q_pos[row];
+        for (int h = 0; h < H; ++h) {
+          const int kvh = h / (H / Hkv);
+          std::vector<float> qa(rb.q.begin() + (int64_t(row) * H + h) * D,
+                                rb.q.begin() + (int64_t(row) * H + h + 1) * D);
+          RopeRotate(qa.data(), D, inv.data(), p);
+          std::vector<double> scores;
+          std::vector<const float*> values;
+          for (int s = v.seg_indptr[b]; s < v.seg_indptr[b + 1]; ++s) {
+            for (int j = v.seg_skip[s]; j < v.seg_len[s]; ++j) {
+              if (v.seg_start[s] + j > p) continue;
+              const int64_t slot = int64_t(v.page_indices[v.page_indptr[s] + j / ps]) * ps + j % ps;
+              // Stored rotated at local j: turn it to its logical position.
+              std::vector<float> ka(rb.k.begin() + (slot * Hkv + kvh) * D,
+                                    rb.k.begin() + (slot * Hkv + kvh + 1) * D);
+              RopeRotate(ka.data(), D, inv.data(), v.seg_start[s]);
+              double dot = 0;
+              for (int d = 0; d < D; ++d) dot += double(qa[d]) * ka[d];
+              scores.push_back(dot * shape.scale * v.seg_scale[s] + v.seg_bias[s]);
+              values.push_back(&rb.v[(slot * Hkv + kvh) * D]);
+            }
+          }
+          const float* got = &ref[(int64_t(row) * H + h) * D];
+          if (scores.empty()) {
+            for (int d = 0; d < D; ++d) ASSERT_EQ(got[d], 0.0f);
+            continue;
+          }
+          const double mx = *std::max_element(scores.begin(), scores.end());
+          double denom = 0;
+          std::vector<double> out(D, 0.0);
+          for (size_t i = 0; i < scores.size(); ++i) {
+            const double w = std::exp(scores[i] - mx);
+            denom += w;
+            for (int d = 0; d < D; ++d) out[d] += w * values[i][d];
+          }
+          for (int d = 0; d < D; ++d) {
+            ASSERT_NEAR(got[d], out[d] / denom, 2e-4 * (1 + std::fabs(out[d] / denom)))
+                << "page " << ps << " row " << row << " head " << h;
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace lazyrag

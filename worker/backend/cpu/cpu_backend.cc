@@ -97,6 +97,7 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  bool SupportsQualityViews() const override { return true; }
   absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override;
   absl::Status Materialize(const std::vector<MaterializeCopy>& copies) override;
   absl::Status ExportKv(const std::vector<int32_t>& pages, int num_tokens,
@@ -143,10 +144,18 @@ absl::Status CpuBackend::CheckBatch(const ForwardBatch& b) const {
   for (int32_t p : b.view.page_indices) {
     if (p < 0 || p >= num_pages_) return absl::InvalidArgumentError("forward: page out of range");
   }
+  const size_t S = b.view.seg_start.size();
+  for (size_t n : {b.view.seg_skip.size(), b.view.seg_scale.size(), b.view.seg_bias.size()}) {
+    if (n != 0 && n != S) return absl::InvalidArgumentError("forward: malformed segment view");
+  }
   for (int s = 0; s < b.view.num_segments(); ++s) {
     int pages = b.view.page_indptr[s + 1] - b.view.page_indptr[s];
     if (b.view.seg_len[s] < 0 || b.view.seg_len[s] > int64_t(pages) * page_size_) {
       return absl::InvalidArgumentError("forward: segment longer than its pages");
+    }
+    if (b.view.seg_skip.size() == b.view.seg_start.size() &&
+        (b.view.seg_skip[s] < 0 || b.view.seg_skip[s] > b.view.seg_len[s])) {
+      return absl::InvalidArgumentError("forward: segment skips more keys than it has");
     }
   }
   for (int32_t r : b.logit_rows) {
@@ -219,7 +228,8 @@ absl::Status CpuBackend::Forward(const ForwardBatch& batch, std::vector<float>* 
 
 absl::Status CpuBackend::Materialize(const std::vector<MaterializeCopy>& copies) {
   for (const MaterializeCopy& m : copies) {
-    if (auto st = CheckRun(m.src_pages, m.len); !st.ok()) return st;
+    if (m.src_offset < 0) return absl::InvalidArgumentError("materialize: negative src_offset");
+    if (auto st = CheckRun(m.src_pages, m.src_offset + m.len); !st.ok()) return st;
     if (auto st = CheckRun(m.dst_pages, m.dst_offset + m.len); !st.ok()) return st;
   }
   const ModelConfig& c = w_->config;
@@ -312,13 +322,23 @@ void PagedAttentionBlas(const AttentionShape& shape, const SegmentView& view,
             RopeRotate(dst, D, inv_freq, view.q_pos[r0 + r] - start);
           }
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, n, D, shape.scale, qs.data(), D,
+        const float alpha = shape.scale * (view.seg_scale ? view.seg_scale[s] : 1.0f);
+        const float bias = view.seg_bias ? view.seg_bias[s] : 0.0f;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, n, D, alpha, qs.data(), D,
                     ks.data(), D, 0.0f, &scores[col0], total_keys);
-        // Causal mask: key j visible to row r iff start + j <= p.
+        if (bias != 0.0f) {
+          for (int m = 0; m < M; ++m) {
+            float* row = &scores[int64_t(m) * total_keys + col0];
+            for (int j = 0; j < n; ++j) row[j] += bias;
+          }
+        }
+        // Causal mask: key j visible to row r iff skip <= j and start + j <= p.
+        const int skip = view.seg_skip ? std::min(view.seg_skip[s], n) : 0;
         for (int r = 0; r < nq; ++r) {
           int visible = std::clamp(view.q_pos[r0 + r] - start + 1, 0, n);
           for (int gh = 0; gh < group; ++gh) {
             float* row = &scores[(int64_t(r) * group + gh) * total_keys + col0];
+            std::fill(row, row + std::min(skip, visible), -std::numeric_limits<float>::infinity());
             std::fill(row + visible, row + n, -std::numeric_limits<float>::infinity());
           }
         }

@@ -491,6 +491,13 @@ absl::Status CudaBackend::Materialize(const std::vector<MaterializeCopy>& copies
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(SetDevice());
   std::vector<int32_t> written;
+  for (const MaterializeCopy& c : copies) {
+    if (c.src_offset != 0) {
+      return absl::UnimplementedError(
+          "materialize: copies from a source offset (recompute_first_tokens > 0) run on the CPU "
+          "backend only");
+    }
+  }
   for (const MaterializeCopy& c : copies)
     written.insert(written.end(), c.dst_pages.begin(), c.dst_pages.end());
   RETURN_IF_ERROR(host_.OrderWritesAfter(written, stream_));

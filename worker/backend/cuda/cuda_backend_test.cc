@@ -586,6 +586,20 @@ TEST(CudaBackendTest, BadInputsAreRejected) {
   bad = b;
   bad.view.q_indptr = {0, 2};
   EXPECT_EQ(be.Forward(bad, &logits).code(), absl::StatusCode::kInvalidArgument);
+  // Issue 25's view fields are CPU-only: refused, never silently ignored.
+  EXPECT_FALSE(be.SupportsQualityViews());
+  bad = b;
+  bad.view.seg_skip = {1};
+  EXPECT_EQ(be.Forward(bad, &logits).code(), absl::StatusCode::kUnimplemented);
+  bad = b;
+  bad.view.seg_scale = {0.5f};
+  EXPECT_EQ(be.Forward(bad, &logits).code(), absl::StatusCode::kUnimplemented);
+  bad = b;
+  bad.view.seg_bias = {1.0f};
+  EXPECT_EQ(be.Forward(bad, &logits).code(), absl::StatusCode::kUnimplemented);
+  MaterializeCopy from_offset{{1}, 2, {2}, 0, 0};
+  from_offset.src_offset = 2;
+  EXPECT_EQ(be.Materialize({from_offset}).code(), absl::StatusCode::kUnimplemented);
   std::string out;
   EXPECT_EQ(be.ExportKv({9}, 4, &out).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(be.ExportKv({1}, 17, &out).code(), absl::StatusCode::kInvalidArgument);

@@ -29,6 +29,14 @@ absl::Status CheckForwardBatch(const ForwardBatch& b, const ModelConfig& config,
     return absl::InvalidArgumentError("forward: malformed segment view");
   }
   if (T > (int64_t(1) << 30)) return absl::InvalidArgumentError("forward: batch too large");
+  if (v.any_quality()) {
+    // The CUDA attention kernels walk every key of a segment from 0 with one score scale
+    // (worker/kernels/kv_tiles.cuh).
+    return absl::UnimplementedError(
+        "forward: segments that skip keys or scale scores (recompute_first_tokens > 0, document "
+        "temperature / scale) run on the CPU backend only; the CUDA attention kernels do not "
+        "take seg_skip / seg_scale / seg_bias yet");
+  }
   if (v.page_size != page_size) return absl::InvalidArgumentError("forward: page size mismatch");
   for (int32_t t : b.tokens) {
     if (t < 0 || t >= config.vocab_size) {

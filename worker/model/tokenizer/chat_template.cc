@@ -70,7 +70,28 @@ RagTemplate RagTemplate::ForSpec(const TokenizerSpec& spec) {
   return t;
 }
 
+std::string RagTemplate::Opening() const {
+  switch (kind) {
+    case Kind::kChatML:
+      return "<|im_start|>system\n";
+    case Kind::kLlama3:
+      return "<|begin_of_text|>";
+    case Kind::kPlain:
+      return "";
+  }
+  return "";
+}
+
 std::string RagTemplate::Prefix(std::string_view system) const {
+  std::string full = FullPrefix(system);
+  const std::string opening = Opening();
+  if (opening_shared && full.compare(0, opening.size(), opening) == 0) {
+    return full.substr(opening.size());
+  }
+  return full;
+}
+
+std::string RagTemplate::FullPrefix(std::string_view system) const {
   if (system.empty()) system = default_system;
   switch (kind) {
     case Kind::kChatML:

@@ -36,8 +36,19 @@ struct RagTemplate {
   // (stops at eos).
   static RagTemplate ForSpec(const TokenizerSpec& spec);
 
-  // Everything before the first document: system block and the opening of the user turn.
+  // The fixed text every prompt of this layout opens with, whatever the system prompt: ChatML
+  // "<|im_start|>system\n", Llama-3 "<|begin_of_text|>", plain "" (none). The engine's shared
+  // prefix (attention sink) when the worker runs with --shared_prefix=template.
+  std::string Opening() const;
+  // True when Opening() is the engine's shared prefix: Prefix() then leaves it out (the engine
+  // puts it in front of every prompt itself).
+  bool opening_shared = false;
+
+  // Everything before the first document: system block and the opening of the user turn
+  // (without Opening() when opening_shared).
   std::string Prefix(std::string_view system) const;
+  // Prefix() with Opening(), whatever opening_shared says.
+  std::string FullPrefix(std::string_view system) const;
   // One retrieved document.
   std::string Document(std::string_view text) const;
   // The question and the opening of the assistant turn.
