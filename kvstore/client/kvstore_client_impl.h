@@ -35,16 +35,26 @@ bool IsTransient(absl::StatusCode code);
 
 class Shard {
  public:
-  Shard(std::string address, std::shared_ptr<grpc::ChannelCredentials> credentials)
+  // `part_channels`: more channels for the streams that read parts of one value at once (each
+  // its own connection: streams of one connection share its one reading thread).
+  Shard(std::string address, std::shared_ptr<grpc::ChannelCredentials> credentials,
+        int part_channels)
       : address_(std::move(address)) {
-    // Reconnect quickly to a shard that comes back.
-    channel_ =
-        grpc::CreateCustomChannel(address_, credentials, ServiceChannelArgs(kMaxMessageBytes));
-    stub_ = pb::KvStore::NewStub(channel_);
+    // Reconnect quickly to a shard that comes back; each channel its own connection
+    // (ServiceChannelArgs: a local subchannel pool).
+    auto channel = [&] {
+      return grpc::CreateCustomChannel(address_, credentials, ServiceChannelArgs(kMaxMessageBytes));
+    };
+    stub_ = pb::KvStore::NewStub(channel());
+    for (int i = 0; i < part_channels; ++i) part_stubs_.push_back(pb::KvStore::NewStub(channel()));
   }
 
   const std::string& address() const { return address_; }
   pb::KvStore::Stub* stub() { return stub_.get(); }
+  // The stub for part `i` of a value read over several streams.
+  pb::KvStore::Stub* part_stub(int i) {
+    return part_stubs_.empty() ? stub_.get() : part_stubs_[size_t(i) % part_stubs_.size()].get();
+  }
 
   bool Healthy(absl::Time now) const {
     absl::MutexLock lock(&mu_);
@@ -78,8 +88,8 @@ class Shard {
 
  private:
   const std::string address_;
-  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::KvStore::Stub> stub_;
+  std::vector<std::unique_ptr<pb::KvStore::Stub>> part_stubs_;
   mutable absl::Mutex mu_;
   int consecutive_failures_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time unhealthy_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
@@ -101,7 +111,8 @@ class KvClientImpl final : public KvClient {
   KvClientImpl(KvClientOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials)
       : options_(std::move(options)) {
     for (const auto& address : options_.shards) {
-      shards_.push_back(std::make_unique<Shard>(address, credentials));
+      shards_.push_back(
+          std::make_unique<Shard>(address, credentials, std::max(0, options_.streams_per_get)));
     }
     if (options_.registry != nullptr) {
       fetch_seconds_ = &options_.registry
@@ -203,8 +214,8 @@ class KvClientImpl final : public KvClient {
       std::function<absl::StatusOr<Placed>(const pb::GetHeader& header, const ValueLayout& layout)>;
   // One Get stream: its header goes to `on_header`, which says where its chunks go; each chunk
   // is checked against its CRC-32C. Errors carry the shard's address.
-  absl::Status ReadStream(Shard& shard, const pb::GetRequest& request, absl::Time deadline,
-                          bool retry, const OnHeader& on_header);
+  absl::Status ReadStream(Shard& shard, pb::KvStore::Stub* stub, const pb::GetRequest& request,
+                          absl::Time deadline, bool retry, const OnHeader& on_header);
   // A Get of `request` from one shard through gRPC; a whole value of more than
   // kFirstStreamChunks chunks over streams_per_get + 1 streams unless `split` is false.
   absl::Status GetFrom(Shard& shard, const pb::GetRequest& request, absl::Time deadline, bool retry,

@@ -14,12 +14,12 @@
 
 namespace lazyrag::kvstore::client_internal {
 
-absl::Status KvClientImpl::ReadStream(Shard& shard, const pb::GetRequest& request,
-                                      absl::Time deadline, bool retry, const OnHeader& on_header) {
+absl::Status KvClientImpl::ReadStream(Shard& shard, pb::KvStore::Stub* stub,
+                                      const pb::GetRequest& request, absl::Time deadline,
+                                      bool retry, const OnHeader& on_header) {
   grpc::ClientContext context;
   SetAttemptDeadline(context, deadline, retry);
-  std::unique_ptr<grpc::ClientReader<pb::GetResponse>> reader =
-      shard.stub()->Get(&context, request);
+  std::unique_ptr<grpc::ClientReader<pb::GetResponse>> reader = stub->Get(&context, request);
   pb::GetResponse message;
   absl::Status bad;  // a problem found on our side; the stream is cancelled
   uint64_t range_size = 0, received = 0;
@@ -121,13 +121,13 @@ absl::Status KvClientImpl::GetFrom(Shard& shard, const pb::GetRequest& request, 
             if (ph.range_begin() != at) return absl::InternalError("get: a part at another offset");
             return Placed{&*dst, at};
           };
-          results[t] = ReadStream(shard, part, deadline, retry, place);
+          results[t] = ReadStream(shard, shard.part_stub(t), part, deadline, retry, place);
         });
       }
     }
     return Placed{&*dst, 0};
   };
-  absl::Status st = ReadStream(shard, first, deadline, retry, on_header);
+  absl::Status st = ReadStream(shard, shard.stub(), first, deadline, retry, on_header);
   for (auto& t : streams) t.join();
   for (const auto& r : results) {
     if (st.ok() && !r.ok()) st = r;
