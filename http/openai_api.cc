@@ -231,6 +231,31 @@ absl::Status ParseStop(const json& stop, lazyrag::v1::GenerateRequest* out) {
   return absl::OkStatus();
 }
 
+// lazyrag.quality: GenerateRequest.quality (the worker checks the ranges).
+absl::Status ParseQuality(const json& q, const std::string& p, lazyrag::v1::QualityOptions* out) {
+  if (!q.is_object()) return WrongType(p, "an object", q);
+  for (const auto& [key, value] : q.items()) {
+    const std::string name = p + "." + key;
+    if (value.is_null()) continue;
+    if (key == "recompute_first_tokens") {
+      absl::StatusOr<int64_t> k = IntegerOf(value, name, 0, 1 << 20);
+      if (!k.ok()) return k.status();
+      out->mutable_recompute_first_tokens()->set_value(static_cast<int32_t>(*k));
+    } else if (key == "document_temperature" || key == "document_scale") {
+      absl::StatusOr<double> v = NumberOf(value, name);
+      if (!v.ok()) return v.status();
+      (key == "document_temperature" ? out->mutable_document_temperature()
+                                     : out->mutable_document_scale())
+          ->set_value(static_cast<float>(*v));
+    } else {
+      return Invalid(name, absl::StrCat("'", name,
+                                        "' is not a quality option (recompute_first_tokens, "
+                                        "document_temperature, document_scale)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseExtension(const json& ext, OpenAiRequest* out) {
   if (!ext.is_object()) return WrongType("lazyrag", "an object", ext);
   lazyrag::v1::GenerateRequest& g = out->generate;
@@ -267,10 +292,12 @@ absl::Status ParseExtension(const json& ext, OpenAiRequest* out) {
       if (!t.ok()) return t.status();
       if (!(*t > 0) || *t > 1e6) return Invalid(p, "'" + p + "' must be in (0, 1000000] seconds");
       out->timeout = absl::Seconds(*t);
+    } else if (key == "quality") {
+      if (absl::Status st = ParseQuality(value, p, g.mutable_quality()); !st.ok()) return st;
     } else {
       return Invalid(p, absl::StrCat("'", p,
                                      "' is not a lazyrag option (mode, cache_namespace, "
-                                     "top_k, ignore_eos, request_id, timeout_s)"));
+                                     "top_k, ignore_eos, request_id, timeout_s, quality)"));
     }
   }
   return absl::OkStatus();

@@ -212,6 +212,18 @@ TEST(OpenAiParse, DocumentsAndExtensionErrors) {
   absl::StatusOr<OpenAiRequest> full = with("lazyrag", {{"mode", "FULL"}});
   ASSERT_TRUE(full.ok());
   EXPECT_EQ(full->generate.mode(), lazyrag::v1::ATTENTION_MODE_FULL);
+  // The quality options (issue 25) pass to GenerateRequest.quality; unset ones stay unset.
+  absl::StatusOr<OpenAiRequest> q =
+      with("lazyrag", {{"quality", {{"recompute_first_tokens", 16}, {"document_scale", 1.5}}}});
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(q->generate.quality().recompute_first_tokens().value(), 16);
+  EXPECT_FLOAT_EQ(q->generate.quality().document_scale().value(), 1.5f);
+  EXPECT_FALSE(q->generate.quality().has_document_temperature());
+  ExpectInvalid(with("lazyrag", {{"quality", 3}}), "lazyrag.quality", "an object");
+  ExpectInvalid(with("lazyrag", {{"quality", {{"recompute_first_tokens", -1}}}}),
+                "lazyrag.quality.recompute_first_tokens", "between 0 and");
+  ExpectInvalid(with("lazyrag", {{"quality", {{"k", 1}}}}), "lazyrag.quality.k",
+                "not a quality option");
 }
 
 TEST(OpenAiErrors, HttpStatusAndShape) {
