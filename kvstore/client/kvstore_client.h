@@ -10,7 +10,8 @@
 // with gRPC only for the control calls: a Get preads the value file straight into the
 // caller's buffer (several threads for large values) and checks every chunk; a Put writes a
 // file the shard adopts. Any other shard, a layer range, or a failure of the file path (the
-// value file unlinked meanwhile, no permission) uses the gRPC streams.
+// value file unlinked meanwhile, no permission) uses the gRPC streams; a large whole value is
+// read over several of them at once (chunk ranges of one stored version, a connection each).
 //
 // Status contract, so a worker knows what to do:
 //   NOT_FOUND        no reachable replica holds the key: compute it (and put it back).
