@@ -112,6 +112,21 @@ struct RunningCall {
   bool done ABSL_GUARDED_BY(mu) = false;
   absl::Status status ABSL_GUARDED_BY(mu);
   Cancellation cancellation;
+
+  // What the call has produced since the last Take, and whether it has ended (and how).
+  struct Progress {
+    std::deque<GenerateResponse> messages;
+    bool done = false;
+    absl::Status status;
+  };
+  Progress Take() {
+    absl::MutexLock lock(&mu);
+    Progress p;
+    p.messages.swap(messages);
+    p.done = done;
+    p.status = status;
+    return p;
+  }
 };
 
 }  // namespace
@@ -301,18 +316,10 @@ class OpenAiHttpServer::Impl {
 
     if (!request->stream) {
       while (true) {
-        std::deque<GenerateResponse> batch;
-        bool done = false;
-        absl::Status status;
-        {
-          absl::MutexLock lock(&call->mu);
-          batch.swap(call->messages);
-          done = call->done;
-          status = call->status;
-        }
-        for (const GenerateResponse& m : batch) responder->Add(m);
-        if (done) {
-          if (!status.ok()) return SendError(res, status);
+        RunningCall::Progress p = call->Take();
+        for (const GenerateResponse& m : p.messages) responder->Add(m);
+        if (p.done) {
+          if (!p.status.ok()) return SendError(res, p.status);
           if (!responder->finished()) {
             return SendError(res, absl::InternalError("the stream ended without a final message"));
           }
@@ -331,20 +338,12 @@ class OpenAiHttpServer::Impl {
         "text/event-stream",
         [this, &req, call, responder, socket](size_t, httplib::DataSink& sink) mutable {
           while (true) {
-            std::deque<GenerateResponse> batch;
-            bool done = false;
-            absl::Status status;
-            {
-              absl::MutexLock lock(&call->mu);
-              batch.swap(call->messages);
-              done = call->done;
-              status = call->status;
-            }
+            RunningCall::Progress p = call->Take();
             std::string events;
-            for (const GenerateResponse& m : batch) events += responder->Add(m);
-            if (done) {
-              if (!status.ok()) {
-                events += OpenAiResponder::StreamError(status);
+            for (const GenerateResponse& m : p.messages) events += responder->Add(m);
+            if (p.done) {
+              if (!p.status.ok()) {
+                events += OpenAiResponder::StreamError(p.status);
               } else if (!responder->finished()) {
                 events += OpenAiResponder::StreamError(
                     absl::InternalError("the stream ended without a final message"));
@@ -356,7 +355,7 @@ class OpenAiHttpServer::Impl {
               call->cancellation.Cancel();
               return false;
             }
-            if (done) {
+            if (p.done) {
               sink.done();
               return true;
             }

@@ -703,6 +703,17 @@ TEST(HostTierEngineTest, NegativeHostCacheBytesIsInvalidArgument) {
   EXPECT_EQ(none.engine->Stats().host.capacity_bytes, 0);
 }
 
+// A first worker (no host tier) computes `p`'s document and writes it back to `store`; its run
+// and the document's id. Fails the test when the write-back does not arrive.
+void ComputeAndStore(MemoryDocumentStore &store, const TokenPrompt &p, ModeRun *first,
+                     std::string *id) {
+  TestEngine a = MakeEngine(256, 0, &store);
+  ASSERT_NE(a.engine, nullptr);
+  *id = a.engine->BlockId(p.documents[0], "");
+  *first = RunMode(*a.engine, p, AttentionMode::kLazy, kSteps);
+  ASSERT_TRUE(WaitUntil([&] { return store.Puts() >= 1; }));
+}
+
 // Issue 24: a document fetched from the store lands straight in the host tier (the store's
 // GetInto writes into the tier's range), is copied into pool pages from there with the outputs of
 // the run that computed it, and stays in the tier with the checksum that copy computed: once
@@ -714,13 +725,7 @@ TEST(HostTierEngineTest, StoreFetchLandsInTheHostTierAndServesFromThere) {
   const TokenPrompt p = DocPrompt(24, 24);
   ModeRun first;
   std::string id;
-  {  // Computed and written back by a first worker.
-    TestEngine a = MakeEngine(256, 0, &store);
-    ASSERT_NE(a.engine, nullptr);
-    id = a.engine->BlockId(p.documents[0], "");
-    first = RunMode(*a.engine, p, AttentionMode::kLazy, kSteps);
-    ASSERT_TRUE(WaitUntil([&] { return store.Puts() >= 1; }));
-  }
+  ASSERT_NO_FATAL_FAILURE(ComputeAndStore(store, p, &first, &id));
   TestEngine t = MakeEngine(kPoolPages, 8 * DocRangeBytes(*ref), &store);
   ASSERT_NE(t.engine, nullptr);
   Engine &e = *t.engine;
@@ -756,12 +761,8 @@ TEST(HostTierEngineTest, StoreFetchTooLargeForTheTierTakesThePageablePath) {
   MemoryDocumentStore store;
   const TokenPrompt p = DocPrompt(25, 25);
   ModeRun first;
-  {
-    TestEngine a = MakeEngine(256, 0, &store);
-    ASSERT_NE(a.engine, nullptr);
-    first = RunMode(*a.engine, p, AttentionMode::kLazy, kSteps);
-    ASSERT_TRUE(WaitUntil([&] { return store.Puts() >= 1; }));
-  }
+  std::string id;
+  ASSERT_NO_FATAL_FAILURE(ComputeAndStore(store, p, &first, &id));
   TestEngine t = MakeEngine(kPoolPages, DocRangeBytes(*ref) / 2, &store);
   ASSERT_NE(t.engine, nullptr);
   const ModeRun fetched = RunMode(*t.engine, p, AttentionMode::kLazy, kSteps);
@@ -781,13 +782,7 @@ TEST(HostTierEngineTest, WithoutAHostTierFetchesLandInStagingMemoryAndLeaveIt) {
   const TokenPrompt p = DocPrompt(26, 26);
   ModeRun first;
   std::string id;
-  {
-    TestEngine a = MakeEngine(256, 0, &store);
-    ASSERT_NE(a.engine, nullptr);
-    id = a.engine->BlockId(p.documents[0], "");
-    first = RunMode(*a.engine, p, AttentionMode::kLazy, kSteps);
-    ASSERT_TRUE(WaitUntil([&] { return store.Puts() >= 1; }));
-  }
+  ASSERT_NO_FATAL_FAILURE(ComputeAndStore(store, p, &first, &id));
   const int gets_before = store.Gets();  // the first worker's, through Get (no staging)
   // Staging with room for one document only: every fetch must free it again.
   TestEngine t = MakeEngine(kPoolPages, 0, &store, nullptr, DocRangeBytes(*ref));
