@@ -181,6 +181,10 @@ struct AttentionSetup {
     v.seg_len = up(h.seg_len);
     v.page_indptr = up(h.page_indptr);
     v.page_indices = up(h.page_indices);
+    // Plain LAZY: no segment skips or score transforms (View() points them at host memory).
+    v.seg_skip = nullptr;
+    v.seg_scale = nullptr;
+    v.seg_bias = nullptr;
     return v;
   }
 

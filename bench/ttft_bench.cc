@@ -14,7 +14,7 @@
 //                   [--warmup N] [--cold_runs N] [--chunk N] [--page_size N]
 //                   [--decode_steps N] [--cuda_graphs 0|1] [--step_times 0|1]
 //                   [--idle_ms N] [--early_kv 0|1] [--profile] [--out PATH]
-//                   [--kvstore_binary PATH]
+//                   [--kvstore_binary PATH] [--quality_k K]
 //
 // With --kvstore_binary: a lazyrag-kvstore shard on this host (a child process, data under
 // $TMPDIR) stores one document's KV; rows for fetching it through the client library into
@@ -69,7 +69,11 @@ struct BenchOptions {
   double host_cache_gb = 0;
   std::string kvstore_binary;  // rows for fetching a document from a same-host kvstore shard
   bool profile = false;        // one LAZY request (prefill + 1 decode step) between
-                               // cudaProfilerStart/Stop after warm-up, then exit (for ncu)
+                               // cudaProfilerStart/Stop after warm-up, then one with
+                               // --quality_k, then exit (for ncu)
+  // A LAZY row with QualityOptions::recompute_first_tokens = K (0: no row): the cost of the
+  // quality default (issue 25) beside plain LAZY, interleaved with it.
+  int quality_k = 32;
   std::string out;
 };
 
@@ -191,6 +195,8 @@ int Main(int argc, char** argv) {
       o.idle_ms = std::max(0, std::atoi(argv[++i]));
     else if (arg("--cuda_graphs"))
       o.cuda_graphs = std::atoi(argv[++i]) != 0;
+    else if (arg("--quality_k"))
+      o.quality_k = std::atoi(argv[++i]);
     else if (arg("--host_cache_gb"))
       o.host_cache_gb = std::max(0.0, std::atof(argv[++i]));
     else if (!std::strcmp(argv[i], "--profile"))
@@ -206,7 +212,7 @@ int Main(int argc, char** argv) {
           "[--warmup N] [--cold_runs N] [--chunk N] [--page_size N] "
           "[--decode_steps N] [--cuda_graphs 0|1] "
           "[--step_times 0|1] [--idle_ms N] [--early_kv 0|1] [--host_cache_gb G] [--profile] "
-          "[--out PATH] [--kvstore_binary PATH]\n",
+          "[--out PATH] [--kvstore_binary PATH] [--quality_k K]\n",
           argv[0]);
       return 2;
     }
@@ -253,8 +259,8 @@ int Main(int argc, char** argv) {
   for (int d = 0; d < o.docs; ++d) prompt.documents.push_back(random_tokens(o.doc_len));
   prompt.suffix = random_tokens(o.query);
 
-  auto run = [&](AttentionMode mode, const std::string& ns, int max_tokens,
-                 TokenResult* result) -> absl::Status {
+  auto run = [&](AttentionMode mode, const std::string& ns, int max_tokens, TokenResult* result,
+                 int recompute_first_tokens = 0) -> absl::Status {
     // --idle_ms: the request finds the GPU idle (not straight after another mode's request:
     // after a 300 ms FULL prefill the next request's kernels run slower for a while).
     if (o.idle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.idle_ms));
@@ -263,6 +269,7 @@ int Main(int argc, char** argv) {
     ro.max_tokens = max_tokens;
     ro.ignore_eos = true;
     ro.cache_namespace = ns;
+    ro.quality.recompute_first_tokens = recompute_first_tokens;
     auto r = engine.RunTokens(prompt, ro);
     if (!r.ok()) return r.status();
     *result = *r;
@@ -294,6 +301,17 @@ int Main(int argc, char** argv) {
     if (!st.ok()) return Fail(st, "profiled LAZY");
     std::printf("profiled one LAZY request: TTFT %.2f ms, total %.2f ms\n", r.timings.ttft_ms,
                 r.timings.total_ms);
+    if (o.quality_k > 0) {  // then one with the first tokens recomputed (after the first's)
+      if (auto st = run(AttentionMode::kLazy, "warmup", 2, &r, o.quality_k); !st.ok()) {
+        return Fail(st, "fill k");
+      }
+      cudaProfilerStart();
+      const absl::Status stk = run(AttentionMode::kLazy, "warmup", 2, &r, o.quality_k);
+      cudaProfilerStop();
+      if (!stk.ok()) return Fail(stk, "profiled LAZY k");
+      std::printf("profiled one LAZY request, first %d recomputed: TTFT %.2f ms\n", o.quality_k,
+                  r.timings.ttft_ms);
+    }
     return 0;
   }
   // Cold LAZY: the documents are not cached (a fresh namespace each time) and are encoded.
@@ -309,7 +327,7 @@ int Main(int argc, char** argv) {
   }
   // Warm: documents cached once in the "warm" namespace.
   if (auto st = run(AttentionMode::kLazy, "warm", 1, &r); !st.ok()) return Fail(st, "warm fill");
-  Stats lazy, mat, full;
+  Stats lazy, mat, full, lazy_k;
   Stats lazy_gpu, lazy_host;  // each LAZY run's step: device time, and the rest of its TTFT
   for (int i = 0; i < o.runs; ++i) {
     if (o.step_times) (void)TakeCudaStepTimings(engine.backend());
@@ -324,6 +342,18 @@ int Main(int argc, char** argv) {
         lazy_gpu.ms.push_back((*t)[0].gpu_ms);
         lazy_host.ms.push_back(r.timings.ttft_ms - (*t)[0].gpu_ms);
       }
+    }
+    if (o.quality_k > 0) {
+      if (auto st = run(AttentionMode::kLazy, "warm", 1, &r, o.quality_k); !st.ok()) {
+        return Fail(st, "LAZY with first-k recompute");
+      }
+      const int64_t k_tokens = int64_t(o.docs) * std::min(o.quality_k, o.doc_len);
+      if (r.usage.computed_tokens != o.query + k_tokens) {
+        return Fail(absl::InternalError(absl::StrCat("LAZY k=", o.quality_k, " computed ",
+                                                     r.usage.computed_tokens, " tokens")),
+                    "LAZY with first-k recompute");
+      }
+      lazy_k.ms.push_back(r.timings.ttft_ms);
     }
     if (auto st = run(AttentionMode::kMaterialize, "warm", 1, &r); !st.ok()) {
       return Fail(st, "MATERIALIZE");
@@ -477,6 +507,8 @@ int Main(int argc, char** argv) {
                 lazy_host.Median(), lazy_host.Min(), lazy_host.Max());
   }
   row("TTFT LAZY, LAZY requests only", lazy_solo);
+  const std::string k_name = absl::StrCat("TTFT LAZY, first ", o.quality_k, " recomputed");
+  if (!lazy_k.ms.empty()) row(k_name.c_str(), lazy_k);
   row("TTFT MATERIALIZE (copy + re-rotate)", mat);
   row("TTFT FULL (chunked causal prefill)", full);
   row("TTFT LAZY cold (documents encoded)", cold);
@@ -540,6 +572,7 @@ int Main(int argc, char** argv) {
       << "  \"weights_init_s\": " << init_s << ",\n"
       << "  \"ttft_ms\": {\n    \"lazy\": " << lazy.Json()
       << ",\n    \"lazy_requests_only\": " << lazy_solo.Json()
+      << ",\n    \"lazy_first_k\": " << lazy_k.Json() << ", \"quality_k\": " << o.quality_k
       << ",\n    \"materialize\": " << mat.Json() << ",\n    \"full\": " << full.Json()
       << ",\n    \"lazy_cold\": " << cold.Json() << "\n  },\n"
       << "  \"doc_encode_ms\": " << encode_ms << ",\n"

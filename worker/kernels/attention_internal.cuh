@@ -22,7 +22,6 @@
 
 namespace lazyrag::kernels::detail {
 
-inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kNegInf = -__builtin_huge_valf();
 
 // Kernel-side parameters of both attention kernels (plain data, passed by value).
@@ -113,18 +112,22 @@ __device__ __forceinline__ void CopyQueryTile(const AttentionKernelParams& p,
 
 // Score fragments in the mma.sync m16n8 C layout (also wgmma's, per 8 columns): s[nb] holds
 // rows g = lane / 4 ("lo") and g + 8 ("hi") of a warp's 16 at keys nb * 8 + 2 t + e (t = lane %
-// 4). Sets the keys at or past lim_lo / lim_hi to -inf, scales the others by `scale` when
-// kScale, and folds each row's values into mx_lo / mx_hi (this thread's share of the row).
+// 4). Sets the keys below lo (a segment's skipped keys) and at or past lim_lo / lim_hi to -inf,
+// maps the others to s * scale + bias when kScale, and folds each row's values into mx_lo /
+// mx_hi (this thread's share of the row).
 template <int NB, bool kScale>
-__device__ __forceinline__ void MaskRowMax(float (&s)[NB][4], int lim_lo, int lim_hi, float scale,
-                                           int t, float& mx_lo, float& mx_hi) {
+__device__ __forceinline__ void MaskRowMax(float (&s)[NB][4], int lo, int lim_lo, int lim_hi,
+                                           float scale, float bias, int t, float& mx_lo,
+                                           float& mx_hi) {
 #pragma unroll
   for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int key = nb * 8 + 2 * t + e;
-      s[nb][e] = key < lim_lo ? (kScale ? s[nb][e] * scale : s[nb][e]) : kNegInf;
-      s[nb][2 + e] = key < lim_hi ? (kScale ? s[nb][2 + e] * scale : s[nb][2 + e]) : kNegInf;
+      const bool in = key >= lo;
+      s[nb][e] = in && key < lim_lo ? (kScale ? fmaf(s[nb][e], scale, bias) : s[nb][e]) : kNegInf;
+      s[nb][2 + e] =
+          in && key < lim_hi ? (kScale ? fmaf(s[nb][2 + e], scale, bias) : s[nb][2 + e]) : kNegInf;
       mx_lo = fmaxf(mx_lo, s[nb][e]);
       mx_hi = fmaxf(mx_hi, s[nb][2 + e]);
     }
@@ -140,15 +143,17 @@ __device__ __forceinline__ void QuadMax(float& mx_lo, float& mx_hi) {
 }
 
 // One tile of the online softmax on mma.sync score fragments (layout as MaskRowMax), for the
-// mma.sync decode and prefill kernels: keys at or past lim_lo / lim_hi are masked, the rest
-// scaled into the log2 domain; the running maxima m and sums l are updated, s becomes the
-// unnormalised probabilities and the O fragments are rescaled.
+// mma.sync decode and prefill kernels: keys below lo or at or past lim_lo / lim_hi are masked,
+// the rest mapped into the log2 domain by the segment's transform (SegScores); the running
+// maxima m and sums l are updated, s becomes the unnormalised probabilities and the O fragments
+// are rescaled.
 template <int NB, int DB>
-__device__ __forceinline__ void OnlineSoftmaxTile(float (&s)[NB][4], float (&o)[DB][4], int lim_lo,
-                                                  int lim_hi, float scale_log2, int t, float& m_lo,
-                                                  float& m_hi, float& l_lo, float& l_hi) {
+__device__ __forceinline__ void OnlineSoftmaxTile(float (&s)[NB][4], float (&o)[DB][4], int lo,
+                                                  int lim_lo, int lim_hi, const SegScores& sc,
+                                                  int t, float& m_lo, float& m_hi, float& l_lo,
+                                                  float& l_hi) {
   float mx_lo = kNegInf, mx_hi = kNegInf;
-  MaskRowMax<NB, true>(s, lim_lo, lim_hi, scale_log2, t, mx_lo, mx_hi);
+  MaskRowMax<NB, true>(s, lo, lim_lo, lim_hi, sc.scale, sc.bias, t, mx_lo, mx_hi);
   QuadMax(mx_lo, mx_hi);
   const float new_lo = fmaxf(m_lo, mx_lo), new_hi = fmaxf(m_hi, mx_hi);
   const float use_lo = new_lo == kNegInf ? 0.f : new_lo;

@@ -10,6 +10,8 @@
 
 namespace lazyrag::kernels::detail {
 
+inline constexpr float kLog2e = 1.4426950408889634f;
+
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

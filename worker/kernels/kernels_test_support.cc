@@ -111,6 +111,25 @@ Problem MakeRagBatch(const Sizes& s, KvPool& pool, const std::vector<Doc>& docs,
 
 int PagesFor(int tokens, int page_size) { return (tokens + page_size - 1) / page_size; }
 
+void AddRandomQuality(Problem& p, std::mt19937& rng) {
+  SegmentViewHost& v = p.view;
+  const int S = v.num_segments();
+  v.seg_skip.assign(S, 0);
+  v.seg_scale.assign(S, 1.0f);
+  v.seg_bias.assign(S, 0.0f);
+  std::uniform_int_distribution<int> skip(0, 80), all(0, 7);
+  std::uniform_real_distribution<float> scale(0.5f, 1.5f), bias(-1.0f, 1.0f);
+  for (int b = 0; b < v.num_requests(); ++b) {
+    // The request's last segment is its own (the query rows' keys).
+    for (int s = v.seg_indptr[b]; s + 1 < v.seg_indptr[b + 1]; ++s) {
+      if ((s - v.seg_indptr[b]) % 2 == 1) continue;
+      v.seg_skip[s] = all(rng) == 0 ? v.seg_len[s] : std::min(skip(rng), v.seg_len[s]);
+      v.seg_scale[s] = scale(rng);
+      v.seg_bias[s] = bias(rng);
+    }
+  }
+}
+
 std::vector<float> RunCpu(const Problem& p, const KvPool& pool, KeyLayout layout) {
   const std::vector<float> q = ToFloat(p.q), k = ToFloat(pool.k), v = ToFloat(pool.v);
   std::vector<float> out(p.q.size(), std::nanf(""));

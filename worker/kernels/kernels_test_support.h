@@ -88,7 +88,8 @@ class DeviceArray {
   size_t n_ = 0;
 };
 
-// Device form of a SegmentViewHost.
+// Device form of a SegmentViewHost; the quality arrays (seg_skip, seg_scale, seg_bias) only
+// where the host view has them for every segment, else null as the backends pass them.
 struct DeviceView {
   explicit DeviceView(const SegmentViewHost& h)
       : q_indptr(h.q_indptr),
@@ -106,8 +107,21 @@ struct DeviceView {
     view.seg_len = seg_len.get();
     view.page_indptr = page_indptr.get();
     view.page_indices = page_indices.get();
+    view.seg_skip = nullptr;
+    view.seg_scale = nullptr;
+    view.seg_bias = nullptr;
+    if (h.any_quality()) {
+      seg_skip.Upload(h.seg_skip);
+      seg_scale.Upload(h.seg_scale);
+      seg_bias.Upload(h.seg_bias);
+      view.seg_skip = seg_skip.get();
+      view.seg_scale = seg_scale.get();
+      view.seg_bias = seg_bias.get();
+    }
   }
   DeviceArray<int32_t> q_indptr, q_pos, seg_indptr, seg_start, seg_len, page_indptr, page_indices;
+  DeviceArray<int32_t> seg_skip;
+  DeviceArray<float> seg_scale, seg_bias;
   SegmentView view;
 };
 
@@ -206,6 +220,11 @@ Problem MakeRagBatch(const Sizes& s, KvPool& pool, const std::vector<Doc>& docs,
                      int max_docs, int max_own_prefix, int q_len, std::mt19937& rng);
 
 int PagesFor(int tokens, int page_size);
+
+// Gives every other document segment of the problem (not the requests' own segments) a random
+// score transform: keys skipped (0 .. 80, at most the segment's length, sometimes all of it),
+// scale 0.5 .. 1.5 and bias -1 .. 1 (SegmentView's quality fields).
+void AddRandomQuality(Problem& p, std::mt19937& rng);
 
 // Head dim 128, 2 KV heads, the given page sizes x GQA groups 4 and 8: `body(s, pool, docs)`
 // with a pool holding eight documents of 1 .. max_doc tokens and `extra_pages` pages more.

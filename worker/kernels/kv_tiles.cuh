@@ -50,7 +50,28 @@ inline constexpr int kSegCache = 32;
 
 struct SegEntry {
   int start, vis, page_base;
+  int skip;           // SegmentView::seg_skip (0 when absent)
+  float scale, bias;  // SegmentView::seg_scale / seg_bias (1 and 0 when absent)
 };
+
+// How the scores of one segment's keys are formed (SegmentView: seg_skip, seg_scale, seg_bias)
+// in the kernels' log2 domain: score = (q . k) * scale + bias for keys j >= skip; keys below
+// skip are masked like keys past the segment's end.
+struct SegScores {
+  int skip;
+  float scale;  // shape.scale * log2(e) * seg_scale[s]
+  float bias;   // seg_bias[s] * log2(e)
+};
+
+__device__ __forceinline__ int SegSkip(const SegmentView& v, int s) {
+  return v.seg_skip != nullptr ? v.seg_skip[s] : 0;
+}
+__device__ __forceinline__ float SegScale(const SegmentView& v, int s) {
+  return v.seg_scale != nullptr ? v.seg_scale[s] : 1.f;
+}
+__device__ __forceinline__ float SegBias(const SegmentView& v, int s) {
+  return v.seg_bias != nullptr ? v.seg_bias[s] : 0.f;
+}
 
 struct SplitPlan {          // shared memory
   SegEntry seg[kSegCache];  // segments s_first .. s_first + kSegCache - 1 of the request
@@ -76,7 +97,9 @@ __device__ __forceinline__ void PlanSplit(const SegmentView& v, int s_first, int
       const int start = v.seg_start[s], len = v.seg_len[s], pb = v.page_indptr[s];
       const int vis = VisibleKeys(start, len, max_pos);
       tiles = (vis + kBlockN - 1) / kBlockN;
-      if (s - s_first < kSegCache) plan->seg[s - s_first] = {start, vis, pb};
+      if (s - s_first < kSegCache) {
+        plan->seg[s - s_first] = {start, vis, pb, SegSkip(v, s), SegScale(v, s), SegBias(v, s)};
+      }
     }
     total += WarpSum(tiles);
   }
@@ -113,6 +136,18 @@ __device__ __forceinline__ void PlanSplit(const SegmentView& v, int s_first, int
     plan->t_begin = t_begin;
     plan->t_end = t_end;
   }
+}
+
+// Segment s's score transform (s in the plan's request), from the plan's cache where it holds s.
+// scale_log2 = shape.scale * log2(e).
+__device__ __forceinline__ SegScores SegScoresOf(const SplitPlan* plan, const SegmentView& v,
+                                                 int s, float scale_log2) {
+  const int i = s - plan->s_first;
+  if (i < kSegCache) {
+    const SegEntry& e = plan->seg[i];
+    return {e.skip, scale_log2 * e.scale, e.bias * kLog2e};
+  }
+  return {SegSkip(v, s), scale_log2 * SegScale(v, s), SegBias(v, s) * kLog2e};
 }
 
 // The walk over a split's tiles. Every thread of a block walks the same cursor (uniform

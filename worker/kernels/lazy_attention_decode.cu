@@ -197,6 +197,8 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   float m_lo = kNegInf, m_hi = kNegInf, l_lo = 0.f, l_hi = 0.f;
   uint32_t qf[D / 16][4];
   int q_seg = -1;
+  SegScores sc{0, p.scale_log2, 0.f};  // of segment sc_seg
+  int sc_seg = -1;
   int stage = 0;
   uint32_t phases = 0;  // kTma: the parity each stage's mbarrier completes next
 
@@ -264,8 +266,12 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
       MmaBf16(s[1], qf[kb], r[2], r[3]);
     }
 
+    if (cons.s != sc_seg) {
+      sc = SegScoresOf(plan, v, cons.s, p.scale_log2);
+      sc_seg = cons.s;
+    }
     const int lim = min(cons.j_end, pos - cons.start + 1) - cons.j - key0;
-    OnlineSoftmaxTile(s, o, lim, lim, p.scale_log2, t, m_lo, m_hi, l_lo, l_hi);
+    OnlineSoftmaxTile(s, o, sc.skip - cons.j - key0, lim, lim, sc, t, m_lo, m_hi, l_lo, l_hi);
     const uint32_t a[4] = {PackBf16(s[0][0], s[0][1]), PackBf16(s[0][2], s[0][3]),
                            PackBf16(s[1][0], s[1][1]), PackBf16(s[1][2], s[1][3])};
     const int vrow = (lane & 7) + (((lane >> 3) & 1) << 3);  // of the warp's 16

@@ -64,6 +64,47 @@ TEST(LazyAttention, DecodeTmaPipesMatchCpAsyncPipes) {
       });
 }
 
+// Segments that skip their first keys and transform their scores (SegmentView's quality
+// fields: first-tokens recompute, document temperature and scale): the warp pipes with TMA and
+// cp.async copies, bit for bit against each other, and both layouts of the block tiles (head
+// dim 64; head dim 128 un-rotated), all against the CPU reference.
+TEST(LazyAttention, DecodeQualityViewsMatchCpu) {
+  GPU_TEST_SETUP(rng);
+  ForPageSizesAndGroups(
+      rng, {16, 64, 24}, 1500, 40 * 8,
+      [&](const Sizes& s, KvPool& pool, const std::vector<Doc>& docs) {
+        Problem b1 = EmptyProblem(s);
+        AddRequest(b1, pool, docs, {5, 2, 7, 0, 3}, 41, 1, rng);
+        Problem b5 = MakeRagBatch(s, pool, docs, 5, 4, 40, 1, rng);
+        AddRandomQuality(b1, rng);
+        AddRandomQuality(b5, rng);
+        const std::pair<const char*, const Problem*> problems[] = {{"b1", &b1}, {"b5", &b5}};
+        for (const auto& [name, prob] : problems) {
+          const std::vector<float> ref = RunCpu(*prob, pool, KeyLayout::kRotatedLocal);
+          for (int splits : {0, 1, 3}) {
+            const std::string what = absl::StrCat(name, " splits=", splits);
+            GpuRun run{true, KeyLayout::kRotatedLocal, splits};
+            const std::vector<float> tma = RunGpu(*prob, pool, run);
+            run.num_pages_known = false;
+            const std::vector<float> cp_async = RunGpu(*prob, pool, run);
+            ExpectClose(tma, ref, "quality, warp pipes " + what);
+            ExpectClose(cp_async, ref, "quality, cp.async warp pipes " + what);
+            EXPECT_EQ(tma, cp_async) << "quality, TMA vs cp.async warp pipes " << what;
+          }
+          ExpectClose(RunGpu(*prob, pool, {true, KeyLayout::kUnrotated, 0}),
+                      RunCpu(*prob, pool, KeyLayout::kUnrotated),
+                      absl::StrCat("quality, un-rotated block tiles ", name));
+        }
+      });
+  const Sizes s64{/*head_dim=*/64, /*group=*/4, /*num_kv_heads=*/2, /*page_size=*/16};
+  KvPool pool(s64.page_size, s64.num_kv_heads, s64.head_dim, PagesFor(8 * 600, 16) + 80, rng);
+  const std::vector<Doc> docs = MakeDocs(pool, 8, 1, 600, rng);
+  Problem b4 = MakeRagBatch(s64, pool, docs, 4, 5, 40, 1, rng);
+  AddRandomQuality(b4, rng);
+  ExpectClose(RunGpu(b4, pool, {true, KeyLayout::kRotatedLocal, 0}),
+              RunCpu(b4, pool, KeyLayout::kRotatedLocal), "quality, head dim 64 block tiles");
+}
+
 // The batch-1 split merge's blocks must fit beside two decode blocks on a multiprocessor, so
 // that they are resident and waiting before the decode grid ends (each chained launch measured
 // slower on the H200 when they were not; see bench/README.md): a guard against the decode

@@ -114,6 +114,8 @@ __device__ __forceinline__ void PrefillBody(const AttentionKernelParams& p, char
   float m_lo = kNegInf, m_hi = kNegInf, l_lo = 0.f, l_hi = 0.f;
   uint32_t qf[D / 16][4];
   int q_seg = -1;
+  SegScores sc{0, p.scale_log2, 0.f};  // of segment sc_seg
+  int sc_seg = -1;
   int stage = 0;
 
   while (cons.valid) {
@@ -158,9 +160,13 @@ __device__ __forceinline__ void PrefillBody(const AttentionKernelParams& p, char
     }
 
     // Mask (segment tail, split end, causality) and online softmax in the log2 domain.
+    if (cons.s != sc_seg) {
+      sc = SegScoresOf(plan, v, cons.s, p.scale_log2);
+      sc_seg = cons.s;
+    }
     const int lim_lo = min(cons.j_end, pos_lo - cons.start + 1) - cons.j;
     const int lim_hi = min(cons.j_end, pos_hi - cons.start + 1) - cons.j;
-    OnlineSoftmaxTile(s, o, lim_lo, lim_hi, p.scale_log2, t, m_lo, m_hi, l_lo, l_hi);
+    OnlineSoftmaxTile(s, o, sc.skip - cons.j, lim_lo, lim_hi, sc, t, m_lo, m_hi, l_lo, l_hi);
 
     // O += P V: the S accumulators re-packed as bf16 A fragments.
 #pragma unroll

@@ -135,5 +135,38 @@ TEST(LazyAttention, PrefillWgmmaMatchesCpuAndMmaSync) {
       });
 }
 
+// Segments that skip their first keys and transform their scores (SegmentView's quality
+// fields) in every prefill kernel: warp-specialized, cp.async wgmma and mma.sync (both
+// layouts), against the CPU reference.
+TEST(LazyAttention, PrefillQualityViewsMatchCpu) {
+  GPU_TEST_SETUP(rng);
+  ForPageSizesAndGroups(
+      rng, {16, 64}, 1200, 40 * 16,
+      [&](const Sizes& s, KvPool& pool, const std::vector<Doc>& docs) {
+        Problem b1 = EmptyProblem(s);
+        AddRequest(b1, pool, docs, {5, 2, 7, 0, 3}, 9, 32, rng);
+        Problem b8 = MakeRagBatch(s, pool, docs, 8, 4, 40, 48, rng);
+        AddRandomQuality(b1, rng);
+        AddRandomQuality(b8, rng);
+        const std::pair<const char*, const Problem*> problems[] = {{"b1", &b1}, {"b8", &b8}};
+        for (const auto& [name, prob] : problems) {
+          const std::vector<float> ref = RunCpu(*prob, pool, KeyLayout::kRotatedLocal);
+          for (int splits : {0, 1, 3}) {
+            const std::string what = absl::StrCat(name, " splits=", splits);
+            GpuRun run{false, KeyLayout::kRotatedLocal, splits};
+            ExpectClose(RunGpu(*prob, pool, run), ref, "quality, warp-specialized " + what);
+            run.num_pages_known = false;
+            ExpectClose(RunGpu(*prob, pool, run), ref, "quality, cp.async wgmma " + what);
+            run.num_pages_known = true;
+            run.prefill_kernel = PrefillKernel::kMmaSync;
+            ExpectClose(RunGpu(*prob, pool, run), ref, "quality, mma.sync " + what);
+          }
+          ExpectClose(RunGpu(*prob, pool, {false, KeyLayout::kUnrotated, 0}),
+                      RunCpu(*prob, pool, KeyLayout::kUnrotated),
+                      absl::StrCat("quality, un-rotated ", name));
+        }
+      });
+}
+
 }  // namespace
 }  // namespace lazyrag::kernels::testing

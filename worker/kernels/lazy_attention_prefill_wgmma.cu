@@ -155,6 +155,7 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
   RowStats rows;
   uint32_t qf[Cfg::kQRegs ? D / 16 : 1][4];  // rotated Q fragments (64-key tiles)
   int q_seg = -1;
+  SegScores sc;  // of segment q_seg
   const int wg = warp / 4;  // this thread's warpgroup: packed rows 64 wg .. 64 wg + 63
   int stage = 0;
   const uint32_t k_base = SmemAddr(k_smem), v_base = SmemAddr(v_smem);
@@ -184,6 +185,7 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
         FenceProxyAsyncShared();
         asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
       }
+      sc = SegScoresOf(plan, v, cons.s, p.scale_log2);
       q_seg = cons.s;
     }
 
@@ -205,8 +207,8 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
       QkTile128<Cfg::kBlockM>(s, q_base + wg * 64 * 128, kt);
     }
 
-    SoftmaxTile<kBlockN>(s, o, min(cons.j_end, pos_lo - cons.start + 1) - cons.j,
-                         min(cons.j_end, pos_hi - cons.start + 1) - cons.j, p.scale_log2, t, &rows);
+    SoftmaxTile<kBlockN>(s, o, sc.skip - cons.j, min(cons.j_end, pos_lo - cons.start + 1) - cons.j,
+                         min(cons.j_end, pos_hi - cons.start + 1) - cons.j, sc, t, &rows);
 
     PvTile<kBlockN>(o, s, vt);
     cons.Next(plan, v);

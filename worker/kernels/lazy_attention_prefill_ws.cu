@@ -160,6 +160,7 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
   };
   if (pingpong && wg == 1) pass_turn();
   int q_seg = -1, tile = 0;
+  SegScores sc;  // of segment q_seg
   while (cur.valid) {
     const int st = tile % kStages;
     MbarWait(full_bar + 8 * st, uint32_t(tile / kStages) & 1u);
@@ -170,13 +171,14 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
                                      ct % 128);
       FenceProxyAsyncShared();
       NamedBarrierSync(2 + wg, 128);
+      sc = SegScoresOf(plan, v, cur.s, p.scale_log2);
       q_seg = cur.s;
     }
     float s[kBlockN / 8][4];
     if (pingpong) NamedBarrierSync(4 + wg, 256);  // my turn on the tensor cores
     QkTile128<Cfg::kBlockM>(s, q_rows, k_base + st * Cfg::kTileBytes, pass_turn);
-    SoftmaxTile<kBlockN>(s, o, min(cur.j_end, pos_lo - cur.start + 1) - cur.j,
-                         min(cur.j_end, pos_hi - cur.start + 1) - cur.j, p.scale_log2, t, &rows);
+    SoftmaxTile<kBlockN>(s, o, sc.skip - cur.j, min(cur.j_end, pos_lo - cur.start + 1) - cur.j,
+                         min(cur.j_end, pos_hi - cur.start + 1) - cur.j, sc, t, &rows);
     if (pingpong) NamedBarrierSync(4 + wg, 256);
     PvTile<kBlockN>(o, s, v_base + st * Cfg::kTileBytes, pass_turn);
     __syncwarp();

@@ -54,6 +54,7 @@ __device__ __forceinline__ void MaterializeBody(const MaterializeParams& p) {
   const int32_t* src_pages = p.src_pages + p.src_page_indptr[copy];
   const int32_t* dst_pages = p.dst_pages + p.dst_page_indptr[copy];
   const int dst_offset = p.dst_offset[copy];
+  const int src_offset = p.src_offset != nullptr ? p.src_offset[copy] : 0;
 
   for (int base = threadIdx.x; base < items; base += kMatThreads * kMatUnroll) {
     int64_t src_off[kMatUnroll], dst_off[kMatUnroll];  // in uint4 units, chunk cp
@@ -65,8 +66,8 @@ __device__ __forceinline__ void MaterializeBody(const MaterializeParams& p) {
       ok[u] = it < items;
       const int tok = tok0 + it / items_per_token;
       const int head = (it / kPairs) % hkv;
-      const int dt = dst_offset + tok;
-      const int64_t src_tok = ok[u] ? int64_t(src_pages[tok / ps]) * ps + tok % ps : 0;
+      const int st = src_offset + tok, dt = dst_offset + tok;
+      const int64_t src_tok = ok[u] ? int64_t(src_pages[st / ps]) * ps + st % ps : 0;
       const int64_t dst_tok = ok[u] ? int64_t(dst_pages[dt / ps]) * ps + dt % ps : 0;
       src_off[u] = (src_tok * token_stride + head * D) / 8 + cp;
       dst_off[u] = (dst_tok * token_stride + head * D) / 8 + cp;

@@ -13,7 +13,8 @@ typedef struct CUstream_st* cudaStream_t;
 
 namespace lazyrag::kernels {
 
-// Copy c moves tokens [0, len[c]) of the page run src_pages[src_page_indptr[c] ..] to
+// Copy c moves tokens [s, s + len[c]) of the page run src_pages[src_page_indptr[c] ..],
+// s = src_offset[c] (0 when src_offset is null), to
 // consecutive token slots dst_offset[c] .. of the page run dst_pages[dst_page_indptr[c] ..],
 // in every layer. All arrays in device memory.
 // REQUIRES: source and destination token slots do not overlap (within and across copies).
@@ -35,6 +36,7 @@ struct MaterializeParams {
   const int32_t* len = nullptr;         // [num_copies] tokens
   const int32_t* dst_offset = nullptr;  // [num_copies] first destination token slot
   const int32_t* delta = nullptr;       // [num_copies] rope delta added to every key
+  const int32_t* src_offset = nullptr;  // [num_copies] first source token, or nullptr (all 0)
   int max_len = 0;                      // host hint, REQUIRES >= every len[c]; sizes the grid
 };
 

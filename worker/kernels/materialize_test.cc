@@ -37,7 +37,8 @@ TEST(MaterializeArgs, RejectsBadShapes) {
 // MATERIALIZE.
 
 struct DeviceCopies {
-  std::vector<int32_t> src_indptr{0}, src_pages, dst_indptr{0}, dst_pages, len, dst_offset, delta;
+  std::vector<int32_t> src_indptr{0}, src_pages, dst_indptr{0}, dst_pages, len, dst_offset, delta,
+      src_offset;
   void Add(const MaterializeCopy& c) {
     src_pages.insert(src_pages.end(), c.src_pages.begin(), c.src_pages.end());
     src_indptr.push_back(int32_t(src_pages.size()));
@@ -46,6 +47,7 @@ struct DeviceCopies {
     len.push_back(c.len);
     dst_offset.push_back(c.dst_offset);
     delta.push_back(c.delta);
+    src_offset.push_back(c.src_offset);
   }
 };
 
@@ -61,7 +63,7 @@ void RunMaterializeGpu(KvPool& pool, const std::vector<float>& inv_freq,
   DeviceArray<uint16_t> k(pool.k), v(pool.v);
   DeviceArray<float> f(inv_freq);
   DeviceArray<int32_t> si(c.src_indptr), sp(c.src_pages), di(c.dst_indptr), dp(c.dst_pages),
-      len(c.len), off(c.dst_offset), delta(c.delta);
+      len(c.len), off(c.dst_offset), delta(c.delta), src_off(c.src_offset);
   MaterializeParams m;
   m.k_cache = k.get();
   m.v_cache = v.get();
@@ -79,6 +81,7 @@ void RunMaterializeGpu(KvPool& pool, const std::vector<float>& inv_freq,
   m.len = len.get();
   m.dst_offset = off.get();
   m.delta = delta.get();
+  m.src_offset = src_off.get();
   m.max_len = max_len;
   const absl::Status st = Materialize(m, nullptr);
   EXPECT_TRUE(st.ok()) << st;
@@ -104,6 +107,11 @@ TEST(Materialize, MatchesCpu) {
         start += doc.len;
       }
       copies[1].delta = 0;  // a plain copy too
+      // A copy that leaves the document's first tokens out (they are recomputed per request).
+      const int skip = std::min(20, copies[2].len - 1);
+      copies[2].src_offset = skip;
+      copies[2].dst_offset += skip;
+      copies[2].len -= skip;
       std::vector<float> k = ToFloat(pool.k), v = ToFloat(pool.v);
       const std::vector<float> inv_freq = InvFreq(d);
       for (int l = 0; l < pool.layers; ++l) {

@@ -382,7 +382,9 @@ __device__ __forceinline__ void FallbackAttentionBody(const FallbackAttentionPar
       }
     }
     const int32_t* pages = v.page_indices + v.page_indptr[s];
-    for (int j = 0; j < visible; ++j) {
+    const float seg_scale = p.scale * (v.seg_scale != nullptr ? v.seg_scale[s] : 1.0f);
+    const float seg_bias = v.seg_bias != nullptr ? v.seg_bias[s] : 0.0f;
+    for (int j = v.seg_skip != nullptr ? v.seg_skip[s] : 0; j < visible; ++j) {
       const int64_t slot = int64_t(pages[j / v.page_size]) * v.page_size + j % v.page_size;
       const uint16_t* kp = p.k_cache + (slot * p.num_kv_heads + kvh) * D;
       const uint16_t* vp = p.v_cache + (slot * p.num_kv_heads + kvh) * D;
@@ -392,7 +394,7 @@ __device__ __forceinline__ void FallbackAttentionBody(const FallbackAttentionPar
         const int f = lane + 32 * k;
         if (f < D) dot += qrot[k] * Bf16ToFloat(kp[f]);
       }
-      const float score = WarpSum(dot) * p.scale;
+      const float score = WarpSum(dot) * seg_scale + seg_bias;
       const float m_new = fmaxf(m, score);
       const float corr = expf(m - m_new);  // 0 while m is -inf
       const float w = expf(score - m_new);
@@ -423,7 +425,8 @@ __device__ __forceinline__ void FallbackMaterializeBody(const FallbackMaterializ
   if (j >= p.len[c]) return;
   const int ps = p.page_size, D = p.head_dim, half = D / 2;
   const int kvd = p.num_kv_heads * D;
-  const int64_t src = int64_t(p.src_pages[p.src_page_indptr[c] + j / ps]) * ps + j % ps;
+  const int sj = (p.src_offset != nullptr ? p.src_offset[c] : 0) + j;
+  const int64_t src = int64_t(p.src_pages[p.src_page_indptr[c] + sj / ps]) * ps + sj % ps;
   const int t = p.dst_offset[c] + j;
   const int64_t dst = int64_t(p.dst_pages[p.dst_page_indptr[c] + t / ps]) * ps + t % ps;
   const uint16_t* ks = p.k_cache + layer * p.layer_stride + src * kvd;

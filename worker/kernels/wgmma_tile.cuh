@@ -57,41 +57,44 @@ __device__ __forceinline__ void QkTile128(float (&s)[16][4], uint32_t q_rows, ui
 }
 #endif  // LAZYRAG_HAVE_WGMMA
 
-// Mask (segment tail, split end, causality: keys >= lim_lo / lim_hi of the tile are invisible
-// to the thread's rows) and online softmax in the log2 domain: s becomes P (unnormalized), the
-// row stats advance and O is rescaled. The loop is bound by instruction latency, so the common
-// cases are kept short: tiles whose keys are all visible to the warp's rows skip the mask, the
-// scale is folded into the exponent (max of the raw scores times scale_log2 > 0, which
-// ValidateLazyAttentionParams requires, then exp2(fma(s, scale, -max))), and O is rescaled only
-// when some row's running maximum moved.
+// Mask (skipped keys below lo; segment tail, split end, causality: keys >= lim_lo / lim_hi of
+// the tile are invisible to the thread's rows) and online softmax in the log2 domain: s becomes
+// P (unnormalized), the row stats advance and O is rescaled. The loop is bound by instruction
+// latency, so the common cases are kept short: tiles whose keys are all visible to the warp's
+// rows skip the mask, the segment's transform (SegScores) is folded into the exponent (max of
+// the raw scores times sc.scale > 0, which ValidateLazyAttentionParams and the backends require,
+// plus sc.bias, then exp2(fma(s, scale, bias - max))), and O is rescaled only when some row's
+// running maximum moved.
 template <int kBlockN>
-__device__ __forceinline__ void SoftmaxTile(float (&s)[kBlockN / 8][4], float (&o)[16][4],
-                                            int lim_lo, int lim_hi, float scale, int t,
+__device__ __forceinline__ void SoftmaxTile(float (&s)[kBlockN / 8][4], float (&o)[16][4], int lo,
+                                            int lim_lo, int lim_hi, const SegScores& sc, int t,
                                             RowStats* rs) {
   float mx_lo = kNegInf, mx_hi = kNegInf;
-  if (__all_sync(0xffffffffu, lim_lo >= kBlockN && lim_hi >= kBlockN)) {
+  if (__all_sync(0xffffffffu, lo <= 0 && lim_lo >= kBlockN && lim_hi >= kBlockN)) {
 #pragma unroll
     for (int nb = 0; nb < kBlockN / 8; ++nb) {
       mx_lo = fmaxf(mx_lo, fmaxf(s[nb][0], s[nb][1]));
       mx_hi = fmaxf(mx_hi, fmaxf(s[nb][2], s[nb][3]));
     }
   } else {
-    MaskRowMax<kBlockN / 8, false>(s, lim_lo, lim_hi, scale, t, mx_lo, mx_hi);
+    MaskRowMax<kBlockN / 8, false>(s, lo, lim_lo, lim_hi, sc.scale, sc.bias, t, mx_lo, mx_hi);
   }
   QuadMax(mx_lo, mx_hi);
-  const float new_lo = fmaxf(rs->m_lo, mx_lo * scale), new_hi = fmaxf(rs->m_hi, mx_hi * scale);
+  const float new_lo = fmaxf(rs->m_lo, fmaf(mx_lo, sc.scale, sc.bias));
+  const float new_hi = fmaxf(rs->m_hi, fmaf(mx_hi, sc.scale, sc.bias));
   const float use_lo = new_lo == kNegInf ? 0.f : new_lo;
   const float use_hi = new_hi == kNegInf ? 0.f : new_hi;
   const float alpha_lo = Exp2(rs->m_lo - use_lo), alpha_hi = Exp2(rs->m_hi - use_hi);
   rs->m_lo = new_lo;
   rs->m_hi = new_hi;
+  const float off_lo = sc.bias - use_lo, off_hi = sc.bias - use_hi;
   float sum_lo = 0.f, sum_hi = 0.f;
 #pragma unroll
   for (int nb = 0; nb < kBlockN / 8; ++nb) {
-    s[nb][0] = Exp2(fmaf(s[nb][0], scale, -use_lo));
-    s[nb][1] = Exp2(fmaf(s[nb][1], scale, -use_lo));
-    s[nb][2] = Exp2(fmaf(s[nb][2], scale, -use_hi));
-    s[nb][3] = Exp2(fmaf(s[nb][3], scale, -use_hi));
+    s[nb][0] = Exp2(fmaf(s[nb][0], sc.scale, off_lo));
+    s[nb][1] = Exp2(fmaf(s[nb][1], sc.scale, off_lo));
+    s[nb][2] = Exp2(fmaf(s[nb][2], sc.scale, off_hi));
+    s[nb][3] = Exp2(fmaf(s[nb][3], sc.scale, off_hi));
     sum_lo += s[nb][0] + s[nb][1];
     sum_hi += s[nb][2] + s[nb][3];
   }

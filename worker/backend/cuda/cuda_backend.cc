@@ -67,6 +67,7 @@ class CudaBackend final : public Backend {
   int num_pages() const override { return pool_.num_pages(); }
   int page_size() const override { return pool_.page_size(); }
   KvDtype kv_dtype() const override { return KvDtype::kBFloat16; }
+  bool SupportsQualityViews() const override { return true; }
 
   absl::Status InitPool(int num_pages, int page_size) override;
   absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override {
@@ -479,10 +480,11 @@ absl::Status CudaBackend::RunStep(const DeviceStep& s, int num_segments) {
   DeviceStep g = s;
   g.max_kv_len = (s.max_kv_len + kGraphKvBucket - 1) / kGraphKvBucket * kGraphKvBucket;
   if (!options_.cuda_graphs) return EnqueueStep(g);
-  // Upload offsets depend only on (tokens, logit rows, requests, segments): page indices go
-  // last (StepPlan).
-  const StepGraphKey key = {g.tokens_n,  g.rows_n,     g.view.num_requests, num_segments,
-                            g.max_q_len, g.max_kv_len, g.decode ? 1 : 0};
+  // Upload offsets depend only on (tokens, logit rows, requests, segments, quality): page
+  // indices go last (StepPlan).
+  const StepGraphKey key = {g.tokens_n,   g.rows_n,         g.view.num_requests,
+                            num_segments, g.max_q_len,      g.max_kv_len,
+                            g.decode ? 1 : 0, g.quality ? 1 : 0};
   return graphs_.Run(key, s.tokens_n, stream_,
                      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return EnqueueStep(g); });
 }
@@ -491,13 +493,6 @@ absl::Status CudaBackend::Materialize(const std::vector<MaterializeCopy>& copies
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(SetDevice());
   std::vector<int32_t> written;
-  for (const MaterializeCopy& c : copies) {
-    if (c.src_offset != 0) {
-      return absl::UnimplementedError(
-          "materialize: copies from a source offset (recompute_first_tokens > 0) run on the CPU "
-          "backend only");
-    }
-  }
   for (const MaterializeCopy& c : copies)
     written.insert(written.end(), c.dst_pages.begin(), c.dst_pages.end());
   RETURN_IF_ERROR(host_.OrderWritesAfter(written, stream_));

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "common/kv_checksum.h"
 #include "gtest/gtest.h"
 #include "worker/backend/cpu/cpu_backend.h"
@@ -267,6 +268,52 @@ TEST(CudaBackendTest, SmolLm2ShapeMatchesCpuAllModes) {
     ExpectRunsMatch(RunMode(*e.gpu, rag, AttentionMode::kLazy, 3),
                     RunMode(*e.cpu, rag, AttentionMode::kLazy, 3), kLogitTolerance,
                     "smollm2 LAZY reordered");
+  }
+}
+
+// Issue 25's quality settings on the GPU: first-tokens recompute (segments that skip their
+// first keys; MATERIALIZE copies from a source offset) and document temperature / scale,
+// LAZY and MATERIALIZE against the CPU and against each other.
+TEST(CudaBackendTest, QualitySettingsMatchCpu) {
+  SKIP_WITHOUT_DEVICE();
+  struct Setting {
+    int k;
+    float temperature, scale;
+  };
+  for (int page_size : {16, 64}) {
+    SCOPED_TRACE(testing::Message() << "page size " << page_size);
+    EnginePair e = MakePair("synthetic:smollm2-135m@5", page_size, 128);
+    ASSERT_TRUE(e.cpu && e.gpu);
+    std::mt19937 rng(page_size + 1);
+    const TokenPrompt rag = RagPrompt(rng, e.cpu->config().vocab_size, {37, 250, 100}, 21);
+    for (const Setting& q : {Setting{8, 1.f, 1.f}, Setting{40, 1.f, 1.f}, Setting{0, 0.8f, 1.f},
+                             Setting{16, 1.2f, 2.f}}) {
+      const std::string what =
+          absl::StrCat("k=", q.k, " temperature=", q.temperature, " scale=", q.scale);
+      auto run = [&](Engine& en, AttentionMode mode) {
+        ModeRun r;
+        TokenRunOptions o;
+        o.mode = mode;
+        o.quality.recompute_first_tokens = q.k;
+        o.quality.document_temperature = q.temperature;
+        o.quality.document_scale = q.scale;
+        o.max_tokens = 4;
+        o.ignore_eos = true;
+        o.step_logits = &r.logits;
+        auto res = en.RunTokens(rag, o);
+        EXPECT_TRUE(res.ok()) << what << ": " << res.status();
+        if (res.ok()) r.tokens = res->token_ids;
+        return r;
+      };
+      const ModeRun gpu_lazy = run(*e.gpu, AttentionMode::kLazy);
+      const ModeRun gpu_mat = run(*e.gpu, AttentionMode::kMaterialize);
+      ExpectRunsMatch(gpu_lazy, run(*e.cpu, AttentionMode::kLazy), kLogitTolerance,
+                      "LAZY " + what);
+      ExpectRunsMatch(gpu_mat, run(*e.cpu, AttentionMode::kMaterialize), kLogitTolerance,
+                      "MATERIALIZE " + what);
+      ExpectRunsMatch(gpu_lazy, gpu_mat, kLazyMaterializeTolerance,
+                      "GPU LAZY vs MATERIALIZE " + what);
+    }
   }
 }
 
@@ -586,20 +633,25 @@ TEST(CudaBackendTest, BadInputsAreRejected) {
   bad = b;
   bad.view.q_indptr = {0, 2};
   EXPECT_EQ(be.Forward(bad, &logits).code(), absl::StatusCode::kInvalidArgument);
-  // Issue 25's view fields are CPU-only: refused, never silently ignored.
-  EXPECT_FALSE(be.SupportsQualityViews());
+  // Issue 25's view fields: honoured (QualitySettingsMatchCpu), and checked.
+  EXPECT_TRUE(be.SupportsQualityViews());
   bad = b;
-  bad.view.seg_skip = {1};
-  EXPECT_EQ(be.Forward(bad, &logits).code(), absl::StatusCode::kUnimplemented);
+  bad.view.seg_skip = {int32_t(b.view.seg_len[0]) + 1};
+  EXPECT_EQ(be.Forward(bad, &logits).code(), absl::StatusCode::kInvalidArgument);
   bad = b;
-  bad.view.seg_scale = {0.5f};
-  EXPECT_EQ(be.Forward(bad, &logits).code(), absl::StatusCode::kUnimplemented);
+  bad.view.seg_skip = {0, 0};
+  EXPECT_EQ(be.Forward(bad, &logits).code(), absl::StatusCode::kInvalidArgument);
   bad = b;
-  bad.view.seg_bias = {1.0f};
-  EXPECT_EQ(be.Forward(bad, &logits).code(), absl::StatusCode::kUnimplemented);
-  MaterializeCopy from_offset{{1}, 2, {2}, 0, 0};
-  from_offset.src_offset = 2;
-  EXPECT_EQ(be.Materialize({from_offset}).code(), absl::StatusCode::kUnimplemented);
+  bad.view.seg_scale = {0.0f};
+  EXPECT_EQ(be.Forward(bad, &logits).code(), absl::StatusCode::kInvalidArgument);
+  bad = b;
+  bad.view.seg_bias = {NAN};
+  EXPECT_EQ(be.Forward(bad, &logits).code(), absl::StatusCode::kInvalidArgument);
+  MaterializeCopy from_offset{{1}, 15, {2}, 0, 0};
+  from_offset.src_offset = 2;  // tokens 2 .. 16 of a 16-token page run
+  EXPECT_EQ(be.Materialize({from_offset}).code(), absl::StatusCode::kInvalidArgument);
+  from_offset.src_offset = -1;
+  EXPECT_EQ(be.Materialize({from_offset}).code(), absl::StatusCode::kInvalidArgument);
   std::string out;
   EXPECT_EQ(be.ExportKv({9}, 4, &out).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(be.ExportKv({1}, 17, &out).code(), absl::StatusCode::kInvalidArgument);

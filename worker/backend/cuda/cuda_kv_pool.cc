@@ -56,15 +56,16 @@ absl::Status CudaKvPool::Materialize(const std::vector<MaterializeCopy>& copies,
                                      const float* inv_freq, bool tensor_core, UploadFn upload,
                                      cudaStream_t stream) {
   for (const MaterializeCopy& m : copies) {
-    if (m.len < 0 || m.dst_offset < 0) {
+    if (m.len < 0 || m.dst_offset < 0 || m.src_offset < 0) {
       return absl::InvalidArgumentError("materialize: negative length or offset");
     }
-    RETURN_IF_ERROR(CheckRun(m.src_pages, m.len));
+    RETURN_IF_ERROR(CheckRun(m.src_pages, int64_t(m.src_offset) + m.len));
     RETURN_IF_ERROR(CheckRun(m.dst_pages, int64_t(m.dst_offset) + m.len));
   }
   if (copies.empty()) return absl::OkStatus();
   const int n = int(copies.size());
-  std::vector<int32_t> src_indptr{0}, src_pages, dst_indptr{0}, dst_pages, len, dst_offset, delta;
+  std::vector<int32_t> src_indptr{0}, src_pages, dst_indptr{0}, dst_pages, len, dst_offset, delta,
+      src_offset;
   int max_len = 0;
   for (const MaterializeCopy& m : copies) {
     src_pages.insert(src_pages.end(), m.src_pages.begin(), m.src_pages.end());
@@ -74,12 +75,13 @@ absl::Status CudaKvPool::Materialize(const std::vector<MaterializeCopy>& copies,
     len.push_back(m.len);
     dst_offset.push_back(m.dst_offset);
     delta.push_back(m.delta);
+    src_offset.push_back(m.src_offset);
     max_len = std::max(max_len, m.len);
   }
   UploadPlan plan;
   const size_t o_si = plan.Add(src_indptr), o_sp = plan.Add(src_pages), o_di = plan.Add(dst_indptr),
                o_dp = plan.Add(dst_pages), o_len = plan.Add(len), o_off = plan.Add(dst_offset),
-               o_delta = plan.Add(delta);
+               o_delta = plan.Add(delta), o_src = plan.Add(src_offset);
   ASSIGN_OR_RETURN(char* dev, upload(plan));
   auto i32 = [&](size_t off) { return reinterpret_cast<const int32_t*>(dev + off); };
   kernels::MaterializeParams p;
@@ -99,6 +101,7 @@ absl::Status CudaKvPool::Materialize(const std::vector<MaterializeCopy>& copies,
   p.len = i32(o_len);
   p.dst_offset = i32(o_off);
   p.delta = i32(o_delta);
+  p.src_offset = i32(o_src);
   p.max_len = max_len;
   if (tensor_core) return kernels::Materialize(p, stream);
   return cuda_model::LaunchFallbackMaterialize(p, stream);

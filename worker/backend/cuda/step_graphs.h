@@ -20,9 +20,9 @@
 namespace lazyrag::cuda_backend {
 
 // The shape of a step as far as its kernels' launches depend on it: (tokens, logit rows,
-// requests, segments, longest query, KV bound, decode). Equal keys must give identical launch
-// sequences and device addresses for everything but the uploaded contents.
-using StepGraphKey = std::array<int, 7>;
+// requests, segments, longest query, KV bound, decode, quality arrays). Equal keys must give
+// identical launch sequences and device addresses for everything but the uploaded contents.
+using StepGraphKey = std::array<int, 8>;
 
 class StepGraphs {
  public:

@@ -1,6 +1,7 @@
 #include "worker/backend/cuda/step_plan.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 
@@ -29,13 +30,8 @@ absl::Status CheckForwardBatch(const ForwardBatch& b, const ModelConfig& config,
     return absl::InvalidArgumentError("forward: malformed segment view");
   }
   if (T > (int64_t(1) << 30)) return absl::InvalidArgumentError("forward: batch too large");
-  if (v.any_quality()) {
-    // The CUDA attention kernels walk every key of a segment from 0 with one score scale
-    // (worker/kernels/kv_tiles.cuh).
-    return absl::UnimplementedError(
-        "forward: segments that skip keys or scale scores (recompute_first_tokens > 0, document "
-        "temperature / scale) run on the CPU backend only; the CUDA attention kernels do not "
-        "take seg_skip / seg_scale / seg_bias yet");
+  for (size_t n : {v.seg_skip.size(), v.seg_scale.size(), v.seg_bias.size()}) {
+    if (n != 0 && int64_t(n) != S) return absl::InvalidArgumentError("forward: malformed segment view");
   }
   if (v.page_size != page_size) return absl::InvalidArgumentError("forward: page size mismatch");
   for (int32_t t : b.tokens) {
@@ -55,6 +51,16 @@ absl::Status CheckForwardBatch(const ForwardBatch& b, const ModelConfig& config,
     const int64_t pages = v.page_indptr[s + 1] - v.page_indptr[s];
     if (v.seg_len[s] < 0 || v.seg_len[s] > pages * page_size) {
       return absl::InvalidArgumentError("forward: segment longer than its pages");
+    }
+    if (!v.seg_skip.empty() && (v.seg_skip[s] < 0 || v.seg_skip[s] > v.seg_len[s])) {
+      return absl::InvalidArgumentError("forward: segment skips more keys than it has");
+    }
+    // The kernels fold the score scale into the exponent of the running maximum (> 0).
+    if (!v.seg_scale.empty() && !(v.seg_scale[s] > 0.0f && std::isfinite(v.seg_scale[s]))) {
+      return absl::InvalidArgumentError("forward: segment score scale must be positive and finite");
+    }
+    if (!v.seg_bias.empty() && !std::isfinite(v.seg_bias[s])) {
+      return absl::InvalidArgumentError("forward: segment score bias must be finite");
     }
   }
   for (int32_t r : b.logit_rows) {
@@ -90,6 +96,17 @@ StepPlan::StepPlan(const ForwardBatch& batch, bool row_request) : batch_(batch) 
   o_seg_start_ = upload_.Add(v.seg_start);
   o_seg_len_ = upload_.Add(v.seg_len);
   o_page_indptr_ = upload_.Add(v.page_indptr);
+  quality_ = v.any_quality();
+  if (quality_) {
+    // All three arrays, complete (an empty one in the view means its default).
+    const size_t S = v.seg_start.size();
+    seg_skip_ = v.seg_skip.size() == S ? v.seg_skip : std::vector<int32_t>(S, 0);
+    seg_scale_ = v.seg_scale.size() == S ? v.seg_scale : std::vector<float>(S, 1.0f);
+    seg_bias_ = v.seg_bias.size() == S ? v.seg_bias : std::vector<float>(S, 0.0f);
+    o_seg_skip_ = upload_.Add(seg_skip_);
+    o_seg_scale_ = upload_.Add(seg_scale_);
+    o_seg_bias_ = upload_.Add(seg_bias_);
+  }
   o_rows_ = upload_.Add(batch.logit_rows);
   o_row_request_ = upload_.Add(row_request_);
   o_page_indices_ = upload_.Add(v.page_indices);
@@ -115,11 +132,18 @@ DeviceStep StepPlan::At(const char* device_base, int page_size) const {
   view.seg_len = i32(o_seg_len_);
   view.page_indptr = i32(o_page_indptr_);
   view.page_indices = i32(o_page_indices_);
+  if (quality_) {
+    auto f32 = [&](size_t off) { return reinterpret_cast<const float*>(device_base + off); };
+    view.seg_skip = i32(o_seg_skip_);
+    view.seg_scale = f32(o_seg_scale_);
+    view.seg_bias = f32(o_seg_bias_);
+  }
   step.tokens_n = int(batch_.tokens.size());
   step.rows_n = int(batch_.logit_rows.size());
   step.max_q_len = max_q_len_;
   step.max_kv_len = max_kv_len_;
   step.decode = decode_;
+  step.quality = quality_;
   return step;
 }
 

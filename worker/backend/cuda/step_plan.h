@@ -30,6 +30,7 @@ struct DeviceStep {
   SegmentView view;
   int tokens_n = 0, rows_n = 0, max_q_len = 1, max_kv_len = 0;
   bool decode = false;
+  bool quality = false;  // view carries seg_skip / seg_scale / seg_bias
 };
 
 // Plans a checked batch: the longest query and KV of its requests, whether every request has
@@ -44,7 +45,7 @@ class StepPlan {
   StepPlan& operator=(const StepPlan&) = delete;
 
   // Page indices go last: the offsets of everything else depend only on (tokens, requests,
-  // segments, logit rows).
+  // segments, logit rows, quality).
   const UploadPlan& upload() const { return upload_; }
   // The step once upload() has been copied to `device_base`.
   DeviceStep At(const char* device_base, int page_size) const;
@@ -53,11 +54,15 @@ class StepPlan {
   const ForwardBatch& batch_;
   int max_q_len_ = 1, max_kv_len_ = 0;
   bool decode_ = false;
+  bool quality_ = false;
   std::vector<int32_t> row_request_;
+  std::vector<int32_t> seg_skip_;  // uploaded copies of the view's quality arrays
+  std::vector<float> seg_scale_, seg_bias_;
   UploadPlan upload_;
   size_t o_tokens_ = 0, o_kv_pos_ = 0, o_kv_slot_ = 0, o_q_indptr_ = 0, o_q_pos_ = 0,
          o_seg_indptr_ = 0, o_seg_start_ = 0, o_seg_len_ = 0, o_page_indptr_ = 0, o_rows_ = 0,
-         o_row_request_ = 0, o_page_indices_ = 0;
+         o_row_request_ = 0, o_page_indices_ = 0, o_seg_skip_ = 0, o_seg_scale_ = 0,
+         o_seg_bias_ = 0;
 };
 
 }  // namespace lazyrag::cuda_backend
