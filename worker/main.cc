@@ -76,17 +76,17 @@ ABSL_FLAG(std::string, shared_prefix, "none",
           "documents encoded after a shared prefix (attention sink) that opens every prompt: "
           "none | template (the chat template's fixed opening); part of every document id");
 ABSL_FLAG(double, document_temperature, 1.0,
-          "LAZY/MATERIALIZE: temperature of the attention to documents (0.05 .. 20; 1: off; "
-          "CPU backend only); a request's quality.document_temperature overrides it");
+          "LAZY/MATERIALIZE: temperature of the attention to documents (0.05 .. 20; 1: off); "
+          "a request's quality.document_temperature overrides it");
 ABSL_FLAG(double, document_scale, 1.0,
-          "LAZY/MATERIALIZE: weight of the attention to documents (0.01 .. 100; 1: off; CPU "
-          "backend only); a request's quality.document_scale overrides it");
+          "LAZY/MATERIALIZE: weight of the attention to documents (0.01 .. 100; 1: off); a "
+          "request's quality.document_scale overrides it");
 ABSL_FLAG(int, recompute_first_tokens, 0,
           "LAZY/MATERIALIZE: recompute each document's first k tokens at their true positions "
           "per request (0 .. 512; a request's quality.recompute_first_tokens overrides it). -1: "
           "the value measured best on bench/rag_qa's dev split "
-          "(lazyrag::kMeasuredRecomputeFirstTokens) on backends that support it (CPU), 0 on "
-          "the others (CUDA)");
+          "(lazyrag::kMeasuredRecomputeFirstTokens) on backends that support it (CPU, CUDA), "
+          "0 on the others");
 ABSL_FLAG(int, metrics_port, 0, "port of the /metrics endpoint; 0 picks one, -1 disables");
 ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "address the /metrics endpoint binds");
 ABSL_FLAG(double, shutdown_grace_s, 10, "seconds running calls get to finish at shutdown");

@@ -52,7 +52,7 @@ struct RuntimeOptions {
   int64_t host_cache_bytes = -1;
   // Server defaults of the answer-quality settings (EngineOptions::quality; the worker's
   // --recompute_first_tokens). recompute_first_tokens -1: kMeasuredRecomputeFirstTokens where
-  // the backend supports it (Backend::SupportsQualityViews: CPU), else 0. Otherwise out of
+  // the backend supports it (Backend::SupportsQualityViews: CPU and CUDA), else 0. Otherwise out of
   // range: CreateRuntime fails with INVALID_ARGUMENT.
   QualitySettings quality;
   // The engine's shared prefix (EngineOptions::shared_prefix, the worker's --shared_prefix):
