@@ -14,7 +14,8 @@
 // question, so a question's documents stay resident across its LAZY / MATERIALIZE runs.
 //
 // Scoring: an answer counts when its normalised text (lower case, runs of other characters
-// to one space) contains the normalised answer as whole words. Depth of a question: the token
+// to one space) contains the normalised answer as whole words (every one of "answers" where a
+// question lists several: a two-document question needs both facts). Depth of a question: the token
 // offset, inside its document, of the deepest fact it needs (single hop: one fact; multi hop:
 // both), counted with the model's tokenizer on the document text before the fact's sentence.
 #include <algorithm>
@@ -39,14 +40,16 @@ namespace {
 std::string Normalise(const std::string& s) {
   std::string out = " ";
   for (unsigned char c : s) {
-    if (std::isalnum(c)) out += char(std::tolower(c));
-    else if (out.back() != ' ') out += ' ';
+    if (std::isalnum(c))
+      out += char(std::tolower(c));
+    else if (out.back() != ' ')
+      out += ' ';
   }
   if (out.back() != ' ') out += ' ';
   return out;
 }
 
-bool Correct(const std::string& output, const std::string& answer) {
+bool Contains(const std::string& output, const std::string& answer) {
   return Normalise(output).find(Normalise(answer)) != std::string::npos;
 }
 
@@ -54,9 +57,18 @@ struct Question {
   int id = 0;
   std::vector<std::string> documents;
   std::string question, answer;
+  std::vector<std::string> parts;          // "answers": all must appear (else `answer`)
   std::vector<std::pair<int, int>> facts;  // (document, character offset of the fact)
   int depth = 0;                           // tokens, the deepest needed fact
 };
+
+bool Correct(const std::string& output, const Question& q) {
+  if (q.parts.empty()) return Contains(output, q.answer);
+  for (const std::string& p : q.parts) {
+    if (!Contains(output, p)) return false;
+  }
+  return true;
+}
 
 std::vector<Question> LoadQuestions(const std::string& path) {
   std::vector<Question> out;
@@ -70,6 +82,9 @@ std::vector<Question> LoadQuestions(const std::string& path) {
     for (const auto& d : v->Find("documents")->array()) q.documents.push_back(d.string_value());
     q.question = v->Find("question")->string_value();
     q.answer = v->Find("answer")->string_value();
+    if (const JsonValue* parts = v->Find("answers")) {
+      for (const auto& p : parts->array()) q.parts.push_back(p.string_value());
+    }
     if (const JsonValue* fd = v->Find("fact_doc")) {
       q.facts.push_back({int(fd->int_value()), int(v->Find("fact_char")->int_value())});
     }
@@ -180,8 +195,8 @@ int Main(int argc, char** argv) {
     // tokens must stay those of the whole prefix, or FULL would change with the setting.
     const std::string sys = "Answer the question with a short phrase using only the documents.";
     const RagTemplate& t = gen.rag_template();
-    std::vector<int32_t> split = t.opening_shared ? rt.tokenizer->Encode(t.Opening())
-                                                  : std::vector<int32_t>{};
+    std::vector<int32_t> split =
+        t.opening_shared ? rt.tokenizer->Encode(t.Opening()) : std::vector<int32_t>{};
     for (int32_t id : rt.tokenizer->Encode(t.Prefix(sys))) split.push_back(id);
     const bool same = split == rt.tokenizer->Encode(t.FullPrefix(sys));
     std::printf("shared prefix %s: prompt tokens %s those of the unsplit template\n",
@@ -248,7 +263,7 @@ int Main(int argc, char** argv) {
           return 1;
         }
         Tally& t = tally[c.name];
-        const bool ok = Correct(out->text, q.answer);
+        const bool ok = Correct(out->text, q);
         t.correct += ok;
         ++t.n;
         t.by_bucket_correct[BucketOf(q.depth)] += ok;
@@ -289,8 +304,10 @@ int Main(int argc, char** argv) {
       std::printf("%-22s %6.1f%% %6.0f%%", c.name.c_str(), 100 * em,
                   full_em > 0 ? 100 * em / full_em : 0.0);
       for (int b = 0; b < 4; ++b) {
-        if (t.by_bucket_n[b] == 0) std::printf(" %10s", "-");
-        else std::printf(" %4d/%-5d", t.by_bucket_correct[b], t.by_bucket_n[b]);
+        if (t.by_bucket_n[b] == 0)
+          std::printf(" %10s", "-");
+        else
+          std::printf(" %4d/%-5d", t.by_bucket_correct[b], t.by_bucket_n[b]);
       }
       std::printf(" %9.1f %9.1f %8.1f\n", double(t.computed_tokens) / n,
                   double(t.recomputed_tokens) / n, t.ttft_ms / n);
@@ -331,8 +348,7 @@ int Main(int argc, char** argv) {
       if (!ids.count(twin)) continue;
       int same = 0;
       for (int i = 0; i < n; ++i) same += ids[c.name][i] == ids[twin][i];
-      std::printf("  %s vs %s: identical answers %d / %d\n", c.name.c_str(), twin.c_str(), same,
-                  n);
+      std::printf("  %s vs %s: identical answers %d / %d\n", c.name.c_str(), twin.c_str(), same, n);
       j.BeginObject();
       j.Key("lazy").String(c.name);
       j.Key("materialize").String(twin);
