@@ -14,7 +14,7 @@
 //                   [--warmup N] [--cold_runs N] [--chunk N] [--page_size N]
 //                   [--decode_steps N] [--cuda_graphs 0|1] [--step_times 0|1]
 //                   [--idle_ms N] [--early_kv 0|1] [--profile] [--out PATH]
-//                   [--kvstore_binary PATH] [--quality_k K]
+//                   [--kvstore_binary PATH] [--quality_k K] [--decode_batches B,B]
 //
 // With --kvstore_binary: a lazyrag-kvstore shard on this host (a child process, data under
 // $TMPDIR) stores one document's KV; rows for fetching it through the client library into
@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "bench/bench_stats.h"
 #include "common/status.h"
 #include "common/testing/child_process.h"
@@ -74,6 +75,10 @@ struct BenchOptions {
   // A LAZY row with QualityOptions::recompute_first_tokens = K (0: no row): the cost of the
   // quality default (issue 25) beside plain LAZY, interleaved with it.
   int quality_k = 32;
+  // Decode steps at these batch sizes: that many LAZY requests over the same cached documents
+  // (distinct queries) started together; each row is the median GPU time of the steps that
+  // decode all of them, beside its byte floor (needs --step_times 1).
+  std::vector<int> decode_batches = {16, 64};
   std::string out;
 };
 
@@ -195,7 +200,12 @@ int Main(int argc, char** argv) {
       o.idle_ms = std::max(0, std::atoi(argv[++i]));
     else if (arg("--cuda_graphs"))
       o.cuda_graphs = std::atoi(argv[++i]) != 0;
-    else if (arg("--quality_k"))
+    else if (arg("--decode_batches")) {
+      o.decode_batches.clear();
+      for (absl::string_view b : absl::StrSplit(argv[++i], ',', absl::SkipEmpty())) {
+        o.decode_batches.push_back(std::max(1, std::atoi(std::string(b).c_str())));
+      }
+    } else if (arg("--quality_k"))
       o.quality_k = std::atoi(argv[++i]);
     else if (arg("--host_cache_gb"))
       o.host_cache_gb = std::max(0.0, std::atof(argv[++i]));
@@ -212,7 +222,7 @@ int Main(int argc, char** argv) {
           "[--warmup N] [--cold_runs N] [--chunk N] [--page_size N] "
           "[--decode_steps N] [--cuda_graphs 0|1] "
           "[--step_times 0|1] [--idle_ms N] [--early_kv 0|1] [--host_cache_gb G] [--profile] "
-          "[--out PATH] [--kvstore_binary PATH] [--quality_k K]\n",
+          "[--out PATH] [--kvstore_binary PATH] [--quality_k K] [--decode_batches B,B]\n",
           argv[0]);
       return 2;
     }
@@ -378,6 +388,51 @@ int Main(int argc, char** argv) {
     }
     decode.ms.push_back((r.timings.total_ms - r.timings.ttft_ms) / o.decode_steps);
   }
+  // Decode at batch B (the weights read once per step for B rows, each request's KV once).
+  struct BatchDecode {
+    int batch = 0;
+    Stats gpu;
+    double floor_ms = 0;
+  };
+  std::vector<BatchDecode> batch_decode;
+  const double weight_bytes =
+      2.0 * (double(config.num_layers) * (2.0 * config.hidden_size * config.hidden_size +
+                                          2.0 * config.hidden_size * config.kv_dim() +
+                                          3.0 * config.hidden_size * config.intermediate_size) +
+             double(config.vocab_size) * config.hidden_size);  // layers + LM head, bf16
+  const double kv_bytes_per_token = 2.0 * 2.0 * config.num_layers * config.kv_dim();  // K, V bf16
+  for (int bsz : o.step_times ? o.decode_batches : std::vector<int>{}) {
+    std::vector<TokenPrompt> prompts(bsz, prompt);
+    for (TokenPrompt& p : prompts) p.suffix = random_tokens(o.query);
+    (void)TakeCudaStepTimings(engine.backend());
+    std::vector<absl::Status> sts(bsz);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < bsz; ++i) {
+      threads.emplace_back([&, i] {
+        TokenRunOptions ro;
+        ro.mode = AttentionMode::kLazy;
+        ro.max_tokens = 1 + o.decode_steps;
+        ro.ignore_eos = true;
+        ro.cache_namespace = "warm";
+        sts[i] = engine.RunTokens(prompts[i], ro).status();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (const absl::Status& st : sts) {
+      if (!st.ok()) return Fail(st, "batched decode");
+    }
+    auto t = TakeCudaStepTimings(engine.backend());
+    if (!t.ok()) return Fail(t.status(), "batched decode timings");
+    BatchDecode bd;
+    bd.batch = bsz;
+    for (const CudaStepTiming& s : *t) {
+      if (s.tokens == bsz) bd.gpu.ms.push_back(s.gpu_ms);
+    }
+    bd.floor_ms =
+        (weight_bytes + bsz * kv_bytes_per_token * double(prompt_tokens + o.decode_steps / 2)) /
+        4.52e12 * 1e3;
+    batch_decode.push_back(std::move(bd));
+  }
   // The host tier: every document of the request dropped from the pool (each is in the host tier,
   // copied there when it was computed or now), then the LAZY request: its documents are
   // promoted into the pool, checked, and the query block runs.
@@ -523,8 +578,16 @@ int Main(int argc, char** argv) {
   row("TTFT LAZY cold (documents encoded)", cold);
   if (!lazy_host_tier.ms.empty()) row("TTFT LAZY, documents in host tier", lazy_host_tier);
   std::printf("%-36s %10.2f\n", "documents' encode time (cold - LAZY)", encode_ms);
-  std::printf("%-36s %10.3f %10.3f %10.3f\n", "decode step, batch 1 (LAZY)", decode.Median(),
-              decode.Min(), decode.Max());
+  std::printf("%-36s %10.3f %10.3f %10.3f   (floor %.3f ms at 4.52 TB/s)\n",
+              "decode step, batch 1 (LAZY)", decode.Median(), decode.Min(), decode.Max(),
+              (weight_bytes + kv_bytes_per_token * double(prompt_tokens + o.decode_steps / 2)) /
+                  4.52e12 * 1e3);
+  for (const BatchDecode& bd : batch_decode) {
+    const std::string name =
+        absl::StrCat("decode step GPU, batch ", bd.batch, " (", bd.gpu.ms.size(), " steps)");
+    std::printf("%-36s %10.3f %10.3f %10.3f   (floor %.3f ms at 4.52 TB/s)\n", name.c_str(),
+                bd.gpu.Median(), bd.gpu.Min(), bd.gpu.Max(), bd.floor_ms);
+  }
   std::printf("%-36s %10.2f %10.2f %10.2f   (%.0f MB, %.2f GB/s)\n",
               "one document's KV to the host", export_kv.Median(), export_kv.Min(), export_kv.Max(),
               doc_kv_bytes / 1e6, doc_kv_bytes / 1e6 / export_kv.Median());
@@ -588,8 +651,12 @@ int Main(int argc, char** argv) {
       << ",\n    \"materialize\": " << mat.Json() << ",\n    \"full\": " << full.Json()
       << ",\n    \"lazy_cold\": " << cold.Json() << "\n  },\n"
       << "  \"doc_encode_ms\": " << encode_ms << ",\n"
-      << "  \"decode_step_ms\": " << decode.Json() << ",\n"
-      << "  \"doc_kv_bytes\": " << doc_kv_bytes << ",\n"
+      << "  \"decode_step_ms\": " << decode.Json() << ",\n";
+    for (const BatchDecode& bd : batch_decode) {
+      f << "  \"decode_step_gpu_ms_batch" << bd.batch << "\": " << bd.gpu.Json()
+        << ", \"decode_floor_ms_batch" << bd.batch << "\": " << bd.floor_ms << ",\n";
+    }
+    f << "  \"doc_kv_bytes\": " << doc_kv_bytes << ",\n"
       << "  \"export_kv_ms\": " << export_kv.Json() << ",\n"
       << "  \"import_kv_ms\": " << import_kv.Json() << ",\n"
       << "  \"host_cache_gb\": " << o.host_cache_gb << ",\n"
