@@ -35,6 +35,14 @@ if ! python3 -c "import grpc, google.protobuf, grpc_reflection" 2>/dev/null; the
     echo "bootstrap: WARNING: grpcio could not be installed; the Python client test will skip" >&2
 fi
 
+# python_client_package_test pip-installs clients/python without build isolation: the
+# interpreter's setuptools then needs `wheel` (PyPI) to build it.
+if ! python3 -c "import wheel, setuptools" 2>/dev/null; then
+  echo "bootstrap: installing wheel and setuptools from PyPI"
+  python3 -m pip install -q --disable-pip-version-check wheel setuptools ||
+    echo "bootstrap: WARNING: wheel could not be installed; python_client_package_test will fail" >&2
+fi
+
 # The OpenAI-compatible HTTP API's test drives it with the official `openai` SDK (PyPI).
 if ! python3 -c "import openai" 2>/dev/null; then
   echo "bootstrap: installing openai from PyPI"
