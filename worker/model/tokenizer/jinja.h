@@ -5,7 +5,8 @@
 // Supported: text; {{ expr }}; {% if %}/{% elif %}/{% else %}/{% endif %};
 // {% for x in expr [if cond] %} (also `for k, v in ...`) with {% else %} and `loop.index`,
 // `index0`, `revindex`, `revindex0`, `first`, `last`, `length`; {% set name = expr %} (scoped to
-// the enclosing loop body, as in Jinja); comments; whitespace control `{%-`, `-%}`, `{{-`, `-}}`,
+// the enclosing loop body, as in Jinja) and `namespace(k=v, ...)` with {% set ns.k = expr %}
+// (seen outside the loop); comments; whitespace control `{%-`, `-%}`, `{{-`, `-}}`,
 // `{#-`, `-#}` and `+` to opt out of lstrip_blocks. Expressions: string, integer, float, boolean
 // and none literals, lists, dicts; names; `a.b`, `a[b]`, slices `a[i:j:k]`; `+ - * / // %`, `~`;
 // comparisons, `in`, `not in`, `and`, `or`, `not`; `x if c else y`; tests `is [not] defined`,
@@ -13,9 +14,11 @@
 // `boolean`, `true`, `false`, `odd`, `even`; filters `trim`, `length`/`count`, `upper`, `lower`,
 // `string`, `first`, `last`, `default`/`d`, `join`, `tojson`; string methods `strip`, `lstrip`,
 // `rstrip`, `upper`, `lower`, `startswith`, `endswith`, `split`; dict methods `get`, `items`,
-// `keys`, `values`; globals `raise_exception(message)` and `range(n)`.
+// `keys`, `values`; globals `raise_exception(message)`, `range(n)` and `namespace`. Keyword
+// arguments only for namespace(). String methods and `trim` strip ASCII white space as Python
+// does (\x1c-\x1f included) but keep non-ASCII white space.
 //
-// Errors: Parse gives UNIMPLEMENTED for syntax outside the subset (macro, call, namespace, ...)
+// Errors: Parse gives UNIMPLEMENTED for syntax outside the subset (macro, call, block set, ...)
 // and INVALID_ARGUMENT for malformed templates; Render gives UNIMPLEMENTED for an unsupported
 // filter, test, method or function reached at run time, FAILED_PRECONDITION for
 // raise_exception (its message included), INVALID_ARGUMENT for type errors and undefined

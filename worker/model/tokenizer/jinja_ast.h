@@ -35,6 +35,8 @@ struct Expr {
   bool negate = false;
   std::unique_ptr<Expr> a, b, c, d;
   std::vector<std::unique_ptr<Expr>> args;
+  // kCall, kFilter, kTest: the keyword of each argument ("" for positional ones).
+  std::vector<std::string> kwnames;
 };
 
 struct Node {
@@ -46,7 +48,8 @@ struct Node {
   std::vector<std::unique_ptr<Expr>> conditions;  // kIf: one per branch (null: else)
   std::unique_ptr<Expr> filter;                   // kFor: `if` condition
   std::unique_ptr<Node> else_body;                // kFor
-  std::vector<std::string> targets;               // kFor: loop variables; kSet: name
+  // kFor: loop variables; kSet: the name, or {namespace, attribute} for `set ns.attr = ...`.
+  std::vector<std::string> targets;
 };
 
 }  // namespace lazyrag::jinja

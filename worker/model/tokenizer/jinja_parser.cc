@@ -159,9 +159,11 @@ class Parser {
     n->type = Node::Type::kSet;
     if (Peek().kind != Token::Kind::kName) return Malformed(offset_, "expected a name after set");
     n->targets.push_back(Next().text);
-    if (Peek().kind == Token::Kind::kOp && Peek().text == ".") {
-      return absl::UnimplementedError("chat template: assignment to an attribute (namespace)");
+    if (Accept(".")) {  // `set ns.attr = value` (a namespace() object)
+      if (Peek().kind != Token::Kind::kName) return Malformed(offset_, "expected an attribute");
+      n->targets.push_back(Next().text);
     }
+    if (PeekOp(",")) return absl::UnimplementedError("chat template: tuple assignment");
     if (!Accept("=")) {
       return absl::UnimplementedError("chat template: block assignment ({% set %}...{% endset %})");
     }
@@ -368,12 +370,21 @@ class Parser {
     return ParseFilters(std::move(*p));
   }
 
-  absl::Status ParseArgs(std::string_view close, std::vector<std::unique_ptr<Expr>>* args) {
+  // Arguments up to `close`. `kwnames` (null: no keyword arguments allowed) gets each
+  // argument's keyword, "" for positional ones, which must come first.
+  absl::Status ParseArgs(std::string_view close, std::vector<std::unique_ptr<Expr>>* args,
+                         std::vector<std::string>* kwnames = nullptr) {
     while (!PeekOp(close)) {
+      std::string keyword;
       if (Peek().kind == Token::Kind::kName && tok_ + 1 < tokens_->size() &&
           (*tokens_)[tok_ + 1].kind == Token::Kind::kOp && (*tokens_)[tok_ + 1].text == "=") {
-        return absl::UnimplementedError("chat template: keyword arguments are not supported");
+        if (kwnames == nullptr) return Malformed(offset_, "a keyword argument here");
+        keyword = Next().text;
+        ++tok_;  // '='
+      } else if (kwnames != nullptr && !kwnames->empty() && !kwnames->back().empty()) {
+        return Malformed(offset_, "a positional argument after a keyword argument");
       }
+      if (kwnames != nullptr) kwnames->push_back(keyword);
       auto a = ParseExpr();
       if (!a.ok()) return a.status();
       args->push_back(std::move(*a));
@@ -420,7 +431,7 @@ class Parser {
         }
         auto call = Make(Expr::Type::kCall, e->name);
         if (e->type == Expr::Type::kAttr) call->a = std::move(e->a);
-        if (absl::Status s = ParseArgs(")", &call->args); !s.ok()) return s;
+        if (absl::Status s = ParseArgs(")", &call->args, &call->kwnames); !s.ok()) return s;
         e = std::move(call);
       } else {
         return e;
@@ -435,7 +446,7 @@ class Parser {
         auto f = Make(Expr::Type::kFilter, Next().text);
         f->a = std::move(e);
         if (Accept("(")) {
-          if (absl::Status s = ParseArgs(")", &f->args); !s.ok()) return s;
+          if (absl::Status s = ParseArgs(")", &f->args, &f->kwnames); !s.ok()) return s;
         }
         e = std::move(f);
       } else if (PeekName("is")) {
@@ -449,7 +460,7 @@ class Parser {
         t->name = Next().text;
         t->a = std::move(e);
         if (Accept("(")) {
-          if (absl::Status s = ParseArgs(")", &t->args); !s.ok()) return s;
+          if (absl::Status s = ParseArgs(")", &t->args, &t->kwnames); !s.ok()) return s;
         } else if (Peek().kind == Token::Kind::kString || Peek().kind == Token::Kind::kInt) {
           auto arg = ParsePrimary();  // `is divisibleby 3`, `is equalto 'x'`
           if (!arg.ok()) return arg;

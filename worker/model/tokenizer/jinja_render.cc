@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "worker/model/tokenizer/jinja.h"
 #include "worker/model/tokenizer/jinja_ast.h"
+#include "worker/model/tokenizer/jinja_value.h"
 
 namespace lazyrag {
 namespace jinja {
@@ -18,104 +19,6 @@ namespace jinja {
 absl::StatusOr<std::unique_ptr<Node>> ParseTemplateSource(std::string_view source);
 
 namespace {
-
-struct Value {
-  bool undefined = false;
-  Json j;
-};
-
-Value Undefined() { return Value{true, Json()}; }
-Value Of(Json j) { return Value{false, std::move(j)}; }
-
-absl::Status TypeError(std::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat("chat template: ", std::string(what)));
-}
-absl::Status Unsupported(std::string_view what) {
-  return absl::UnimplementedError(
-      absl::StrCat("chat template: ", std::string(what), " is not supported"));
-}
-
-bool Truthy(const Value& v) {
-  if (v.undefined) return false;
-  const Json& j = v.j;
-  if (j.is_null()) return false;
-  if (j.is_boolean()) return j.get<bool>();
-  if (j.is_number_integer()) return j.get<int64_t>() != 0;
-  if (j.is_number()) return j.get<double>() != 0;
-  if (j.is_string() || j.is_array() || j.is_object()) return !j.empty();
-  return true;
-}
-
-std::string Repr(const Json& j, bool top);
-
-// Python's str() of a value, as Jinja prints it.
-std::string Str(const Value& v) {
-  if (v.undefined) return "";
-  return Repr(v.j, /*top=*/true);
-}
-
-std::string Repr(const Json& j, bool top) {
-  if (j.is_string()) {
-    if (top) return j.get<std::string>();
-    return absl::StrCat("'", j.get<std::string>(), "'");
-  }
-  if (j.is_null()) return "None";
-  if (j.is_boolean()) return j.get<bool>() ? "True" : "False";
-  if (j.is_number_integer()) return std::to_string(j.get<int64_t>());
-  if (j.is_number()) {
-    const double d = j.get<double>();
-    if (d == std::floor(d) && std::fabs(d) < 1e16)
-      return absl::StrCat(static_cast<int64_t>(d), ".0");
-    return JsonDump(j);
-  }
-  std::string out = j.is_array() ? "[" : "{";
-  bool first = true;
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    if (!first) out += ", ";
-    first = false;
-    if (j.is_object()) absl::StrAppend(&out, "'", it.key(), "': ");
-    out += Repr(*it, false);
-  }
-  return out + (j.is_array() ? "]" : "}");
-}
-
-bool Equal(const Value& a, const Value& b) {
-  if (a.undefined || b.undefined) return a.undefined == b.undefined;
-  if (a.j.is_number() && b.j.is_number()) return a.j.get<double>() == b.j.get<double>();
-  return a.j == b.j;
-}
-
-// Items of an iterable: list elements, dict keys, string characters (UTF-8 code points).
-absl::StatusOr<std::vector<Json>> Items(const Value& v) {
-  std::vector<Json> out;
-  if (v.undefined) return out;  // Jinja iterates an undefined value as empty
-  if (v.j.is_array()) return std::vector<Json>(v.j.begin(), v.j.end());
-  if (v.j.is_object()) {
-    for (auto it = v.j.begin(); it != v.j.end(); ++it) out.push_back(it.key());
-    return out;
-  }
-  if (v.j.is_string()) {
-    const std::string& s = v.j.get_ref<const std::string&>();
-    for (size_t i = 0; i < s.size();) {
-      size_t n = 1;
-      while (i + n < s.size() && (static_cast<unsigned char>(s[i + n]) & 0xC0) == 0x80) ++n;
-      out.push_back(s.substr(i, n));
-      i += n;
-    }
-    return out;
-  }
-  return TypeError(absl::StrCat("'", v.j.type_name(), "' is not iterable"));
-}
-
-int64_t Length(const Value& v) {
-  if (v.undefined) return 0;
-  if (v.j.is_string()) {
-    auto items = Items(v);
-    return items.ok() ? static_cast<int64_t>(items->size()) : 0;
-  }
-  if (v.j.is_array() || v.j.is_object()) return static_cast<int64_t>(v.j.size());
-  return 0;
-}
 
 class Renderer {
  public:
@@ -149,6 +52,7 @@ class Renderer {
       case Node::Type::kSet: {
         auto v = Eval(*n.expr);
         if (!v.ok()) return v.status();
+        if (n.targets.size() == 2) return SetAttribute(n.targets[0], n.targets[1], *v);
         // An undefined value is kept as `discarded`, which Lookup reads back as undefined.
         scopes_.back()[n.targets[0]] =
             v->undefined ? Json(Json::value_t::discarded) : std::move(v->j);
@@ -226,6 +130,31 @@ class Renderer {
     return absl::OkStatus();
   }
 
+  // `set ns.attr = v`: changes the namespace object where it lives (an outer scope too), as
+  // Jinja's namespace() does from inside a loop.
+  absl::Status SetAttribute(const std::string& name, const std::string& attr, const Value& v) {
+    for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it) {
+      auto found = it->find(name);
+      if (found == it->end()) continue;
+      if (!found->is_object()) {
+        return TypeError(absl::StrCat("cannot set attribute '", attr, "' of ", name, " (a ",
+                                      found->type_name(), ")"));
+      }
+      (*found)[attr] = v.undefined ? Json(Json::value_t::discarded) : v.j;
+      return absl::OkStatus();
+    }
+    return TypeError(absl::StrCat("'", name, "' is undefined (set ", name, ".", attr, ")"));
+  }
+
+  static absl::Status NoKeywords(const Expr& e, std::string_view what) {
+    for (const std::string& k : e.kwnames) {
+      if (!k.empty()) {
+        return Unsupported(absl::StrCat("keyword argument '", k, "' of ", std::string(what)));
+      }
+    }
+    return absl::OkStatus();
+  }
+
   Value Lookup(const std::string& name) const {
     for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it) {
       auto found = it->find(name);
@@ -239,7 +168,7 @@ class Renderer {
     const Json& j = base.j;
     if (j.is_object() && key.is_string()) {
       auto it = j.find(key.get<std::string>());
-      return it == j.end() ? Undefined() : Of(*it);
+      return it == j.end() || it->is_discarded() ? Undefined() : Of(*it);
     }
     if ((j.is_array() || j.is_string()) && key.is_number_integer()) {
       int64_t i = key.get<int64_t>();
@@ -301,17 +230,6 @@ class Renderer {
     return out;
   }
 
-  static std::string StripChars(const std::string& s, bool left, bool right,
-                                const std::vector<Value>& args) {
-    const std::string chars =
-        args.empty() || !args[0].j.is_string() ? " \t\n\r\f\v" : args[0].j.get<std::string>();
-    size_t b = 0, e = s.size();
-    if (left) b = s.find_first_not_of(chars);
-    if (b == std::string::npos) return "";
-    if (right) e = s.find_last_not_of(chars) + 1;
-    return s.substr(b, e - b);
-  }
-
   absl::StatusOr<Value> Method(const Value& base, const std::string& name,
                                const std::vector<Value>& args) {
     if (base.undefined) return TypeError(absl::StrCat("method '", name, "' of an undefined value"));
@@ -362,6 +280,15 @@ class Renderer {
   absl::StatusOr<Value> Call(const Expr& e) {
     auto args = Args(e);
     if (!args.ok()) return args.status();
+    if (e.a == nullptr && e.name == "namespace") {
+      Json ns = Json::object();
+      for (size_t i = 0; i < args->size(); ++i) {
+        if (e.kwnames[i].empty()) return Unsupported("namespace() with positional arguments");
+        ns[e.kwnames[i]] = (*args)[i].undefined ? Json(Json::value_t::discarded) : (*args)[i].j;
+      }
+      return Of(std::move(ns));
+    }
+    if (absl::Status s = NoKeywords(e, e.name); !s.ok()) return s;
     if (e.a != nullptr) {
       auto base = Eval(*e.a);
       if (!base.ok()) return base;
@@ -386,6 +313,7 @@ class Renderer {
     if (!base.ok()) return base;
     auto args = Args(e);
     if (!args.ok()) return args.status();
+    if (absl::Status s = NoKeywords(e, "filter " + e.name); !s.ok()) return s;
     const std::string& f = e.name;
     const Value& v = *base;
     if (f == "trim") return Of(StripChars(Str(v), true, true, {}));
@@ -427,6 +355,7 @@ class Renderer {
     const Value& v = *base;
     const Json& j = v.j;
     const std::string& t = e.name;
+    if (absl::Status s = NoKeywords(e, "test " + t); !s.ok()) return s;
     bool r;
     if (t == "defined") {
       r = !v.undefined;

@@ -5,7 +5,10 @@ lstrip_blocks, raise_exception as a global), for several conversations. jinja_te
 the same cases with lazyrag's renderer and compares byte for byte.
 
 smollm2.jinja is the `tokenizer.chat_template` of the SmolLM2-135M-Instruct GGUF; with --gguf
-it is re-extracted first. Needs jinja2 (PyPI; deploy/local/bootstrap.sh installs it).
+it is re-extracted first. The others are written after the templates of Qwen2-Instruct,
+Qwen3 (without its tool branches), Llama-3-Instruct, Mistral-Instruct-v0.3 (without tools) and
+Gemma-it, plus multiline.jinja (the multi-line style that relies on trim_blocks and
+lstrip_blocks) and unsupported_macro.jinja (outside the subset). Needs jinja2 (PyPI; deploy/local/bootstrap.sh installs it).
 
   python3 worker/model/tokenizer/testdata/gen_chat_template_fixtures.py \
       [--gguf ~/.cache/lazyrag/SmolLM2-135M-Instruct.Q4_1.gguf]
@@ -23,6 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SPECIALS = {
     "smollm2.jinja": ("<|im_start|>", "<|im_end|>"),
     "qwen2.jinja": ("", "<|im_end|>"),
+    "qwen3.jinja": ("", "<|im_end|>"),
     "llama3.jinja": ("<|begin_of_text|>", "<|eot_id|>"),
     "mistral.jinja": ("<s>", "</s>"),
     "gemma.jinja": ("<bos>", "<eos>"),
@@ -40,6 +44,10 @@ CONVERSATIONS = [
       {"role": "assistant", "content": " Hello! x "},
       {"role": "user", "content": "# Bye"}], True),
     ([{"role": "user", "content": "One"}, {"role": "assistant", "content": "Two"}], False),
+    ([{"role": "user", "content": "Think?"},
+      {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nYes."},
+      {"role": "user", "content": "Why?"},
+      {"role": "assistant", "content": "<think>because</think>Done."}], False),
     ([{"role": "system", "content": "@@LAZYRAG_SYSTEM@@"},
       {"role": "user", "content": "@@LAZYRAG_USER@@"}], True),
     ([{"role": "user", "content": "@@LAZYRAG_USER@@"}], True),
