@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "common/json.h"
-#include "common/json_writer.h"
 #include "common/parallel.h"
 #include "worker/runtime/runtime.h"
 
@@ -35,8 +34,10 @@ double Median(std::vector<double> v) {
 std::string Normalise(const std::string& s) {
   std::string out;
   for (unsigned char c : s) {
-    if (std::isalnum(c)) out += char(std::tolower(c));
-    else if (!out.empty() && out.back() != ' ') out += ' ';
+    if (std::isalnum(c))
+      out += char(std::tolower(c));
+    else if (!out.empty() && out.back() != ' ')
+      out += ' ';
   }
   return out;
 }
@@ -54,9 +55,10 @@ std::vector<Question> LoadQuestions(const std::string& path) {
     auto v = ParseJson(line);
     if (!v.ok()) continue;
     Question q;
-    for (const auto& d : v->Find("documents")->array()) q.documents.push_back(d.string_value());
-    q.question = v->Find("question")->string_value();
-    q.answer = v->Find("answer")->string_value();
+    if (!v->is_object() || JsonMember(*v, "documents") == nullptr) continue;
+    for (const auto& d : v->at("documents")) q.documents.push_back(d.get<std::string>());
+    q.question = v->value("question", "");
+    q.answer = v->value("answer", "");
     out.push_back(q);
   }
   return out;
@@ -64,9 +66,9 @@ std::vector<Question> LoadQuestions(const std::string& path) {
 
 int Main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  std::map<std::string, std::string> a = {{"model", ""}, {"out", ""},
-      {"questions", "bench/rag_qa/questions.jsonl"}, {"max_questions", "60"}, {"doc_tokens", "400"},
-      {"device", "cpu"}};
+  std::map<std::string, std::string> a = {
+      {"model", ""},           {"out", ""},           {"questions", "bench/rag_qa/questions.jsonl"},
+      {"max_questions", "60"}, {"doc_tokens", "400"}, {"device", "cpu"}};
   for (int i = 1; i + 1 < argc; i += 2) a[std::string(argv[i]).substr(2)] = argv[i + 1];
   RuntimeOptions ro;
   ro.model = a["model"];
@@ -88,15 +90,16 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "cpu_bench: no questions in %s\n", a["questions"].c_str());
     return 1;
   }
-  JsonWriter j;
-  j.BeginObject();
-  j.Key("model").String(ro.model);
-  j.Key("device").String(ro.device);
-  j.Key("threads").Int(NumWorkerThreads());
+  Json j;
+  j = Json::object();
+  j["model"] = ro.model;
+  j["device"] = ro.device;
+  j["threads"] = NumWorkerThreads();
 
   // 1. Throughput: a FULL prefill of ~512 tokens, then 64 decode steps.
   std::string filler;
-  for (const Question& q : all_questions) for (const auto& d : q.documents) filler += d + " ";
+  for (const Question& q : all_questions)
+    for (const auto& d : q.documents) filler += d + " ";
   GenerateRequest r;
   r.documents.push_back({filler.substr(0, 2400), ""});
   r.query = "Summarise.";
@@ -106,13 +109,13 @@ int Main(int argc, char** argv) {
   if (!gen.Generate(r).ok()) return 1;  // warm-up
   auto res = gen.Generate(r);
   const double prefill_tps = res->usage.computed_tokens / (res->timings.ttft_ms / 1e3);
-  const double decode_tps = (res->usage.completion_tokens - 1) /
-                            ((res->timings.total_ms - res->timings.ttft_ms) / 1e3);
+  const double decode_tps =
+      (res->usage.completion_tokens - 1) / ((res->timings.total_ms - res->timings.ttft_ms) / 1e3);
   std::printf("throughput: prefill %lld tokens in %.1f ms = %.0f tokens/s; decode %.1f tokens/s\n",
               (long long)res->usage.computed_tokens, res->timings.ttft_ms, prefill_tps, decode_tps);
-  j.Key("prefill_tokens").Int(res->usage.computed_tokens);
-  j.Key("prefill_tokens_per_s").Double(prefill_tps);
-  j.Key("decode_tokens_per_s").Double(decode_tps);
+  j["prefill_tokens"] = res->usage.computed_tokens;
+  j["prefill_tokens_per_s"] = prefill_tps;
+  j["decode_tokens_per_s"] = decode_tps;
 
   // 2. TTFT with 5 cached documents of about doc_tokens tokens each.
   const int doc_tokens = std::stoi(a["doc_tokens"]);
@@ -130,9 +133,9 @@ int Main(int argc, char** argv) {
   std::map<std::string, double> ttft;
   std::printf("\nTTFT, one request, 5 documents x ~%d tokens, 16 output tokens:\n", doc_tokens);
   std::printf("%-12s %10s %10s %12s\n", "mode", "ttft_ms", "computed", "cached_docs");
-  j.Key("ttft").BeginArray();
-  for (AttentionMode mode : {AttentionMode::kLazy, AttentionMode::kMaterialize, AttentionMode::kPrefix,
-                             AttentionMode::kFull}) {
+  Json& j1 = j["ttft"] = Json::array();
+  for (AttentionMode mode : {AttentionMode::kLazy, AttentionMode::kMaterialize,
+                             AttentionMode::kPrefix, AttentionMode::kFull}) {
     std::vector<double> t;
     Usage usage;
     for (int rep = 0; rep < 4; ++rep) {
@@ -152,25 +155,25 @@ int Main(int argc, char** argv) {
     }
     ttft[std::string(AttentionModeName(mode))] = Median(t);
     std::printf("%-12s %10.1f %10lld %12lld\n", std::string(AttentionModeName(mode)).c_str(),
-                Median(t), (long long)usage.computed_tokens, (long long)usage.cached_document_tokens);
-    j.BeginObject();
-    j.Key("mode").String(std::string(AttentionModeName(mode)));
-    j.Key("ttft_ms_median").Double(Median(t));
-    j.Key("computed_tokens").Int(usage.computed_tokens);
-    j.Key("cached_document_tokens").Int(usage.cached_document_tokens);
-    j.Key("document_tokens").Int(usage.document_tokens);
-    j.EndObject();
+                Median(t), (long long)usage.computed_tokens,
+                (long long)usage.cached_document_tokens);
+    Json& j2 = j1.emplace_back(Json::object());
+    j2["mode"] = std::string(AttentionModeName(mode));
+    j2["ttft_ms_median"] = Median(t);
+    j2["computed_tokens"] = usage.computed_tokens;
+    j2["cached_document_tokens"] = usage.cached_document_tokens;
+    j2["document_tokens"] = usage.document_tokens;
   }
-  j.EndArray();
   std::printf("FULL / LAZY TTFT ratio: %.1fx\n", ttft["full"] / ttft["lazy"]);
-  j.Key("full_over_lazy_ttft").Double(ttft["full"] / ttft["lazy"]);
+  j["full_over_lazy_ttft"] = ttft["full"] / ttft["lazy"];
 
   // 3. Quality.
   std::map<std::string, int> correct;
   int same_lazy_mat = 0;
   for (const Question& q : questions) {
     std::map<std::string, std::string> answers;
-    for (AttentionMode mode : {AttentionMode::kFull, AttentionMode::kLazy, AttentionMode::kMaterialize}) {
+    for (AttentionMode mode :
+         {AttentionMode::kFull, AttentionMode::kLazy, AttentionMode::kMaterialize}) {
       GenerateRequest g;
       for (const auto& d : q.documents) g.documents.push_back({d, ""});
       g.system_prompt = "Answer the question with a short phrase using only the documents.";
@@ -187,18 +190,16 @@ int Main(int argc, char** argv) {
   }
   const int n = int(questions.size());
   std::printf("\nquality, %d questions (contained exact match):\n", n);
-  j.Key("questions").Int(n);
-  j.Key("exact_match").BeginObject();
+  j["questions"] = n;
+  Json& j3 = j["exact_match"] = Json::object();
   for (const char* m : {"full", "lazy", "materialize"}) {
     std::printf("  %-12s %3d / %d = %.1f%%\n", m, correct[m], n, 100.0 * correct[m] / n);
-    j.Key(m).Double(double(correct[m]) / n);
+    j3[m] = double(correct[m]) / n;
   }
-  j.EndObject();
   std::printf("  lazy and materialize answers identical: %d / %d\n", same_lazy_mat, n);
-  j.Key("lazy_materialize_identical").Int(same_lazy_mat);
-  j.EndObject();
+  j["lazy_materialize_identical"] = same_lazy_mat;
   if (!a["out"].empty()) {
-    std::ofstream(a["out"]) << j.str() << "\n";
+    std::ofstream(a["out"]) << JsonDump(j) << "\n";
     std::printf("wrote %s\n", a["out"].c_str());
   }
   return 0;

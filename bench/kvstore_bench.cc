@@ -50,7 +50,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/crc32c.h"
-#include "common/json_writer.h"
+#include "common/json.h"
 #include "common/testing/child_process.h"
 #include "kvstore/client/kvstore_client.h"
 #include "kvstore/format.h"
@@ -727,33 +727,29 @@ void PrintTable(const Bench& bench) {
 
 std::string ToJson(const Bench& bench, const std::map<std::string, std::string>& info,
                    double total_seconds) {
-  JsonWriter j;
-  j.BeginObject();
-  j.Key("benchmark").String("kvstore_bench");
-  for (const auto& [k, v] : info) j.Key(k).String(v);
-  j.Key("value_bytes").Int(static_cast<int64_t>(bench.size()));
-  j.Key("chunk_bytes").Int(kDefaultChunkBytes);
-  j.Key("hardware_threads").Int(std::thread::hardware_concurrency());
-  j.Key("total_seconds").Double(total_seconds);
-  j.Key("results").BeginArray();
+  Json j;
+  j = Json::object();
+  j["benchmark"] = "kvstore_bench";
+  for (const auto& [k, v] : info) j[k] = v;
+  j["value_bytes"] = static_cast<int64_t>(bench.size());
+  j["chunk_bytes"] = kDefaultChunkBytes;
+  j["hardware_threads"] = std::thread::hardware_concurrency();
+  j["total_seconds"] = total_seconds;
+  Json& j1 = j["results"] = Json::array();
   for (const Row& r : bench.rows()) {
-    j.BeginObject();
-    j.Key("system").String(r.system);
-    j.Key("op").String(r.op);
-    j.Key("clients").Int(r.clients);
+    Json& j2 = j1.emplace_back(Json::object());
+    j2["system"] = r.system;
+    j2["op"] = r.op;
+    j2["clients"] = r.clients;
     if (r.gbps.empty()) {
-      j.Key("skipped").String(r.note);
+      j2["skipped"] = r.note;
     } else {
-      j.Key("median_gbps").Double(Median(r.gbps));
-      j.Key("gbps").BeginArray();
-      for (double g : r.gbps) j.Double(g);
-      j.EndArray();
+      j2["median_gbps"] = Median(r.gbps);
+      Json& j3 = j2["gbps"] = Json::array();
+      for (double g : r.gbps) j3.push_back(g);
     }
-    j.EndObject();
   }
-  j.EndArray();
-  j.EndObject();
-  return j.str() + "\n";
+  return JsonDump(j) + "\n";
 }
 
 std::vector<int> ParseCounts(const std::string& list) {

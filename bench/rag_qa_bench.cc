@@ -30,7 +30,6 @@
 
 #include "absl/strings/str_split.h"
 #include "common/json.h"
-#include "common/json_writer.h"
 #include "common/parallel.h"
 #include "worker/runtime/runtime.h"
 
@@ -78,20 +77,19 @@ std::vector<Question> LoadQuestions(const std::string& path) {
     auto v = ParseJson(line);
     if (!v.ok()) continue;
     Question q;
-    q.id = int(v->Find("id")->int_value());
-    for (const auto& d : v->Find("documents")->array()) q.documents.push_back(d.string_value());
-    q.question = v->Find("question")->string_value();
-    q.answer = v->Find("answer")->string_value();
-    if (const JsonValue* parts = v->Find("answers")) {
-      for (const auto& p : parts->array()) q.parts.push_back(p.string_value());
+    if (!v->is_object() || JsonMember(*v, "documents") == nullptr) continue;
+    q.id = v->value("id", 0);
+    for (const auto& d : v->at("documents")) q.documents.push_back(d.get<std::string>());
+    q.question = v->value("question", "");
+    q.answer = v->value("answer", "");
+    if (const Json* parts = JsonMember(*v, "answers")) {
+      for (const auto& p : *parts) q.parts.push_back(p.get<std::string>());
     }
-    if (const JsonValue* fd = v->Find("fact_doc")) {
-      q.facts.push_back({int(fd->int_value()), int(v->Find("fact_char")->int_value())});
+    if (const Json* fd = JsonMember(*v, "fact_doc")) {
+      q.facts.push_back({fd->get<int>(), v->value("fact_char", 0)});
     }
-    if (const JsonValue* fs = v->Find("facts")) {
-      for (const auto& f : fs->array()) {
-        q.facts.push_back({int(f.Find("doc")->int_value()), int(f.Find("char")->int_value())});
-      }
+    if (const Json* fs = JsonMember(*v, "facts")) {
+      for (const auto& f : *fs) q.facts.push_back({f.value("doc", 0), f.value("char", 0)});
     }
     out.push_back(q);
   }
@@ -204,15 +202,15 @@ int Main(int argc, char** argv) {
   }
   const int max_tokens = std::stoi(a["max_tokens"]);
 
-  JsonWriter j;
-  j.BeginObject();
-  j.Key("model").String(ro.model);
-  j.Key("device").String(ro.device);
-  j.Key("threads").Int(NumWorkerThreads());
-  j.Key("max_tokens").Int(max_tokens);
-  j.Key("default_k").Int(ro.quality.recompute_first_tokens);
-  j.Key("shared_prefix").String(ro.shared_prefix);
-  j.Key("sets").BeginArray();
+  Json j;
+  j = Json::object();
+  j["model"] = ro.model;
+  j["device"] = ro.device;
+  j["threads"] = NumWorkerThreads();
+  j["max_tokens"] = max_tokens;
+  j["default_k"] = ro.quality.recompute_first_tokens;
+  j["shared_prefix"] = ro.shared_prefix;
+  Json& j1 = j["sets"] = Json::array();
   for (const std::string& path : std::vector<std::string>(absl::StrSplit(a["sets"], ','))) {
     std::vector<Question> questions = LoadQuestions(path);
     questions.resize(std::min<size_t>(questions.size(), std::stoul(a["max_questions"])));
@@ -287,17 +285,16 @@ int Main(int argc, char** argv) {
     for (int b = 0; b < 4; ++b) std::printf(" %10s", kBucketNames[b]);
     std::printf(" %9s %9s %8s\n", "computed", "recomp", "ttft_ms");
     const double full_em = tally.count("full") ? double(tally["full"].correct) / n : 0;
-    j.BeginObject();
-    j.Key("set").String(path);
-    j.Key("questions").Int(n);
-    j.Key("document_tokens_min").Int(doc_min);
-    j.Key("document_tokens_max").Int(doc_max);
-    j.Key("document_tokens_mean").Double(double(doc_sum) / docs);
-    j.Key("documents").Int(docs);
-    j.Key("depth_buckets").BeginObject();
-    for (int b = 0; b < 4; ++b) j.Key(kBucketNames[b]).Int(bucket_count[b]);
-    j.EndObject();
-    j.Key("configs").BeginArray();
+    Json& j2 = j1.emplace_back(Json::object());
+    j2["set"] = path;
+    j2["questions"] = n;
+    j2["document_tokens_min"] = doc_min;
+    j2["document_tokens_max"] = doc_max;
+    j2["document_tokens_mean"] = double(doc_sum) / docs;
+    j2["documents"] = docs;
+    Json& j3 = j2["depth_buckets"] = Json::object();
+    for (int b = 0; b < 4; ++b) j3[kBucketNames[b]] = bucket_count[b];
+    Json& j4 = j2["configs"] = Json::array();
     for (const Config& c : configs) {
       const Tally& t = tally[c.name];
       const double em = double(t.correct) / n;
@@ -311,37 +308,32 @@ int Main(int argc, char** argv) {
       }
       std::printf(" %9.1f %9.1f %8.1f\n", double(t.computed_tokens) / n,
                   double(t.recomputed_tokens) / n, t.ttft_ms / n);
-      j.BeginObject();
-      j.Key("config").String(c.name);
-      j.Key("mode").String(std::string(AttentionModeName(c.mode)));
-      if (c.quality.recompute_first_tokens) j.Key("k").Int(*c.quality.recompute_first_tokens);
+      Json& j5 = j4.emplace_back(Json::object());
+      j5["config"] = c.name;
+      j5["mode"] = std::string(AttentionModeName(c.mode));
+      if (c.quality.recompute_first_tokens) j5["k"] = *c.quality.recompute_first_tokens;
       if (c.quality.document_temperature) {
-        j.Key("document_temperature").Double(*c.quality.document_temperature);
+        j5["document_temperature"] = *c.quality.document_temperature;
       }
-      if (c.quality.document_scale) j.Key("document_scale").Double(*c.quality.document_scale);
-      j.Key("correct").Int(t.correct);
-      j.Key("exact_match").Double(em);
-      if (full_em > 0) j.Key("of_full").Double(em / full_em);
-      j.Key("by_depth").BeginObject();
+      if (c.quality.document_scale) j5["document_scale"] = *c.quality.document_scale;
+      j5["correct"] = t.correct;
+      j5["exact_match"] = em;
+      if (full_em > 0) j5["of_full"] = em / full_em;
+      Json& j6 = j5["by_depth"] = Json::object();
       for (int b = 0; b < 4; ++b) {
-        j.Key(kBucketNames[b]).BeginObject();
-        j.Key("correct").Int(t.by_bucket_correct[b]);
-        j.Key("n").Int(t.by_bucket_n[b]);
-        j.EndObject();
+        Json& j7 = j6[kBucketNames[b]] = Json::object();
+        j7["correct"] = t.by_bucket_correct[b];
+        j7["n"] = t.by_bucket_n[b];
       }
-      j.EndObject();
-      j.Key("computed_tokens_mean").Double(double(t.computed_tokens) / n);
-      j.Key("recomputed_document_tokens_mean").Double(double(t.recomputed_tokens) / n);
-      j.Key("ttft_ms_mean").Double(t.ttft_ms / n);
-      j.Key("answers").BeginArray();
-      for (const std::string& s : answers[c.name]) j.String(s);
-      j.EndArray();
-      j.EndObject();
+      j5["computed_tokens_mean"] = double(t.computed_tokens) / n;
+      j5["recomputed_document_tokens_mean"] = double(t.recomputed_tokens) / n;
+      j5["ttft_ms_mean"] = t.ttft_ms / n;
+      Json& j8 = j5["answers"] = Json::array();
+      for (const std::string& s : answers[c.name]) j8.push_back(s);
     }
-    j.EndArray();
     // LAZY and MATERIALIZE with the same settings compute the same function: compare the
     // generated token ids of every such pair.
-    j.Key("lazy_materialize_identical").BeginArray();
+    Json& j9 = j2["lazy_materialize_identical"] = Json::array();
     for (const Config& c : configs) {
       if (c.mode != AttentionMode::kLazy) continue;
       std::string twin = "materialize" + c.name.substr(4);
@@ -349,20 +341,15 @@ int Main(int argc, char** argv) {
       int same = 0;
       for (int i = 0; i < n; ++i) same += ids[c.name][i] == ids[twin][i];
       std::printf("  %s vs %s: identical answers %d / %d\n", c.name.c_str(), twin.c_str(), same, n);
-      j.BeginObject();
-      j.Key("lazy").String(c.name);
-      j.Key("materialize").String(twin);
-      j.Key("identical").Int(same);
-      j.Key("questions").Int(n);
-      j.EndObject();
+      Json& j10 = j9.emplace_back(Json::object());
+      j10["lazy"] = c.name;
+      j10["materialize"] = twin;
+      j10["identical"] = same;
+      j10["questions"] = n;
     }
-    j.EndArray();
-    j.EndObject();
   }
-  j.EndArray();
-  j.EndObject();
   if (!a["out"].empty()) {
-    std::ofstream(a["out"]) << j.str() << "\n";
+    std::ofstream(a["out"]) << JsonDump(j) << "\n";
     std::printf("wrote %s\n", a["out"].c_str());
   }
   return 0;

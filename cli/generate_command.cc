@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "common/grpc_status.h"
-#include "common/json_writer.h"
+#include "common/json.h"
 #include "common/tls.h"
 #include "lazyrag/v1/inference.grpc.pb.h"
 #include "worker/runtime/runtime.h"
@@ -299,33 +299,24 @@ int RunGenerateCommand(int argc, char **argv) {
       return 1;
     }
     if (json) {
-      JsonWriter w;
-      w.BeginObject();
-      w.Key("text").String(res->text);
-      w.Key("token_ids").BeginArray();
-      for (int32_t t : res->token_ids) w.Int(t);
-      w.EndArray();
-      w.Key("finish_reason").String(std::string(FinishReasonName(res->finish_reason)));
-      w.Key("mode").String(std::string(AttentionModeName(r.mode)));
-      w.Key("document_ids").BeginArray();
-      for (const auto &id : res->document_ids) w.String(id);
-      w.EndArray();
-      w.Key("usage").BeginObject();
-      w.Key("prompt_tokens").Int(res->usage.prompt_tokens);
-      w.Key("document_tokens").Int(res->usage.document_tokens);
-      w.Key("cached_document_tokens").Int(res->usage.cached_document_tokens);
-      w.Key("pool_document_tokens").Int(res->usage.pool_document_tokens);
-      w.Key("host_document_tokens").Int(res->usage.host_document_tokens);
-      w.Key("store_document_tokens").Int(res->usage.store_document_tokens);
-      w.Key("computed_tokens").Int(res->usage.computed_tokens);
-      w.Key("completion_tokens").Int(res->usage.completion_tokens);
-      w.EndObject();
-      w.Key("timings").BeginObject();
-      w.Key("ttft_ms").Double(res->timings.ttft_ms);
-      w.Key("total_ms").Double(res->timings.total_ms);
-      w.EndObject();
-      w.EndObject();
-      std::cout << w.str() << "\n";
+      const Usage &u = res->usage;
+      Json out = {
+          {"text", res->text},
+          {"token_ids", res->token_ids},
+          {"finish_reason", std::string(FinishReasonName(res->finish_reason))},
+          {"mode", std::string(AttentionModeName(r.mode))},
+          {"document_ids", res->document_ids},
+          {"usage",
+           {{"prompt_tokens", u.prompt_tokens},
+            {"document_tokens", u.document_tokens},
+            {"cached_document_tokens", u.cached_document_tokens},
+            {"pool_document_tokens", u.pool_document_tokens},
+            {"host_document_tokens", u.host_document_tokens},
+            {"store_document_tokens", u.store_document_tokens},
+            {"computed_tokens", u.computed_tokens},
+            {"completion_tokens", u.completion_tokens}}},
+          {"timings", {{"ttft_ms", res->timings.ttft_ms}, {"total_ms", res->timings.total_ms}}}};
+      std::cout << JsonDump(out) << "\n";
     } else {
       const Usage &u = res->usage;
       std::printf(

@@ -3,9 +3,14 @@
 #include <cstring>
 #include <iostream>
 
-#include "cli/generate_command.h"
-#include "cli/kv_command.h"
+#include "cli/health_command.h"
 #include "common/build_info.h"
+#ifdef LAZYRAG_CLI_GENERATE
+#include "cli/generate_command.h"
+#endif
+#ifdef LAZYRAG_CLI_KV
+#include "cli/kv_command.h"
+#endif
 
 namespace {
 
@@ -15,9 +20,16 @@ struct Command {
   const char* summary;
 };
 
+// The commands this build has (the server images build only health; see CMakeLists.txt).
 constexpr Command kCommands[] = {
+#ifdef LAZYRAG_CLI_GENERATE
     {"generate", lazyrag::RunGenerateCommand, "run a RAG request (offline; --help for flags)"},
+#endif
+#ifdef LAZYRAG_CLI_KV
     {"kv", lazyrag::cli::RunKvCommand, "put|get|stat|delete values in the kvstore"},
+#endif
+    {"health", lazyrag::cli::RunHealthCommand,
+     "grpc.health.v1 check of a server, plaintext or TLS (exit 0: SERVING)"},
 };
 
 // Usage on `out`; returns `exit_code`.

@@ -1,71 +1,46 @@
-// A small strict JSON (RFC 8259) parser producing a value tree. Used for Hugging Face
-// config.json / safetensors headers and other small documents; not for multi-megabyte streams.
+// JSON for lazyrag: nlohmann::json (Debian's nlohmann-json3-dev) behind a parse function that
+// returns a status instead of throwing. Used for Hugging Face config.json / safetensors headers,
+// the OpenAI HTTP API, fixtures, logs and benchmark output.
 //
-// Strictness: one value per document (surrounding whitespace allowed), no comments, no trailing
-// commas, no NaN/Infinity, no leading zeros, strings must be valid UTF-8 without raw control
-// characters, \u escapes must form valid surrogate pairs, duplicate object keys are an error.
-// Errors are INVALID_ARGUMENT with the line and column of the problem.
+// ParseJson is strict RFC 8259: one value per document (surrounding whitespace allowed), no
+// comments, no trailing commas, no NaN/Infinity, no leading zeros, strings must be valid UTF-8
+// without raw control characters, \u escapes must form valid surrogate pairs, numbers must fit a
+// double, duplicate object keys are an error. Errors are INVALID_ARGUMENT with the line and
+// column of the problem; no exception leaves this file.
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
-#include <utility>
-#include <variant>
-#include <vector>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace lazyrag {
 
-class JsonValue {
- public:
-  enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject };
-  using Array = std::vector<JsonValue>;
-  // Members in document order.
-  using Object = std::vector<std::pair<std::string, JsonValue>>;
-
-  JsonValue() = default;  // null
-  static JsonValue Bool(bool b);
-  // `is_integer`: the literal had no fraction or exponent and fits int64 (then `int_value` is
-  // exact even beyond 2^53).
-  static JsonValue Number(double d, bool is_integer = false, int64_t int_value = 0);
-  static JsonValue String(std::string s);
-  static JsonValue MakeArray(Array a);
-  static JsonValue MakeObject(Object o);
-
-  Kind kind() const { return static_cast<Kind>(value_.index()); }
-  bool is_null() const { return kind() == Kind::kNull; }
-  bool is_bool() const { return kind() == Kind::kBool; }
-  bool is_number() const { return kind() == Kind::kNumber; }
-  bool is_string() const { return kind() == Kind::kString; }
-  bool is_array() const { return kind() == Kind::kArray; }
-  bool is_object() const { return kind() == Kind::kObject; }
-  bool is_integer() const { return is_number() && is_integer_; }
-
-  // REQUIRES: the matching kind (checked with the is_* functions first).
-  bool bool_value() const { return std::get<bool>(value_); }
-  double number() const { return std::get<double>(value_); }
-  int64_t int_value() const { return int_value_; }  // REQUIRES: is_integer()
-  const std::string& string_value() const { return std::get<std::string>(value_); }
-  const Array& array() const { return std::get<Array>(value_); }
-  const Object& object() const { return std::get<Object>(value_); }
-
-  // Object member named `key`, or null when this is not an object or has no such member.
-  const JsonValue* Find(absl::string_view key) const;
-
-  static const char* KindName(Kind kind);
-
- private:
-  std::variant<std::monostate, bool, double, std::string, Array, Object> value_;
-  bool is_integer_ = false;
-  int64_t int_value_ = 0;
-};
+// Objects keep their members in document order. Integers that fit int64 (or uint64) are stored
+// exactly (`is_number_integer()`); other numbers are doubles.
+using Json = nlohmann::ordered_json;
 
 struct JsonParseOptions {
-  int max_depth = 256;  // nesting of arrays/objects
+  int max_depth = 256;  // nesting of arrays/objects; deeper documents are refused before parsing
 };
 
-absl::StatusOr<JsonValue> ParseJson(absl::string_view text, const JsonParseOptions& options = {});
+absl::StatusOr<Json> ParseJson(absl::string_view text, const JsonParseOptions& options = {});
+
+// The deepest nesting of arrays and objects in `text` (strings skipped; no validation), so that a
+// hostile document is refused before anything is built from it.
+int JsonNestingDepth(absl::string_view text);
+
+// The value of an integer literal that fits int64 (no fraction or exponent), else nullopt.
+std::optional<int64_t> JsonInt64(const Json& j);
+
+// Member `key` of `object`, or null when `object` is not an object or has no such member.
+const Json* JsonMember(const Json& object, absl::string_view key);
+
+// Compact text of `j`; bytes that are not UTF-8 are replaced by U+FFFD instead of throwing.
+std::string JsonDump(const Json& j);
 
 }  // namespace lazyrag

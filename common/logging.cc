@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "common/json_writer.h"
+#include "common/json.h"
 
 namespace lazyrag {
 namespace {
@@ -61,9 +61,7 @@ void AppendTextValue(std::string* out, const std::string& value) {
     out->append(value);
     return;
   }
-  JsonWriter w;
-  w.String(value);
-  out->append(w.str());
+  out->append(JsonDump(Json(value)));
 }
 
 }  // namespace
@@ -106,29 +104,19 @@ std::string FormatIso8601Utc(std::chrono::system_clock::time_point time) {
 std::string FormatLogRecord(const LogRecord& r, LogFormat format) {
   const std::string ts = FormatIso8601Utc(r.time);
   if (format == LogFormat::kJson) {
-    JsonWriter w;
-    w.BeginObject();
-    w.Key("ts").String(ts);
-    w.Key("level").String(LevelName(r.level));
-    w.Key("src").String(absl::StrCat(std::string(r.file), ":", r.line));
-    w.Key("msg").String(r.message);
-    std::string out = w.str();
+    Json j = {{"ts", ts},
+              {"level", LevelName(r.level)},
+              {"src", absl::StrCat(std::string(r.file), ":", r.line)},
+              {"msg", std::string(r.message)}};
     if (r.fields != nullptr) {
       for (const LogField& f : *r.fields) {
-        JsonWriter k;
-        k.String(f.key);
-        absl::StrAppend(&out, ",", k.str(), ":");
-        if (f.raw) {
-          out += f.value;
-        } else {
-          JsonWriter v;
-          v.String(f.value);
-          out += v.str();
-        }
+        // A raw field is JSON text already (a number); kept as a string if it is not.
+        Json value = f.raw ? Json::parse(f.value, nullptr, /*allow_exceptions=*/false) : Json();
+        if (!f.raw || value.is_discarded()) value = f.value;
+        j[f.key] = std::move(value);
       }
     }
-    out += "}";
-    return out;
+    return JsonDump(j);
   }
   std::string out = absl::StrCat(LevelLetter(r.level), " ", ts, " ", std::string(r.file), ":",
                                  r.line, "] ", std::string(r.message));

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/json.h"
 
 namespace lazyrag::http {
 namespace {
@@ -31,31 +32,6 @@ absl::Status Invalid(const std::string& param, const std::string& message) {
 std::string Dump(const json& j) {
   // Text from the model is whole UTF-8 characters; replace anything else rather than throw.
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
-// The nesting depth of `body`'s arrays and objects (strings skipped), so that a hostile body is
-// refused before the parser builds it.
-int NestingDepth(absl::string_view body) {
-  int depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (char c : body) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return deepest;
 }
 
 const char* TypeName(const json& j) { return j.type_name(); }
@@ -466,7 +442,7 @@ std::string Event(const json& data) { return absl::StrCat("data: ", Dump(data), 
 
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, absl::string_view body,
                                                  const OpenAiDefaults& defaults) {
-  if (NestingDepth(body) > defaults.max_json_depth) {
+  if (JsonNestingDepth(body) > defaults.max_json_depth) {
     return Invalid("", absl::StrCat("the request body nests deeper than ", defaults.max_json_depth,
                                     " levels"));
   }

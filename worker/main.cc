@@ -75,6 +75,10 @@ ABSL_FLAG(std::string, http_listen, "",
 ABSL_FLAG(std::string, shared_prefix, "none",
           "documents encoded after a shared prefix (attention sink) that opens every prompt: "
           "none | template (the chat template's fixed opening); part of every document id");
+ABSL_FLAG(bool, parse_special_tokens_in_text, false,
+          "recognise control tokens (e.g. <|im_end|>) inside documents, queries and system "
+          "prompts; false: they are literal text and only the chat template writes control "
+          "tokens. Changes the token ids (and so the cache keys) of such documents");
 ABSL_FLAG(double, document_temperature, 1.0,
           "LAZY/MATERIALIZE: temperature of the attention to documents (0.05 .. 20; 1: off); "
           "a request's quality.document_temperature overrides it");
@@ -112,6 +116,7 @@ int main(int argc, char **argv) {
   options.runtime.host_cache_bytes = absl::GetFlag(FLAGS_host_cache_bytes);
   options.runtime.quality.recompute_first_tokens = absl::GetFlag(FLAGS_recompute_first_tokens);
   options.runtime.shared_prefix = absl::GetFlag(FLAGS_shared_prefix);
+  options.runtime.parse_special_tokens_in_text = absl::GetFlag(FLAGS_parse_special_tokens_in_text);
   options.runtime.quality.document_temperature = float(absl::GetFlag(FLAGS_document_temperature));
   options.runtime.quality.document_scale = float(absl::GetFlag(FLAGS_document_scale));
   options.runtime.page_size = absl::GetFlag(FLAGS_page_size);

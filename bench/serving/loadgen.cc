@@ -42,7 +42,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "common/json_writer.h"
+#include "common/json.h"
 #include "lazyrag/v1/inference.grpc.pb.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051",
@@ -221,11 +221,9 @@ Stat Summarize(const std::vector<double> &v) {
   return s;
 }
 
-void WriteStat(JsonWriter &j, const char *key, const Stat &s) {
-  j.Key(key).BeginObject();
-  j.Key("mean").Double(s.mean).Key("p50").Double(s.p50).Key("p90").Double(s.p90);
-  j.Key("p99").Double(s.p99).Key("max").Double(s.max).Key("n").Int(int64_t(s.n));
-  j.EndObject();
+void WriteStat(Json &parent, const char *key, const Stat &s) {
+  parent[key] = {{"mean", s.mean}, {"p50", s.p50}, {"p90", s.p90},
+                 {"p99", s.p99},   {"max", s.max}, {"n", int64_t(s.n)}};
 }
 
 class LoadGen {
@@ -617,94 +615,108 @@ void LoadGen::Report(const std::string &out_path, bool per_request) const {
   std::fflush(stdout);
 
   if (out_path.empty()) return;
-  JsonWriter j;
-  j.BeginObject();
-  j.Key("config").BeginObject();
-  j.Key("target").String(c_.target).Key("mode").String(c_.mode).Key("label").String(c_.label);
-  j.Key("loop").String(c_.rate > 0 ? "open" : "closed").Key("rate").Double(c_.rate);
-  j.Key("concurrency").Int(c_.rate > 0 ? 0 : c_.concurrency);
-  j.Key("num_requests").Int(c_.num_requests).Key("duration_s").Double(c_.duration_s);
-  j.Key("num_docs").Int(c_.num_docs).Key("doc_tokens").Int(c_.doc_tokens);
-  j.Key("docs_per_request").Int(c_.docs_per_request).Key("zipf").Double(c_.zipf);
-  j.Key("distribution").String(c_.zipf > 0 ? "zipf" : "uniform");
-  j.Key("query_tokens").Int(c_.query_tokens).Key("max_tokens").Int(c_.max_tokens);
-  j.Key("ignore_eos").Bool(c_.ignore_eos).Key("seed").Int(int64_t(c_.seed));
-  j.Key("warmup").Int(c_.warmup).Key("docs_by").String(c_.docs_by);
-  j.Key("timeout_s").Double(c_.timeout_s).Key("channels").Int(c_.channels);
-  j.Key("cache_namespace").String(c_.cache_namespace);
-  j.EndObject();
-  j.Key("server").BeginObject();
-  j.Key("model").String(server_model_).Key("pages_total").Int(server_pages_total_);
-  j.Key("page_size").Int(server_page_size_);
-  j.Key("host_cache_bytes").Int(server_host_cache_bytes_);
-  j.EndObject();
-  j.Key("prepare").BeginObject();
-  j.Key("seconds").Double(prepare_s_).Key("documents").Int(int64_t(ids_.size()));
-  j.Key("computed").Int(prepared_computed_).Key("bytes_per_token").Double(bytes_per_token_);
+  Json j;
+  j = Json::object();
+  Json &j1 = j["config"] = Json::object();
+  j1["target"] = c_.target;
+  j1["mode"] = c_.mode;
+  j1["label"] = c_.label;
+  j1["loop"] = c_.rate > 0 ? "open" : "closed";
+  j1["rate"] = c_.rate;
+  j1["concurrency"] = c_.rate > 0 ? 0 : c_.concurrency;
+  j1["num_requests"] = c_.num_requests;
+  j1["duration_s"] = c_.duration_s;
+  j1["num_docs"] = c_.num_docs;
+  j1["doc_tokens"] = c_.doc_tokens;
+  j1["docs_per_request"] = c_.docs_per_request;
+  j1["zipf"] = c_.zipf;
+  j1["distribution"] = c_.zipf > 0 ? "zipf" : "uniform";
+  j1["query_tokens"] = c_.query_tokens;
+  j1["max_tokens"] = c_.max_tokens;
+  j1["ignore_eos"] = c_.ignore_eos;
+  j1["seed"] = int64_t(c_.seed);
+  j1["warmup"] = c_.warmup;
+  j1["docs_by"] = c_.docs_by;
+  j1["timeout_s"] = c_.timeout_s;
+  j1["channels"] = c_.channels;
+  j1["cache_namespace"] = c_.cache_namespace;
+  Json &j2 = j["server"] = Json::object();
+  j2["model"] = server_model_;
+  j2["pages_total"] = server_pages_total_;
+  j2["page_size"] = server_page_size_;
+  j2["host_cache_bytes"] = server_host_cache_bytes_;
+  Json &j3 = j["prepare"] = Json::object();
+  j3["seconds"] = prepare_s_;
+  j3["documents"] = int64_t(ids_.size());
+  j3["computed"] = prepared_computed_;
+  j3["bytes_per_token"] = bytes_per_token_;
   double doc_tok_mean = NAN;
   if (!doc_num_tokens_.empty()) {
     double sum = 0;
     for (int n : doc_num_tokens_) sum += n;
     doc_tok_mean = sum / double(doc_num_tokens_.size());
   }
-  j.Key("doc_tokens_mean").Double(doc_tok_mean);
-  j.EndObject();
-  j.Key("summary").BeginObject();
-  j.Key("requests").Int(int64_t(records_.size())).Key("sent").Int(sent).Key("ok").Int(ok);
-  j.Key("failed").Int(sent - ok).Key("window_s").Double(window_s);
-  j.Key("request_throughput").Double(double(ok) / window_s);
-  j.Key("output_throughput").Double(double(out_tokens) / window_s);
-  j.Key("output_tokens").Int(out_tokens).Key("prompt_tokens").Int(prompt);
-  j.Key("document_tokens").Int(doc_tokens).Key("cached_document_tokens").Int(cached);
-  j.Key("pool_document_tokens").Int(pool).Key("host_document_tokens").Int(host);
-  j.Key("store_document_tokens").Int(store);
-  j.Key("computed_tokens").Int(computed);
-  j.Key("doc_hit_ratio").Double(hit).Key("pool_hit_ratio").Double(pool_hit);
-  j.Key("host_hit_ratio").Double(host_hit).Key("store_hit_ratio").Double(store_hit);
-  WriteStat(j, "ttft_ms", s_ttft);
-  WriteStat(j, "server_ttft_ms", s_sttft);
-  WriteStat(j, "queue_ms", s_queue);
-  WriteStat(j, "itl_ms", s_itl);
-  WriteStat(j, "tpot_ms", s_tpot);
-  WriteStat(j, "e2e_ms", s_e2e);
-  WriteStat(j, "send_lag_ms", s_lag);
-  j.Key("errors").BeginObject();
-  for (const auto &[name, n] : errors) j.Key(name).Int(n);
-  j.EndObject();
-  j.EndObject();
+  j3["doc_tokens_mean"] = doc_tok_mean;
+  Json &j4 = j["summary"] = Json::object();
+  j4["requests"] = int64_t(records_.size());
+  j4["sent"] = sent;
+  j4["ok"] = ok;
+  j4["failed"] = sent - ok;
+  j4["window_s"] = window_s;
+  j4["request_throughput"] = double(ok) / window_s;
+  j4["output_throughput"] = double(out_tokens) / window_s;
+  j4["output_tokens"] = out_tokens;
+  j4["prompt_tokens"] = prompt;
+  j4["document_tokens"] = doc_tokens;
+  j4["cached_document_tokens"] = cached;
+  j4["pool_document_tokens"] = pool;
+  j4["host_document_tokens"] = host;
+  j4["store_document_tokens"] = store;
+  j4["computed_tokens"] = computed;
+  j4["doc_hit_ratio"] = hit;
+  j4["pool_hit_ratio"] = pool_hit;
+  j4["host_hit_ratio"] = host_hit;
+  j4["store_hit_ratio"] = store_hit;
+  WriteStat(j4, "ttft_ms", s_ttft);
+  WriteStat(j4, "server_ttft_ms", s_sttft);
+  WriteStat(j4, "queue_ms", s_queue);
+  WriteStat(j4, "itl_ms", s_itl);
+  WriteStat(j4, "tpot_ms", s_tpot);
+  WriteStat(j4, "e2e_ms", s_e2e);
+  WriteStat(j4, "send_lag_ms", s_lag);
+  Json &j5 = j4["errors"] = Json::object();
+  for (const auto &[name, n] : errors) j5[name] = n;
   if (per_request) {
-    j.Key("requests").BeginArray();
+    Json &j6 = j["requests"] = Json::array();
     for (const Record &r : records_) {
       if (r.code < 0) continue;
-      j.BeginObject();
-      j.Key("i").Int(r.index).Key("docs").BeginArray();
-      for (int d : r.docs) j.Int(d);
-      j.EndArray();
-      j.Key("scheduled_ms").Double(r.scheduled_ms).Key("start_ms").Double(r.start_ms);
-      j.Key("ttft_ms").Double(r.first_token_ms >= 0 ? r.first_token_ms - r.start_ms : NAN);
-      j.Key("e2e_ms").Double(r.end_ms - r.start_ms);
-      j.Key("server_queue_ms").Double(r.server_queue_ms);
-      j.Key("server_ttft_ms").Double(r.server_ttft_ms);
-      j.Key("server_total_ms").Double(r.server_total_ms);
-      j.Key("itl_ms").BeginArray();
-      for (double x : r.itl_ms) j.Double(x);
-      j.EndArray();
-      j.Key("tokens").Int(r.tokens).Key("prompt_tokens").Int(r.prompt_tokens);
-      j.Key("document_tokens").Int(r.document_tokens);
-      j.Key("cached_document_tokens").Int(r.cached_document_tokens);
-      j.Key("pool_document_tokens").Int(r.pool_document_tokens);
-      j.Key("host_document_tokens").Int(r.host_document_tokens);
-      j.Key("store_document_tokens").Int(r.store_document_tokens);
-      j.Key("computed_tokens").Int(r.computed_tokens);
-      j.Key("code").String(CodeName(r.code));
-      if (!r.ok()) j.Key("error").String(r.error);
-      j.EndObject();
+      Json &j7 = j6.emplace_back(Json::object());
+      j7["i"] = r.index;
+      Json &j8 = j7["docs"] = Json::array();
+      for (int d : r.docs) j8.push_back(d);
+      j7["scheduled_ms"] = r.scheduled_ms;
+      j7["start_ms"] = r.start_ms;
+      j7["ttft_ms"] = r.first_token_ms >= 0 ? r.first_token_ms - r.start_ms : NAN;
+      j7["e2e_ms"] = r.end_ms - r.start_ms;
+      j7["server_queue_ms"] = r.server_queue_ms;
+      j7["server_ttft_ms"] = r.server_ttft_ms;
+      j7["server_total_ms"] = r.server_total_ms;
+      Json &j9 = j7["itl_ms"] = Json::array();
+      for (double x : r.itl_ms) j9.push_back(x);
+      j7["tokens"] = r.tokens;
+      j7["prompt_tokens"] = r.prompt_tokens;
+      j7["document_tokens"] = r.document_tokens;
+      j7["cached_document_tokens"] = r.cached_document_tokens;
+      j7["pool_document_tokens"] = r.pool_document_tokens;
+      j7["host_document_tokens"] = r.host_document_tokens;
+      j7["store_document_tokens"] = r.store_document_tokens;
+      j7["computed_tokens"] = r.computed_tokens;
+      j7["code"] = CodeName(r.code);
+      if (!r.ok()) j7["error"] = r.error;
     }
-    j.EndArray();
   }
-  j.EndObject();
   std::ofstream f(out_path);
-  f << j.str() << "\n";
+  f << JsonDump(j) << "\n";
   if (!f) std::cerr << "lazyrag-loadgen: cannot write " << out_path << "\n";
 }
 

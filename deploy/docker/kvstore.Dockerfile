@@ -2,20 +2,22 @@
 # Build from the repository root:
 #   docker build -f deploy/docker/kvstore.Dockerfile -t lazyrag/kvstore:0.1.0 .
 # The build is the project's CMake build (Debian 12 packages, as deploy/local/bootstrap.sh
-# installs them), restricted to the kvstore.
+# installs them), restricted to the kvstore and lazyrag-cli (the chart's TLS health probe runs
+# `lazyrag-cli health`).
 FROM debian:12 AS build
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       build-essential cmake ninja-build pkg-config \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
       librocksdb-dev libabsl-dev libgtest-dev libgmock-dev libopenblas-dev \
-      libcpp-httplib-dev libpcre2-dev libssl-dev \
+      libcpp-httplib-dev nlohmann-json3-dev libpcre2-dev libssl-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAZYRAG_CUDA=OFF \
-      -DLAZYRAG_ONLY="proto;kvstore" \
-    && cmake --build /build --target lazyrag-kvstore \
-    && install -D -m 0755 /build/kvstore/lazyrag-kvstore /out/usr/local/bin/lazyrag-kvstore
+      -DLAZYRAG_ONLY="proto;kvstore;cli" \
+    && cmake --build /build --target lazyrag-kvstore lazyrag-cli \
+    && install -D -m 0755 /build/kvstore/lazyrag-kvstore /out/usr/local/bin/lazyrag-kvstore \
+    && install -D -m 0755 /build/cli/lazyrag-cli /out/usr/local/bin/lazyrag-cli
 
 FROM debian:12-slim
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \

@@ -11,9 +11,10 @@ RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-ins
 WORKDIR /src
 COPY . .
 RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAZYRAG_CUDA=OFF \
-      -DLAZYRAG_ONLY="proto;http;router" \
-    && cmake --build /build --target lazyrag-router \
-    && install -D -m 0755 /build/router/lazyrag-router /out/usr/local/bin/lazyrag-router
+      -DLAZYRAG_ONLY="proto;http;router;cli" \
+    && cmake --build /build --target lazyrag-router lazyrag-cli \
+    && install -D -m 0755 /build/router/lazyrag-router /out/usr/local/bin/lazyrag-router \
+    && install -D -m 0755 /build/cli/lazyrag-cli /out/usr/local/bin/lazyrag-cli
 
 FROM debian:12-slim
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \

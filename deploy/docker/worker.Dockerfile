@@ -15,16 +15,17 @@ RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-ins
       build-essential cmake ninja-build pkg-config \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
       librocksdb-dev libabsl-dev libgtest-dev libgmock-dev libopenblas-dev \
-      libcpp-httplib-dev libpcre2-dev libssl-dev \
+      libcpp-httplib-dev nlohmann-json3-dev libpcre2-dev libssl-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAZYRAG_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES} \
-    && cmake --build /build --target lazyrag-worker \
+    && cmake --build /build --target lazyrag-worker lazyrag-cli \
     && install -D -m 0755 /build/worker/lazyrag-worker /out/usr/local/bin/lazyrag-worker \
+    && install -D -m 0755 /build/cli/lazyrag-cli /out/usr/local/bin/lazyrag-cli \
     && mkdir -p /out/usr/local/lib/lazyrag \
-    && ldd /build/worker/lazyrag-worker | awk '/=> \// { print $3 }' \
+    && ldd /build/worker/lazyrag-worker /build/cli/lazyrag-cli | awk '/=> \// { print $3 }' \
        | grep -v -E '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so|/libcuda\.so|/usr/local/cuda' \
        | xargs -r -I{} cp -L {} /out/usr/local/lib/lazyrag/
 

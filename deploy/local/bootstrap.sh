@@ -58,6 +58,15 @@ if ! python3 -c "import kubernetes_validate, jsonschema" 2>/dev/null; then
     echo "bootstrap: WARNING: kubernetes-validate could not be installed; deploy.chart.* tests will skip" >&2
 fi
 
+# The chat template fixtures (worker/model/tokenizer/testdata/gen_chat_template_fixtures.py)
+# are rendered by Python's jinja2 as Hugging Face transformers renders chat templates; only
+# regenerating them needs it (the committed fixtures are what the tests read).
+if ! python3 -c "import jinja2" 2>/dev/null; then
+  echo "bootstrap: installing jinja2 from PyPI"
+  python3 -m pip install -q --disable-pip-version-check jinja2 ||
+    echo "bootstrap: WARNING: jinja2 could not be installed; the chat template fixtures cannot be regenerated" >&2
+fi
+
 cache=${LAZYRAG_CACHE:-$HOME/.cache/lazyrag}
 model="$cache/SmolLM2-135M-Instruct.Q4_1.gguf"
 if [ "${LAZYRAG_NO_MODEL:-0}" != 1 ] && [ ! -s "$model" ]; then

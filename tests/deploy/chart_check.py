@@ -17,8 +17,9 @@ MODE is one of
 Value sets: the chart's defaults (GPU workers), testdata/values-cpu.yaml (CPU only),
 values-tls.yaml (TLS), values-ipv6.yaml (IPv6), values-multi.yaml (production-shaped),
 values-monitoring.yaml (PrometheusRule, dashboard ConfigMap, helm test pod, pass-through pod
-values). PrometheusRule and ServiceMonitor are CRDs: kubernetes mode skips them (the Go test
-TestMonitoringObjects checks the PrometheusRule's structure). Each mode
+values), values-autoscaling.yaml (router HPA, worker KEDA ScaledObject). PrometheusRule,
+ServiceMonitor and ScaledObject are CRDs: kubernetes mode skips them (the Go tests
+TestMonitoringObjects and TestAutoscaling check their structure). Each mode
 also runs on deliberately bad input and fails if the bad input passes.
 Exit status: 0 pass, 1 fail, 77 skip (a Python module is missing).
 """
@@ -45,6 +46,7 @@ VALUE_SETS = {
     "ipv6": ["values-ipv6.yaml"],
     "multi": ["values-multi.yaml"],
     "monitoring": ["values-monitoring.yaml"],
+    "autoscaling": ["values-autoscaling.yaml"],
 }
 COMPONENTS = ("kvstore", "worker", "router")  # container name == binary folder
 
@@ -92,14 +94,45 @@ def accepted_flags(src, component):
     return flags
 
 
+HEALTH_FLAGS = re.compile(r"kHealthFlags\[\]\s*=\s*\{([^}]*)\}", re.S)
+
+
+def health_flags(src):
+    """The flags of `lazyrag-cli health` (the kHealthFlags table of cli/health_command.cc)."""
+    text = open(os.path.join(src, "cli", "health_command.cc"), encoding="utf-8").read()
+    m = HEALTH_FLAGS.search(text)
+    return {name: "string" for name in re.findall(r'"(\w+)"', m.group(1))} if m else {}
+
+
+def probe_errors(where, c, flags_by_binary):
+    """Messages for exec probes that run lazyrag-cli with a command or flag it does not take."""
+    errors = []
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        cmd = [str(a) for a in ((c.get(probe) or {}).get("exec") or {}).get("command") or []]
+        if not cmd or not cmd[0].endswith("/lazyrag-cli"):
+            continue
+        if len(cmd) < 2 or cmd[1] != "health":
+            errors.append("%s %s: lazyrag-cli without the health command: %s" % (where, probe, cmd))
+            continue
+        accepted = flags_by_binary.get("cli health", {})
+        for arg in cmd[2:]:
+            m = re.fullmatch(r"--([A-Za-z0-9_]+)=.*", arg, re.S)
+            if not m or m.group(1) not in accepted:
+                errors.append("%s %s: %s is not a flag of lazyrag-cli health (it takes: %s)" %
+                              (where, probe, arg, " ".join(sorted(accepted))))
+    return errors
+
+
 def flag_errors(docs, flags_by_binary):
-    """Messages for every container argument that is not an accepted --flag."""
+    """Messages for every container argument that is not an accepted --flag, and every probe
+    command of lazyrag-cli health with a flag it does not take."""
     errors = []
     for doc in docs:
         spec = (((doc.get("spec") or {}).get("template") or {}).get("spec")) or {}
         for c in spec.get("containers", []) + spec.get("initContainers", []):
             binary = c.get("name")
             where = "%s/%s container %s" % (doc["kind"], doc["metadata"]["name"], binary)
+            errors += probe_errors(where, c, flags_by_binary)
             if binary not in flags_by_binary:
                 errors.append("%s: no binary of that name to check its flags against" % where)
                 continue
@@ -129,6 +162,10 @@ def check_flags(args):
                 print("FAIL: parsed no --%s for lazyrag-%s; the ABSL_FLAG parser is broken" %
                       (required, c))
                 failures += 1
+    flags_by_binary["cli health"] = health_flags(args.src)
+    if not {"target", "tls_ca", "tls_cert", "tls_key"} <= set(flags_by_binary["cli health"]):
+        print("FAIL: parsed no kHealthFlags of cli/health_command.cc; the parser is broken")
+        failures += 1
     for name in VALUE_SETS:
         errors = flag_errors(render(args, value_set_files(args, name)), flags_by_binary)
         for e in errors:
@@ -144,6 +181,16 @@ def check_flags(args):
         if not any(needle in e for e in bad):
             print("FAIL: bad-flags.yaml was not rejected with %r; got %s" % (needle, bad))
             failures += 1
+    # A TLS probe with a flag lazyrag-cli health does not take must be rejected too.
+    probe = {"kind": "Deployment", "metadata": {"name": "x"}, "spec": {"template": {"spec": {
+        "containers": [{"name": "router", "readinessProbe": {"exec": {"command": [
+            "/usr/local/bin/lazyrag-cli", "health", "--target=localhost:1", "--tls_nosuch=1"]}}}]}}}}
+    if not any("--tls_nosuch=1 is not a flag of lazyrag-cli health" in e
+               for e in flag_errors([probe], flags_by_binary)):
+        print("FAIL: a probe running lazyrag-cli health --tls_nosuch was not rejected")
+        failures += 1
+    else:
+        print("ok   [bad-probe] lazyrag-cli health --tls_nosuch rejected")
     if len(bad) == 3:
         print("ok   [bad-flags] rejected: %s" % "; ".join(e.split(": ", 1)[1][:60] for e in bad))
     else:
@@ -221,8 +268,8 @@ def check_kubernetes(args):
         checked, skipped = 0, []
         for doc in docs:
             what = "%s/%s" % (doc["kind"], doc["metadata"]["name"])
-            if doc["apiVersion"].startswith("monitoring.coreos.com/"):
-                skipped.append(what)  # a CRD (Prometheus Operator): no schema in the package
+            if doc["apiVersion"].startswith(("monitoring.coreos.com/", "keda.sh/")):
+                skipped.append(what)  # a CRD (Prometheus Operator, KEDA): no schema in the package
                 continue
             for version in versions:
                 try:

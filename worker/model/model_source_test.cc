@@ -223,14 +223,14 @@ TEST(RealModelTest, SmolLM2Loads) {
   ss << in.rdbuf();
   auto doc = ParseJson(ss.str());
   ASSERT_TRUE(doc.ok()) << doc.status();
-  const JsonValue* tensors = doc->Find("tensors");
+  const Json* tensors = JsonMember(*doc, "tensors");
   ASSERT_NE(tensors, nullptr);
   ASSERT_TRUE(tensors->is_array());
   int checked = 0;
-  for (const JsonValue& t : tensors->array()) {
-    const std::string name = t.Find("name")->string_value();
-    const std::string field = t.Find("field")->string_value();
-    const int layer = int(t.Find("layer")->int_value());
+  for (const Json& t : *tensors) {
+    const std::string name = t.at("name").get<std::string>();
+    const std::string field = t.at("field").get<std::string>();
+    const int layer = t.at("layer").get<int>();
     const ModelWeights& w = *m->weights;
     const std::vector<float>* v = nullptr;
     if (field == "token_embedding")
@@ -248,9 +248,9 @@ TEST(RealModelTest, SmolLM2Loads) {
     else if (field == "attn_norm")
       v = &w.layers[layer].attn_norm;
     ASSERT_NE(v, nullptr) << field;
-    for (const JsonValue& s : t.Find("samples")->array()) {
-      const int64_t index = s.array()[0].int_value();  // flat index in our (HF) layout
-      const double expected = s.array()[1].number();
+    for (const Json& s : t.at("samples")) {
+      const int64_t index = s.at(0).get<int64_t>();  // flat index in our (HF) layout
+      const double expected = s.at(1).get<double>();
       ASSERT_LT(size_t(index), v->size()) << name;
       EXPECT_FLOAT_EQ((*v)[index], float(expected)) << name << "[" << index << "]";
       ++checked;

@@ -93,11 +93,12 @@ int64_t DtypeSize(const std::string& dtype) {
   return 0;
 }
 
-absl::StatusOr<int64_t> GetNonNegativeInt(const JsonValue& v, absl::string_view what) {
-  if (!v.is_integer() || v.int_value() < 0) {
+absl::StatusOr<int64_t> GetNonNegativeInt(const Json& v, absl::string_view what) {
+  const std::optional<int64_t> i = JsonInt64(v);
+  if (!i.has_value() || *i < 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, " must be a non-negative integer"));
   }
-  return v.int_value();
+  return *i;
 }
 
 // Parses one safetensors file's header and adds its tensors to `out`.
@@ -112,30 +113,30 @@ absl::Status IndexSafetensors(const MappedFile& f, const std::string& path,
   if (n > f.size() - 8 || n > kMaxHeaderBytes) {
     return bad(absl::StrCat("header length ", n, " exceeds the file (", f.size(), " bytes)"));
   }
-  absl::StatusOr<JsonValue> header =
+  absl::StatusOr<Json> header =
       ParseJson(absl::string_view(reinterpret_cast<const char*>(f.data() + 8), n));
   if (!header.ok()) return bad(header.status().message());
   if (!header->is_object()) return bad("header is not a JSON object");
   const uint8_t* base = f.data() + 8 + n;
   const uint64_t data_size = f.size() - 8 - n;
-  for (const auto& [name, info] : header->object()) {
+  for (const auto& [name, info] : header->items()) {
     if (name == "__metadata__") continue;
     const std::string what = absl::StrCat("tensor '", name, "'");
-    const JsonValue* dtype = info.Find("dtype");
-    const JsonValue* shape = info.Find("shape");
-    const JsonValue* offsets = info.Find("data_offsets");
+    const Json* dtype = JsonMember(info, "dtype");
+    const Json* shape = JsonMember(info, "shape");
+    const Json* offsets = JsonMember(info, "data_offsets");
     if (dtype == nullptr || !dtype->is_string() || shape == nullptr || !shape->is_array() ||
-        offsets == nullptr || !offsets->is_array() || offsets->array().size() != 2) {
+        offsets == nullptr || !offsets->is_array() || offsets->size() != 2) {
       return bad(absl::StrCat(what, " needs dtype, shape and data_offsets [begin, end]"));
     }
     StTensor t;
-    t.dtype = dtype->string_value();
+    t.dtype = dtype->get_ref<const std::string&>();
     t.file = path;
     const int64_t elem = DtypeSize(t.dtype);
     if (elem == 0) return bad(absl::StrCat(what, " has unknown dtype '", t.dtype, "'"));
-    if (shape->array().size() > 8) return bad(absl::StrCat(what, " has too many dimensions"));
+    if (shape->size() > 8) return bad(absl::StrCat(what, " has too many dimensions"));
     int64_t count = 1;
-    for (const JsonValue& d : shape->array()) {
+    for (const Json& d : *shape) {
       absl::StatusOr<int64_t> dim = GetNonNegativeInt(d, absl::StrCat(what, " shape"));
       if (!dim.ok()) return bad(dim.status().message());
       if (*dim != 0 && count > std::numeric_limits<int64_t>::max() / elem / *dim) {
@@ -144,8 +145,8 @@ absl::Status IndexSafetensors(const MappedFile& f, const std::string& path,
       count *= *dim;
       t.shape.push_back(*dim);
     }
-    absl::StatusOr<int64_t> begin = GetNonNegativeInt(offsets->array()[0], what);
-    absl::StatusOr<int64_t> end = GetNonNegativeInt(offsets->array()[1], what);
+    absl::StatusOr<int64_t> begin = GetNonNegativeInt((*offsets)[0], what);
+    absl::StatusOr<int64_t> end = GetNonNegativeInt((*offsets)[1], what);
     if (!begin.ok() || !end.ok()) return bad(absl::StrCat(what, " has bad data_offsets"));
     if (*begin > *end || uint64_t(*end) > data_size) {
       return bad(absl::StrCat(what, " data [", *begin, ", ", *end, ") lies outside the ", data_size,
@@ -163,53 +164,57 @@ absl::Status IndexSafetensors(const MappedFile& f, const std::string& path,
   return absl::OkStatus();
 }
 
-absl::StatusOr<int> GetInt(const JsonValue& cfg, absl::string_view key, std::optional<int> dflt) {
-  const JsonValue* v = cfg.Find(key);
+absl::StatusOr<int> GetInt(const Json& cfg, absl::string_view key, std::optional<int> dflt) {
+  const Json* v = JsonMember(cfg, key);
   if (v == nullptr || v->is_null()) {
     if (dflt.has_value()) return *dflt;
     return absl::InvalidArgumentError(absl::StrCat("config.json: '", key, "' is missing"));
   }
-  if (!v->is_integer() || v->int_value() < std::numeric_limits<int>::min() ||
-      v->int_value() > std::numeric_limits<int>::max()) {
+  const std::optional<int64_t> i = JsonInt64(*v);
+  if (!i.has_value() || *i < std::numeric_limits<int>::min() ||
+      *i > std::numeric_limits<int>::max()) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: '", key, "' must be an integer"));
   }
-  return int(v->int_value());
+  return int(*i);
 }
 
-absl::StatusOr<float> GetFloat(const JsonValue& cfg, absl::string_view key, float dflt) {
-  const JsonValue* v = cfg.Find(key);
+absl::StatusOr<float> GetFloat(const Json& cfg, absl::string_view key, float dflt) {
+  const Json* v = JsonMember(cfg, key);
   if (v == nullptr || v->is_null()) return dflt;
   if (!v->is_number()) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: '", key, "' must be a number"));
   }
-  return float(v->number());
+  return float(v->get<double>());
 }
 
 // bos/eos ids: an integer, a list (first element used) or absent (-1).
-absl::StatusOr<int32_t> GetTokenId(const JsonValue& cfg, absl::string_view key) {
-  const JsonValue* v = cfg.Find(key);
+absl::StatusOr<int32_t> GetTokenId(const Json& cfg, absl::string_view key) {
+  const Json* v = JsonMember(cfg, key);
   if (v == nullptr || v->is_null()) return -1;
-  if (v->is_array() && !v->array().empty()) v = &v->array()[0];
-  if (!v->is_integer() || v->int_value() < 0 || v->int_value() > (int64_t(1) << 30)) {
+  if (v->is_array() && !v->empty()) v = &(*v)[0];
+  const std::optional<int64_t> i = JsonInt64(*v);
+  if (!i.has_value() || *i < 0 || *i > (int64_t(1) << 30)) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: bad '", key, "'"));
   }
-  return int32_t(v->int_value());
+  return int32_t(*i);
 }
 
 }  // namespace
 
 absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view json_text) {
-  absl::StatusOr<JsonValue> doc = ParseJson(json_text);
+  absl::StatusOr<Json> doc = ParseJson(json_text);
   if (!doc.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: ", doc.status().message()));
   }
-  const JsonValue& cfg = *doc;
+  const Json& cfg = *doc;
   if (!cfg.is_object()) return absl::InvalidArgumentError("config.json: not a JSON object");
   ModelConfig c;
-  if (const JsonValue* mt = cfg.Find("model_type"); mt != nullptr && mt->is_string()) {
-    if (mt->string_value() != "llama" && mt->string_value() != "mistral") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "config.json: model_type '", mt->string_value(), "' is not a llama-family decoder"));
+  if (const Json* mt = JsonMember(cfg, "model_type"); mt != nullptr && mt->is_string()) {
+    if (mt->get_ref<const std::string&>() != "llama" &&
+        mt->get_ref<const std::string&>() != "mistral") {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: model_type '",
+                                                     mt->get_ref<const std::string&>(),
+                                                     "' is not a llama-family decoder"));
     }
   }
   c.architecture = "llama";
@@ -224,22 +229,22 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view json_text) {
   ASSIGN_OR_RETURN(c.rms_norm_eps, GetFloat(cfg, "rms_norm_eps", 1e-6f));
   ASSIGN_OR_RETURN(c.rope_theta, GetFloat(cfg, "rope_theta", 10000.0f));
   ASSIGN_OR_RETURN(c.max_position, GetInt(cfg, "max_position_embeddings", 2048));
-  if (const JsonValue* tie = cfg.Find("tie_word_embeddings"); tie != nullptr && !tie->is_null()) {
-    if (!tie->is_bool()) {
+  if (const Json* tie = JsonMember(cfg, "tie_word_embeddings"); tie != nullptr && !tie->is_null()) {
+    if (!tie->is_boolean()) {
       return absl::InvalidArgumentError("config.json: tie_word_embeddings must be a bool");
     }
-    c.tie_word_embeddings = tie->bool_value();
+    c.tie_word_embeddings = tie->get<bool>();
   }
   ASSIGN_OR_RETURN(c.bos_token_id, GetTokenId(cfg, "bos_token_id"));
   ASSIGN_OR_RETURN(c.eos_token_id, GetTokenId(cfg, "eos_token_id"));
-  if (const JsonValue* rs = cfg.Find("rope_scaling"); rs != nullptr && !rs->is_null()) {
+  if (const Json* rs = JsonMember(cfg, "rope_scaling"); rs != nullptr && !rs->is_null()) {
     if (!rs->is_object()) return absl::InvalidArgumentError("config.json: bad rope_scaling");
-    const JsonValue* type = rs->Find("rope_type");
-    if (type == nullptr) type = rs->Find("type");
+    const Json* type = JsonMember(*rs, "rope_type");
+    if (type == nullptr) type = JsonMember(*rs, "type");
     if (type == nullptr || !type->is_string()) {
       return absl::InvalidArgumentError("config.json: rope_scaling without rope_type");
     }
-    if (type->string_value() == "llama3") {
+    if (type->get_ref<const std::string&>() == "llama3") {
       c.rope_scaling.type = RopeScaling::Type::kLlama3;
       ASSIGN_OR_RETURN(c.rope_scaling.factor, GetFloat(*rs, "factor", 8.0f));
       ASSIGN_OR_RETURN(c.rope_scaling.low_freq_factor, GetFloat(*rs, "low_freq_factor", 1.0f));
@@ -251,9 +256,10 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(absl::string_view json_text) {
           c.rope_scaling.original_max_position <= 0) {
         return absl::InvalidArgumentError("config.json: llama3 rope_scaling out of range");
       }
-    } else if (type->string_value() != "default") {
+    } else if (type->get_ref<const std::string&>() != "default") {
       return absl::InvalidArgumentError(absl::StrCat("config.json: rope_scaling type '",
-                                                     type->string_value(), "' is not supported"));
+                                                     type->get_ref<const std::string&>(),
+                                                     "' is not supported"));
     }
   }
   RETURN_IF_ERROR(c.Validate());
@@ -282,24 +288,25 @@ absl::StatusOr<HfCheckpoint> LoadHfCheckpoint(const std::string& dir, int64_t ma
   std::vector<std::string> files;
   absl::StatusOr<std::string> index_text = ReadSmallFile(dir + "/model.safetensors.index.json");
   if (index_text.ok()) {
-    absl::StatusOr<JsonValue> index = ParseJson(*index_text);
+    absl::StatusOr<Json> index = ParseJson(*index_text);
     if (!index.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(dir, "/model.safetensors.index.json: ", index.status().message()));
     }
-    const JsonValue* map = index->Find("weight_map");
+    const Json* map = JsonMember(*index, "weight_map");
     if (map == nullptr || !map->is_object()) {
       return absl::InvalidArgumentError(
           absl::StrCat(dir, "/model.safetensors.index.json: no weight_map object"));
     }
     std::set<std::string> names;
-    for (const auto& [tensor, file] : map->object()) {
-      if (!file.is_string() || file.string_value().find('/') != std::string::npos ||
-          file.string_value().empty() || file.string_value()[0] == '.') {
+    for (const auto& [tensor, file] : map->items()) {
+      if (!file.is_string() || file.get_ref<const std::string&>().find('/') != std::string::npos ||
+          file.get_ref<const std::string&>().empty() ||
+          file.get_ref<const std::string&>()[0] == '.') {
         return absl::InvalidArgumentError(
             absl::StrCat(dir, "/model.safetensors.index.json: bad file for '", tensor, "'"));
       }
-      names.insert(file.string_value());
+      names.insert(file.get_ref<const std::string&>());
     }
     files.assign(names.begin(), names.end());
   } else if (index_text.status().code() == absl::StatusCode::kNotFound) {

@@ -53,6 +53,10 @@ std::string StopStringMatcher::Flush() {
 Generator::Generator(Engine *engine, const Tokenizer *tokenizer, RagTemplate tmpl)
     : engine_(engine), tokenizer_(tokenizer), template_(std::move(tmpl)) {}
 
+std::vector<int32_t> Generator::Encode(const std::vector<PromptPiece> &pieces) const {
+  return tokenizer_->EncodePieces(pieces, template_.parse_special_in_text);
+}
+
 void Generator::Remember(const std::string &id, const std::vector<int32_t> &tokens) {
   absl::MutexLock lock(&mu_);
   if (known_.emplace(id, tokens).second) {
@@ -71,8 +75,8 @@ absl::StatusOr<TokenPrompt> Generator::BuildPrompt(const GenerateRequest &r,
     return absl::InvalidArgumentError("query and system prompt must be valid UTF-8");
   }
   TokenPrompt p;
-  p.prefix = tokenizer_->Encode(template_.Prefix(r.system_prompt));
-  p.suffix = tokenizer_->Encode(template_.Suffix(r.query));
+  p.prefix = Encode(template_.PrefixPieces(r.system_prompt));
+  p.suffix = Encode(template_.SuffixPieces(r.query));
   for (size_t i = 0; i < r.documents.size(); ++i) {
     const DocumentInput &d = r.documents[i];
     if (!d.text.empty() && !d.id.empty()) {
@@ -113,7 +117,7 @@ absl::StatusOr<TokenPrompt> Generator::BuildPrompt(const GenerateRequest &r,
       if (!IsValidUtf8(d.text)) {
         return absl::InvalidArgumentError(absl::StrCat("document ", i, " is not valid UTF-8"));
       }
-      tokens = tokenizer_->Encode(template_.Document(d.text));
+      tokens = Encode(template_.DocumentPieces(d.text));
       id = engine_->BlockId(tokens, r.cache_namespace);
       Remember(id, tokens);
     }
@@ -179,7 +183,7 @@ absl::StatusOr<std::vector<PreparedDocument>> Generator::PrepareDocuments(
     if (!IsValidUtf8(text)) {
       return absl::InvalidArgumentError(absl::StrCat("document ", i, " is not valid UTF-8"));
     }
-    documents.push_back(tokenizer_->Encode(template_.Document(text)));
+    documents.push_back(Encode(template_.DocumentPieces(text)));
     Remember(engine_->BlockId(documents.back(), cache_namespace), documents.back());
   }
   auto encoded = engine_->EncodeDocuments(documents, cache_namespace);

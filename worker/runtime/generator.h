@@ -95,6 +95,8 @@ class Generator {
   std::unordered_map<std::string, std::vector<int32_t>> known_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> known_order_ ABSL_GUARDED_BY(mu_);
   void Remember(const std::string &id, const std::vector<int32_t> &tokens);
+  // Token ids of prompt pieces: control tokens only from the template (RagTemplate).
+  std::vector<int32_t> Encode(const std::vector<PromptPiece> &pieces) const;
 };
 
 // Incremental detokeniser with stop strings: feeds token bytes, releases text

@@ -39,17 +39,18 @@ TEST_P(ModelFixtureTest, LogitsAndGreedyContinuationsMatch) {
   ro.model = model;
   auto rt = CreateRuntime(ro);
   ASSERT_TRUE(rt.ok()) << rt.status();
-  const JsonValue* cases_v = doc->Find("cases");
+  const Json* cases_v = JsonMember(*doc, "cases");
   ASSERT_NE(cases_v, nullptr);
-  const JsonValue::Array& cases = cases_v->array();
+  ASSERT_TRUE(cases_v->is_array());
+  const Json& cases = *cases_v;
   ASSERT_GE(cases.size(), 5u);
   for (size_t c = 0; c < cases.size(); ++c) {
-    const JsonValue& k = cases[c];
-    auto field = [&](const char* name) -> const JsonValue::Array& { return k.Find(name)->array(); };
+    const Json& k = cases[c];
+    auto field = [&](const char* name) -> const Json& { return k.at(name); };
     TokenPrompt p;
-    for (const JsonValue& v : field("prompt_ids")) p.suffix.push_back(int32_t(v.number()));
+    for (const Json& v : field("prompt_ids")) p.suffix.push_back(v.get<int32_t>());
     std::vector<int32_t> want;
-    for (const JsonValue& v : field("greedy_ids")) want.push_back(int32_t(v.number()));
+    for (const Json& v : field("greedy_ids")) want.push_back(v.get<int32_t>());
     std::vector<std::vector<float>> logits;
     TokenRunOptions o;
     o.mode = AttentionMode::kFull;
@@ -62,13 +63,13 @@ TEST_P(ModelFixtureTest, LogitsAndGreedyContinuationsMatch) {
     while (same < int(want.size()) && res->token_ids[same] == want[same]) ++same;
     EXPECT_GE(same, tol.min_greedy_match) << "case " << c;
     // Logits at recorded steps while both continuations agree.
-    const JsonValue::Array& idx = field("indices");
-    const JsonValue::Array& steps = field("step_logits");
+    const Json& idx = field("indices");
+    const Json& steps = field("step_logits");
     double max_diff = 0, max_ref = 0;
     for (size_t s = 0; s < steps.size() && int(s) <= same; ++s) {
       for (size_t i = 0; i < idx.size(); ++i) {
-        double ref = steps[s].array()[i].number();
-        double ours = logits[s][int(idx[i].number())];
+        double ref = steps[s].at(i).get<double>();
+        double ours = logits[s][idx[i].get<int>()];
         max_diff = std::max(max_diff, std::fabs(ours - ref));
         max_ref = std::max(max_ref, std::fabs(ref));
       }
@@ -80,13 +81,12 @@ TEST_P(ModelFixtureTest, LogitsAndGreedyContinuationsMatch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Fixtures, ModelFixtureTest,
-    testing::Values(Tolerance{"smollm2_logits_transformers.json", 1e-4, 32},
-                    Tolerance{"smollm2_logits_llamacpp.json", 6e-2, 0}),
-    [](const testing::TestParamInfo<Tolerance>& info) {
-      return std::string(info.index == 0 ? "transformers" : "llamacpp");
-    });
+INSTANTIATE_TEST_SUITE_P(Fixtures, ModelFixtureTest,
+                         testing::Values(Tolerance{"smollm2_logits_transformers.json", 1e-4, 32},
+                                         Tolerance{"smollm2_logits_llamacpp.json", 6e-2, 0}),
+                         [](const testing::TestParamInfo<Tolerance>& info) {
+                           return std::string(info.index == 0 ? "transformers" : "llamacpp");
+                         });
 
 }  // namespace
 }  // namespace lazyrag

@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/logging.h"
 #include "worker/backend/cpu/cpu_backend.h"
 #ifdef LAZYRAG_WITH_CUDA
 #include "worker/backend/cuda/cuda_backend.h"
@@ -97,6 +98,15 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
   if (!tok.ok()) return tok.status();
   rt->tokenizer = std::move(*tok);
   RagTemplate tmpl = RagTemplate::ForSpec(loaded->tokenizer);
+  tmpl.parse_special_in_text = o.parse_special_tokens_in_text;
+  LOG_INFO << "prompt layout: "
+           << (tmpl.kind == RagTemplate::Kind::kJinja    ? "the model's chat template"
+               : tmpl.kind == RagTemplate::Kind::kChatML ? "built-in ChatML"
+               : tmpl.kind == RagTemplate::Kind::kLlama3 ? "built-in Llama-3"
+                                                         : "built-in plain")
+           << "; control tokens in documents and queries are "
+           << (tmpl.parse_special_in_text ? "parsed (--parse_special_tokens_in_text)"
+                                          : "literal text");
   absl::StatusOr<std::unique_ptr<Backend>> backend = absl::InvalidArgumentError("no backend");
 #ifdef LAZYRAG_WITH_CUDA
   if (o.device == "cuda") {
@@ -142,8 +152,8 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
     tmpl.opening_shared = true;
     eo.shared_prefix = rt->tokenizer->Encode(tmpl.Opening());
   } else if (o.shared_prefix != "none" && !o.shared_prefix.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("shared_prefix '", o.shared_prefix,
-                                                   "' is not one of none, template"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared_prefix '", o.shared_prefix, "' is not one of none, template"));
   }
   if (o.store_factory) {
     auto store = o.store_factory(rt->fingerprint);

@@ -11,9 +11,9 @@
 #include "absl/status/statusor.h"
 #include "worker/cache/document_store.h"
 #include "worker/engine/engine.h"
-#include "worker/runtime/generator.h"
 #include "worker/model/model_source.h"
 #include "worker/model/tokenizer/tokenizer.h"
+#include "worker/runtime/generator.h"
 
 namespace lazyrag {
 
@@ -27,9 +27,9 @@ struct RuntimeOptions {
   // The `model` label of the metrics and Stats' model (--served_model_name). Empty: the
   // model's own name (LoadedModel::name: a GGUF's general.name, else the file's stem).
   std::string served_model_name;
-  int page_size = 16;          // tokens per KV page
-  int64_t kv_pool_bytes = 0;   // all ranks together; 0: 256 MiB on the CPU, 16 GiB per GPU
-  int prefill_chunk = 512;     // query rows per forward step during prefill
+  int page_size = 16;         // tokens per KV page
+  int64_t kv_pool_bytes = 0;  // all ranks together; 0: 256 MiB on the CPU, 16 GiB per GPU
+  int prefill_chunk = 512;    // query rows per forward step during prefill
   bool reference_attention = false;
   // CUDA: the GPU index the backend runs on (with tensor parallelism the first of
   // cuda_device .. cuda_device + N - 1). Default 0. Two workers of one host on GPUs 0 and 1 take
@@ -60,6 +60,10 @@ struct RuntimeOptions {
   // (RagTemplate::Opening, ChatML "<|im_start|>system\n"), moved out of the prompt prefix into
   // the shared prefix. Anything else: INVALID_ARGUMENT.
   std::string shared_prefix = "none";
+  // Control tokens inside callers' text (documents, query, system prompt) are literal text
+  // (false, the default: only the chat template writes control tokens), or recognised as
+  // control tokens (true, the behaviour before; --parse_special_tokens_in_text).
+  bool parse_special_tokens_in_text = false;
   // Optional: opens the store tier once the model fingerprint (part of every
   // key) is known; the runtime owns the store. Empty: no store (pool ->
   // compute).

@@ -129,6 +129,11 @@ func render(t *testing.T, release string, valuesFiles ...string) *rendered {
 
 func (r *rendered) value(path ...interface{}) interface{} { return get(r.values, path...) }
 
+// autoscaled: an HPA or a KEDA ScaledObject owns the component's replica count.
+func (r *rendered) autoscaled(component string) bool {
+	return r.value(component, "autoscaling", "enabled") == true || r.value(component, "keda", "enabled") == true
+}
+
 // workload finds the StatefulSet or Deployment of a component.
 func (r *rendered) workload(t *testing.T, kind, component string) obj {
 	t.Helper()
@@ -277,7 +282,9 @@ func checkDesign(t *testing.T, r *rendered) {
 	// worker: GPU pods, model source, pool and page size, shards found through the headless
 	// Service, replication factor.
 	wk := r.workload(t, "StatefulSet", "worker")
-	if got, want := num(t, get(wk, "spec", "replicas")), num(t, r.value("worker", "replicas")); got != want {
+	if r.autoscaled("worker") {
+		// TestAutoscaling: the autoscaler owns the replica count.
+	} else if got, want := num(t, get(wk, "spec", "replicas")), num(t, r.value("worker", "replicas")); got != want {
 		t.Errorf("worker replicas %d, want %d", got, want)
 	}
 	wkSvc := r.headlessServiceOf(t, wk)
@@ -369,7 +376,9 @@ func checkDesign(t *testing.T, r *rendered) {
 
 	// router: Deployment + client Service; workers found through their headless Service.
 	rt := r.workload(t, "Deployment", "router")
-	if got, want := num(t, get(rt, "spec", "replicas")), num(t, r.value("router", "replicas")); got != want {
+	if r.autoscaled("router") {
+		// TestAutoscaling: the autoscaler owns the replica count.
+	} else if got, want := num(t, get(rt, "spec", "replicas")), num(t, r.value("router", "replicas")); got != want {
 		t.Errorf("router replicas %d, want %d", got, want)
 	}
 	if r.value("router", "workerDiscovery") == "static" {
@@ -400,8 +409,23 @@ func checkDesign(t *testing.T, r *rendered) {
 					t.Errorf("%s %s: want an httpGet of /metrics on the metrics port with TLS, got %v", name, probe, p)
 				}
 			} else if tlsOn {
-				if get(p, "tcpSocket", "port") == nil || num(t, get(p, "tcpSocket", "port")) != grpcPort {
-					t.Errorf("%s %s: want a tcpSocket probe on %d with TLS, got %v", name, probe, grpcPort, p)
+				// Readiness: the images' TLS health client with the pod's certificate.
+				cmd, _ := get(p, "exec", "command").([]interface{})
+				want := []string{"/usr/local/bin/lazyrag-cli", "health", fmt.Sprintf("--target=localhost:%d", grpcPort),
+					"--tls_ca=" + str(r.value("tls", "mountPath")) + "/ca.crt",
+					"--tls_cert=" + str(r.value("tls", "mountPath")) + "/tls.crt",
+					"--tls_key=" + str(r.value("tls", "mountPath")) + "/tls.key"}
+				if len(cmd) < len(want) {
+					t.Errorf("%s %s: want an exec of lazyrag-cli health with TLS, got %v", name, probe, p)
+					continue
+				}
+				for i, w := range want {
+					if str(cmd[i]) != w {
+						t.Errorf("%s %s: command[%d] %q, want %q", name, probe, i, cmd[i], w)
+					}
+				}
+				if !containsStr(cmd, "--tls_server_name="+name) {
+					t.Errorf("%s %s: want --tls_server_name=%s (the component's Service), got %v", name, probe, name, cmd)
 				}
 			} else if get(p, "grpc", "port") == nil || num(t, get(p, "grpc", "port")) != grpcPort {
 				t.Errorf("%s %s: want a grpc probe on port %d, got %v", name, probe, grpcPort, p)
@@ -752,10 +776,99 @@ func TestIPv6ListenAddresses(t *testing.T) {
 	}
 }
 
-// Issue 27: with TLS the probes still check the process (liveness on /metrics), not only a
-// TCP connect (checkDesign checks each probe).
+// Issue 27: with TLS the probes still check the process: readiness and startup run the images'
+// TLS health client (lazyrag-cli health), liveness GETs /metrics (checkDesign checks each probe).
 func TestTLSProbes(t *testing.T) {
-	checkDesign(t, render(t, "tls", filepath.Join(*testdataDir, "values-tls.yaml")))
+	r := render(t, "tls", filepath.Join(*testdataDir, "values-tls.yaml"))
+	checkDesign(t, r)
+	wk := r.workload(t, "StatefulSet", "worker")
+	start, _ := get(wk, "spec", "template", "spec", "containers", 0, "startupProbe", "exec", "command").([]interface{})
+	if len(start) < 2 || str(start[1]) != "health" {
+		t.Errorf("worker startupProbe with TLS: want lazyrag-cli health, got %v", start)
+	}
+	named := render(t, "tls2", filepath.Join(*testdataDir, "values-tls.yaml"), writeValues(t, "tls:\n  probeServerName: lazyrag.internal\n"))
+	cmd, _ := get(named.workload(t, "Deployment", "router"), "spec", "template", "spec", "containers", 0, "readinessProbe", "exec", "command").([]interface{})
+	if !containsStr(cmd, "--tls_server_name=lazyrag.internal") {
+		t.Errorf("tls.probeServerName not passed: %v", cmd)
+	}
+}
+
+func containsStr(list []interface{}, want string) bool {
+	for _, x := range list {
+		if str(x) == want {
+			return true
+		}
+	}
+	return false
+}
+
+// Issue 27: autoscaling hooks, off by default: an autoscaling/v2 HPA (CPU and custom metrics)
+// or a KEDA ScaledObject per component, each aimed at its workload, which then leaves replicas
+// to it; bad combinations fail with a message.
+func TestAutoscaling(t *testing.T) {
+	if n := len(render(t, "off").ofKind("HorizontalPodAutoscaler")) + len(render(t, "off").ofKind("ScaledObject")); n != 0 {
+		t.Errorf("autoscaling is off by default, got %d objects", n)
+	}
+	r := render(t, "as", filepath.Join(*testdataDir, "values-autoscaling.yaml"))
+	checkDesign(t, r)
+	rt := r.workload(t, "Deployment", "router")
+	wk := r.workload(t, "StatefulSet", "worker")
+	for _, w := range []obj{rt, wk} {
+		if get(w, "spec", "replicas") != nil {
+			t.Errorf("%s keeps spec.replicas under an autoscaler", get(w, "metadata", "name"))
+		}
+	}
+	hpas := r.ofKind("HorizontalPodAutoscaler")
+	if len(hpas) != 1 {
+		t.Fatalf("%d HPAs, want 1 (router)", len(hpas))
+	}
+	h := hpas[0]
+	if str(h["apiVersion"]) != "autoscaling/v2" || str(get(h, "spec", "scaleTargetRef", "kind")) != "Deployment" ||
+		str(get(h, "spec", "scaleTargetRef", "name")) != str(get(rt, "metadata", "name")) {
+		t.Errorf("router HPA does not target the router Deployment: %v", get(h, "spec"))
+	}
+	if num(t, get(h, "spec", "minReplicas")) != 2 || num(t, get(h, "spec", "maxReplicas")) != 6 {
+		t.Errorf("router HPA bounds %v", get(h, "spec"))
+	}
+	if str(get(h, "spec", "metrics", 0, "resource", "name")) != "cpu" || num(t, get(h, "spec", "metrics", 0, "resource", "target", "averageUtilization")) != 60 ||
+		str(get(h, "spec", "metrics", 1, "pods", "metric", "name")) != "lazyrag_requests_waiting" {
+		t.Errorf("router HPA metrics %v", get(h, "spec", "metrics"))
+	}
+	sos := r.ofKind("ScaledObject")
+	if len(sos) != 1 {
+		t.Fatalf("%d ScaledObjects, want 1 (worker)", len(sos))
+	}
+	so := sos[0]
+	if str(get(so, "spec", "scaleTargetRef", "kind")) != "StatefulSet" || str(get(so, "spec", "scaleTargetRef", "name")) != str(get(wk, "metadata", "name")) {
+		t.Errorf("worker ScaledObject target %v", get(so, "spec", "scaleTargetRef"))
+	}
+	q := str(get(so, "spec", "triggers", 0, "metadata", "query"))
+	if !strings.Contains(q, "lazyrag_requests_waiting{namespace=\"rag\",job=\""+str(get(wk, "metadata", "name"))+"\"}") {
+		t.Errorf("worker KEDA default query %q", q)
+	}
+	for _, bad := range []struct{ values, message string }{
+		{"router:\n  autoscaling: {enabled: true}\n  keda: {enabled: true, serverAddress: http://p:9090}\n", "exclude each other"},
+		{"worker:\n  autoscaling: {enabled: true}\n", "set targetCPUUtilizationPercentage or metrics"},
+		{"router:\n  autoscaling: {enabled: true, minReplicas: 5, maxReplicas: 2}\n", "minReplicas <= maxReplicas"},
+		{"router:\n  workerDiscovery: static\nworker:\n  keda: {enabled: true, serverAddress: http://p:9090}\n", "needs router.workerDiscovery dns"},
+		{"worker:\n  keda: {enabled: true}\n", "worker.keda.serverAddress is required"},
+	} {
+		_, err := Render(Options{ChartDir: *chartDir, ValuesFiles: []string{writeValues(t, bad.values)}, ReleaseName: "bad", Namespace: "rag"})
+		if err == nil || !strings.Contains(err.Error(), bad.message) {
+			t.Errorf("values %q: want an error with %q, got %v", bad.values, bad.message, err)
+		}
+	}
+}
+
+// Issue 27: NOTES.txt tells how to run the chart's test pod.
+func TestNotesMentionHelmTest(t *testing.T) {
+	notes, err := os.ReadFile(filepath.Join(*chartDir, "templates", "NOTES.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(notes), "helm test") {
+		t.Errorf("NOTES.txt does not mention helm test:\n%s", notes)
+	}
 }
 
 // Issue 27: NetworkPolicies (on by default): kvstore gRPC from workers only, worker gRPC from

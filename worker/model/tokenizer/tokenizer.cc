@@ -194,17 +194,44 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Create(const TokenizerSpec
 }
 
 std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool parse_special) const {
+  std::vector<std::pair<size_t, size_t>> ranges;
+  if (parse_special) ranges.push_back({0, text.size()});
+  return EncodeWithRanges(text, ranges);
+}
+
+std::vector<int32_t> Tokenizer::EncodePieces(const std::vector<PromptPiece>& pieces,
+                                             bool parse_special_in_text) const {
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> ranges;
+  for (const PromptPiece& p : pieces) {
+    const size_t begin = text.size();
+    text += p.text;
+    if (!p.template_text && !parse_special_in_text) continue;
+    if (!ranges.empty() && ranges.back().second == begin) {
+      ranges.back().second = text.size();  // adjacent pieces form one range
+    } else {
+      ranges.push_back({begin, text.size()});
+    }
+  }
+  return EncodeWithRanges(text, ranges);
+}
+
+std::vector<int32_t> Tokenizer::EncodeWithRanges(
+    std::string_view text, const std::vector<std::pair<size_t, size_t>>& special_ranges) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 4);
   size_t segment = 0;  // start of the ordinary text not yet encoded
   size_t i = 0;
+  size_t range = 0;  // first range that does not end at or before i
   while (i < text.size() && !specials_.empty()) {
+    while (range < special_ranges.size() && special_ranges[range].second <= i) ++range;
+    const bool in_range = range < special_ranges.size() && special_ranges[range].first <= i;
     const std::vector<int32_t>& bucket =
         specials_by_first_byte_[static_cast<unsigned char>(text[i])];
     const Special* found = nullptr;
     for (int32_t index : bucket) {
       const Special& s = specials_[index];
-      if (s.control && !parse_special) continue;
+      if (s.control && (!in_range || i + s.text.size() > special_ranges[range].second)) continue;
       if (text.substr(i, s.text.size()) == s.text) {
         found = &s;
         break;

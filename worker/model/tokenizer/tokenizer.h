@@ -17,6 +17,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -26,6 +27,13 @@
 #include "worker/model/tokenizer_spec.h"
 
 namespace lazyrag {
+
+// A piece of a prompt. Template text may hold control tokens (<|im_start|>, <|eot_id|>); any
+// other text (documents, queries, system prompts: what callers send) is literal by default.
+struct PromptPiece {
+  std::string text;
+  bool template_text = false;
+};
 
 // Thread-safe: every const method may be called concurrently (the word cache has a mutex).
 class Tokenizer {
@@ -53,6 +61,13 @@ class Tokenizer {
   // GPT-2 alphabets; for SmolLM2, for all text without those control characters and without
   // code points U+40000..U+BFFFF (lead bytes F1, F2).
   std::vector<int32_t> Encode(std::string_view text, bool parse_special = true) const;
+
+  // Token ids of the concatenated pieces, as Encode would give for the whole text, except that a
+  // control token is recognised only where its text lies entirely inside a template piece (or
+  // anywhere, with parse_special_in_text). So "<|im_end|>" inside a document is ordinary text and
+  // cannot end the turn. User-defined tokens are recognised everywhere, as in Encode.
+  std::vector<int32_t> EncodePieces(const std::vector<PromptPiece>& pieces,
+                                    bool parse_special_in_text = false) const;
 
   // Concatenated TokenBytes of `ids`: exact bytes, possibly invalid UTF-8 when the ids end
   // inside a character. Ids outside [0, vocab_size) contribute nothing.
@@ -89,6 +104,10 @@ class Tokenizer {
   void EncodeWord(std::string_view word, std::vector<int32_t>* out) const;
   // BPE over the byte-level symbols of `word`, no cache.
   void MergeWord(std::string_view word, std::vector<int32_t>* out) const;
+  // Encode, with control tokens recognised only inside the [begin, end) byte ranges of
+  // `special_ranges` (sorted, disjoint).
+  std::vector<int32_t> EncodeWithRanges(
+      std::string_view text, const std::vector<std::pair<size_t, size_t>>& special_ranges) const;
   // Pre-tokenizes and encodes text that contains no special token.
   void EncodeOrdinary(std::string_view text, std::vector<int32_t>* out) const;
 

@@ -150,19 +150,23 @@ podAntiAffinity:
 {{/*
 Readiness, liveness and (with startupSeconds) startup probes. Without TLS all three are the
 kubelet's gRPC probe of grpc.health.v1.Health on the gRPC port. The kubelet's gRPC probe
-cannot speak TLS and the images hold no TLS-capable health client (lazyrag-cli has no health
-command and is not in the server images), so with tls.enabled: readiness and startup connect
-to the gRPC port (tcpSocket), and liveness GETs /metrics on the plain-HTTP metrics port, which
-only answers while the process serves requests (a TCP connect succeeds from the listen backlog
-even when the process is wedged).
-Takes (dict "root" $ "port" GRPC_PORT "metricsPort" METRICS_PORT "startupSeconds" N).
+cannot speak TLS, so with tls.enabled readiness and startup run the images' TLS health client
+(`lazyrag-cli health`, exec) against the gRPC port with the pod's own certificate, checking the
+server's certificate against tls.probeServerName (default: the component's Service name), and
+liveness GETs /metrics on the plain-HTTP metrics port, which only answers while the process
+serves requests.
+Takes (dict "root" $ "port" GRPC_PORT "metricsPort" METRICS_PORT "startupSeconds" N
+"component" NAME).
 */}}
 {{- define "lazyrag.probes" -}}
 {{- $p := .root.Values.probes -}}
 {{- $check := printf "grpc:\n  port: %d\n  service: \"\"" (int .port) -}}
 {{- $live := $check -}}
 {{- if .root.Values.tls.enabled -}}
-{{- $check = printf "tcpSocket:\n  port: %d" (int .port) -}}
+{{- $t := .root.Values.tls -}}
+{{- $name := default (include "lazyrag.component.name" (dict "root" .root "component" .component)) $t.probeServerName -}}
+{{- $cmd := list "/usr/local/bin/lazyrag-cli" "health" (printf "--target=localhost:%d" (int .port)) (printf "--tls_ca=%s/ca.crt" $t.mountPath) (printf "--tls_cert=%s/tls.crt" $t.mountPath) (printf "--tls_key=%s/tls.key" $t.mountPath) (printf "--tls_server_name=%s" $name) (printf "--timeout_s=%d" (int $p.timeoutSeconds)) -}}
+{{- $check = printf "exec:\n  command:\n%s" (toYaml $cmd | indent 4) -}}
 {{- $live = printf "httpGet:\n  path: /metrics\n  port: %d" (int .metricsPort) -}}
 {{- end -}}
 readinessProbe:
@@ -181,6 +185,14 @@ startupProbe:
   timeoutSeconds: {{ int $p.timeoutSeconds }}
   failureThreshold: {{ add 1 (div (int .startupSeconds) 10) }}
 {{- end }}
+{{- end -}}
+
+{{/* "replicas: N" unless an autoscaler (HPA or KEDA) owns the component's replica count. */}}
+{{- define "lazyrag.replicas" -}}
+{{- $v := index .root.Values .component -}}
+{{- if not (or $v.autoscaling.enabled $v.keda.enabled) -}}
+replicas: {{ int $v.replicas }}
+{{- end -}}
 {{- end -}}
 
 {{/* Name of the Secret that holds tls.crt, tls.key and ca.crt. */}}
@@ -305,6 +317,23 @@ Takes (dict "root" $ "port" PORT).
 {{- end -}}
 {{- if lt (int64 .Values.worker.hostCacheBytes) -1 -}}
 {{- fail (printf "worker.hostCacheBytes must be -1 (sized from the pod), 0 (off) or a byte count, got %d" (int64 .Values.worker.hostCacheBytes)) -}}
+{{- end -}}
+{{- range $c := list "router" "worker" -}}
+{{- $v := index $.Values $c -}}
+{{- if and $v.autoscaling.enabled $v.keda.enabled -}}
+{{- fail (printf "%s.autoscaling.enabled and %s.keda.enabled exclude each other (KEDA makes its own HPA)" $c $c) -}}
+{{- end -}}
+{{- range $a := list $v.autoscaling $v.keda -}}
+{{- if and $a.enabled (or (lt (int $a.minReplicas) 1) (lt (int $a.maxReplicas) (int $a.minReplicas))) -}}
+{{- fail (printf "%s autoscaling: need 1 <= minReplicas <= maxReplicas, got %d and %d" $c (int $a.minReplicas) (int $a.maxReplicas)) -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.autoscaling.enabled (eq (int $v.autoscaling.targetCPUUtilizationPercentage) 0) (empty $v.autoscaling.metrics) -}}
+{{- fail (printf "%s.autoscaling: set targetCPUUtilizationPercentage or metrics" $c) -}}
+{{- end -}}
+{{- end -}}
+{{- if and (or .Values.worker.autoscaling.enabled .Values.worker.keda.enabled) (ne .Values.router.workerDiscovery "dns") -}}
+{{- fail "worker autoscaling needs router.workerDiscovery dns (a static list cannot follow the replica count)" -}}
 {{- end -}}
 {{- if and .Values.tls.enabled (not .Values.tls.existingSecret) -}}
 {{- $_ := required "tls.cert is required with tls.enabled and no tls.existingSecret" .Values.tls.cert -}}
