@@ -8,6 +8,8 @@
 set -euo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$src/build/fuzz}
+mkdir -p "$build"
+build=$(cd "$build" && pwd)
 seconds=${LAZYRAG_FUZZ_SECONDS:-25}
 cc=$(command -v clang || true)
 cxx=$(command -v clang++ || true)
