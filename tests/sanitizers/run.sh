@@ -53,7 +53,7 @@ cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Sanitize -DCMAKE_C_COMPI
 cmake --build "$build" -j"${LAZYRAG_JOBS:-$(nproc)}" --target "${tests[@]}"
 
 status=0
-printf '%-26s %8s %s\n' binary seconds result
+printf '%-26s %8s %s\n' "$kind: binary" seconds result
 for t in "${tests[@]}"; do
   bin=$(find "$build" -name "$t" -type f -perm -u+x | head -n 1)
   if [ -z "$bin" ]; then
