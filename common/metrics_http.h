@@ -15,8 +15,9 @@ class Server;
 namespace lazyrag::metrics {
 
 struct MetricsHttpOptions {
-  // Address to bind. Default all interfaces, so Prometheus can scrape from another pod.
-  std::string host = "0.0.0.0";
+  // Address to bind. Default loopback; a server that should be scraped from another pod binds
+  // its listen address (the Helm chart passes --metrics_host).
+  std::string host = "127.0.0.1";
   // 0 picks a free port (read it back with port()).
   int port = 0;
 };

@@ -70,18 +70,21 @@ absl::StatusOr<std::string> EncodeKey(const lazyrag::v1::KvKey& key) {
 
 absl::StatusOr<lazyrag::v1::KvKey> DecodeKey(std::string_view encoded) {
   lazyrag::v1::KvKey key;
+  bool parsed = false;
   if (encoded.size() >= 2 && encoded[0] == 'R') {
     key.set_raw(std::string(encoded.substr(1)));
-    return key;
-  }
-  if (!encoded.empty() && encoded[0] == 'D') {
+    parsed = true;
+  } else if (!encoded.empty() && encoded[0] == 'D') {
     std::string_view in = encoded.substr(1);
     auto* d = key.mutable_document();
-    if (ReadField(&in, d->mutable_model_fingerprint()) &&
-        ReadField(&in, d->mutable_cache_namespace()) && ReadField(&in, d->mutable_document_id()) &&
-        in.empty()) {
-      return key;
-    }
+    parsed = ReadField(&in, d->mutable_model_fingerprint()) &&
+             ReadField(&in, d->mutable_cache_namespace()) &&
+             ReadField(&in, d->mutable_document_id()) && in.empty();
+  }
+  // Only what EncodeKey produces (no empty fingerprint or id, no oversized key) is a key.
+  if (parsed) {
+    auto again = EncodeKey(key);
+    if (again.ok() && *again == encoded) return key;
   }
   return absl::InvalidArgumentError("key: not a canonical key encoding");
 }

@@ -31,6 +31,11 @@ TEST(FormatTest, KeyEncodingIsCanonicalAndUnambiguous) {
   }
   EXPECT_EQ(DescribeKey(*a), "doc:ab/c/d");
   EXPECT_FALSE(DecodeKey("D\0\0").ok());
+  // What EncodeKey refuses does not decode either (found by kv_format_fuzzer): an empty
+  // document id or fingerprint, an oversized raw key.
+  EXPECT_FALSE(DecodeKey(std::string("D\0\0\0\2fp\0\0\0\0\0\0\0\0", 15)).ok());
+  EXPECT_FALSE(DecodeKey(std::string("D\0\0\0\0\0\0\0\0\0\0\0\2id", 15)).ok());
+  EXPECT_FALSE(DecodeKey("R" + std::string(kMaxKeyBytes, 'x')).ok());
 }
 
 TEST(FormatTest, BadKeys) {

@@ -14,6 +14,10 @@
 #include "absl/status/statusor.h"
 #include "kvstore/format.h"
 
+namespace rocksdb {
+class Env;
+}
+
 namespace lazyrag::kvstore {
 
 struct KeyStat {
@@ -103,8 +107,13 @@ struct RocksEngineOptions {
   // fdatasync every value file and fsync the write-ahead log on every commit, so a committed
   // put survives a machine crash, not only a process crash. Default true.
   bool sync_commits = true;
+  // RocksDB memtable size of the index (headers and access times). Small values make RocksDB
+  // flush and compact often (the crash test uses that). Default 16 MiB.
+  uint64_t index_write_buffer_bytes = 16 << 20;
   // Metrics to update (entries, bytes, evictions, corruptions). Optional, not owned.
   KvStoreMetrics* metrics = nullptr;
+  // The RocksDB environment of the index; null: the default. For tests that inject faults.
+  std::shared_ptr<rocksdb::Env> env;
 };
 
 // Opens (or creates) the database and drops what interrupted puts left behind (and values

@@ -15,6 +15,15 @@ KvStoreMetrics::KvStoreMetrics(metrics::Registry* registry)
           "in a Put. Such data is never served.")),
       transferred_(registry->AddCounter("lazyrag_kvstore_transferred_bytes_total",
                                         "Value bytes received by Put (in) and sent by Get (out).")),
+      index_recoveries_(registry->AddCounter(
+          "lazyrag_kvstore_index_recoveries_total",
+          "Recoveries of the RocksDB index from a background error without a restart, by how "
+          "(resume: DB::Resume; reopen: closed and opened again).")),
+      index_errors_(registry
+                        ->AddCounter("lazyrag_kvstore_index_errors_total",
+                                     "RocksDB background errors (failed flush, compaction or "
+                                     "log sync); writes fail until the index is recovered.")
+                        .Add()),
       entries_(registry->AddGauge("lazyrag_kvstore_entries", "Values stored.").Add()),
       bytes_(registry->AddGauge("lazyrag_kvstore_bytes", "Value bytes stored.").Add()),
       capacity_bytes_(registry
@@ -35,6 +44,7 @@ KvStoreMetrics::KvStoreMetrics(metrics::Registry* registry)
       requests_.Add({{"op", op}, {"result", result}});
     }
   }
+  for (const char* how : {"resume", "reopen"}) index_recoveries_.Add({{"how", how}});
   for (const char* direction : {"in", "out"}) transferred_.Add({{"direction", direction}});
 }
 
@@ -45,6 +55,12 @@ void KvStoreMetrics::CountRequest(std::string_view op, const absl::Status& statu
 
 void KvStoreMetrics::CountCorruption(std::string_view where) {
   corruptions_.Add({{"where", std::string(where)}}).Increment();
+}
+
+void KvStoreMetrics::CountIndexError() { index_errors_.Increment(); }
+
+void KvStoreMetrics::CountIndexRecovery(std::string_view how) {
+  index_recoveries_.Add({{"how", std::string(how)}}).Increment();
 }
 
 void KvStoreMetrics::SetUsage(uint64_t entries, uint64_t bytes) {

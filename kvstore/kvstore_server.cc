@@ -56,6 +56,7 @@ absl::Status KvStoreServer::Start() {
     engine_options.data_dir = options_.data_dir;
     engine_options.capacity_bytes = options_.capacity_bytes;
     engine_options.sync_commits = options_.sync_commits;
+    engine_options.index_write_buffer_bytes = options_.index_write_buffer_bytes;
     engine_options.metrics = metrics_.get();
     ASSIGN_OR_RETURN(engine_, OpenRocksEngine(engine_options));
   }

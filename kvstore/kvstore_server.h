@@ -35,9 +35,13 @@ struct KvStoreServerOptions {
   uint64_t capacity_bytes = 64ull << 30;
   // fsync the WAL on each commit. Default true.
   bool sync_commits = true;
+  // RocksDB memtable size of the index (RocksEngineOptions). Default 16 MiB.
+  uint64_t index_write_buffer_bytes = 16 << 20;
   // /metrics port; 0 picks one, -1 disables the endpoint. Default 0.
   int metrics_port = 0;
-  std::string metrics_host = "0.0.0.0";
+  // Address /metrics binds. Default loopback: exposing it is a deployment choice (the chart
+  // sets its listen address so Prometheus can scrape).
+  std::string metrics_host = "127.0.0.1";
   // gRPC over TLS (common/tls.h); empty: plaintext.
   TlsFiles tls;
   // Serve same-host clients (kvstore.proto, DescribeRequest): they read value files in

@@ -19,9 +19,12 @@ ABSL_FLAG(std::string, data_dir, "", "RocksDB directory (created when missing); 
 ABSL_FLAG(uint64_t, capacity_bytes, 64ull << 30,
           "byte capacity; least recently used values are evicted beyond it");
 ABSL_FLAG(int, metrics_port, 0, "port of the /metrics endpoint; 0 picks one, -1 disables");
-ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "address the /metrics endpoint binds");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1",
+          "address the /metrics endpoint binds (loopback by default; 0.0.0.0 or :: to be scraped)");
 ABSL_FLAG(bool, sync_commits, true,
           "fdatasync every value file and fsync the write-ahead log on every committed put");
+ABSL_FLAG(uint64_t, index_write_buffer_bytes, 16 << 20,
+          "RocksDB memtable bytes of the index; small values flush and compact often (tests)");
 ABSL_FLAG(bool, local_clients, true,
           "serve same-host clients through files in --data_dir (they need this process's user)");
 ABSL_FLAG(double, shutdown_grace_s, 10, "seconds running calls get to finish at shutdown");
@@ -39,6 +42,7 @@ int main(int argc, char** argv) {
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   options.sync_commits = absl::GetFlag(FLAGS_sync_commits);
+  options.index_write_buffer_bytes = absl::GetFlag(FLAGS_index_write_buffer_bytes);
   options.tls = lazyrag::TlsFilesFromFlags();
   options.local_clients = absl::GetFlag(FLAGS_local_clients);
   if (options.data_dir.empty()) {

@@ -30,6 +30,7 @@
 #include "common/file_io.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "kvstore/index_db.h"
 #include "kvstore/kv_engine.h"
 #include "kvstore/kvstore_metrics.h"
 #include "kvstore/rocks_index.h"
@@ -105,14 +106,6 @@ class RocksEngine final : public KvEngine {
  public:
   RocksEngine(RocksEngineOptions options, ValueFiles files)
       : options_(std::move(options)), files_(std::move(files)) {}
-  ~RocksEngine() override {
-    if (db_ != nullptr) {
-      rocksdb::Status s = db_->Close();
-      if (!s.ok()) {
-        LOG_WARNING << "kvstore: closing RocksDB: " << s.ToString();
-      }
-    }
-  }
 
   // Opens and loads the index; a corrupt one is repaired once.
   absl::Status Init();
@@ -189,7 +182,7 @@ class RocksEngine final : public KvEngine {
   void RemoveFiles(const std::vector<uint64_t>& gens) const {
     for (uint64_t gen : gens) files_.Remove(gen);
   }
-  static rocksdb::Options IndexOptions();
+  rocksdb::Options IndexOptions() const;
   absl::Status OpenIndex();
   // Reads the index into memory, drops unreferenced files, evicts down to the capacity.
   // DATA_LOSS when the index itself is corrupt.
@@ -197,7 +190,7 @@ class RocksEngine final : public KvEngine {
 
   const RocksEngineOptions options_;
   const ValueFiles files_;
-  std::unique_ptr<rocksdb::DB> db_;
+  std::unique_ptr<IndexDb> db_;
   std::atomic<uint64_t> next_gen_{0};
 
   mutable absl::Mutex mu_;
@@ -282,8 +275,11 @@ absl::Status RocksValueReader::ReadChunk(uint32_t index, std::string* data, uint
 absl::Status RocksEngine::Init() {
   if (options_.data_dir.empty()) return absl::InvalidArgumentError("kvstore: data_dir is empty");
   absl::Status st = OpenIndex();
+  // RocksDB refusing to open (a damaged CURRENT or MANIFEST names a file that is not there: an
+  // I/O error, not a corruption) is bit rot too; a directory locked by another process is not.
+  const bool unopenable = !st.ok() && !absl::IsUnavailable(st);
   if (st.ok()) st = LoadIndex();
-  if (!absl::IsDataLoss(st)) return st;
+  if (st.ok() || !(unopenable || absl::IsDataLoss(st))) return st;
   // Bit rot in the index: rebuilt from the value files' trailers (every value whose file is
   // intact comes back; access times restart), then loaded again.
   LOG_ERROR << "kvstore: the index in " << options_.data_dir << " is corrupt (" << st
@@ -300,29 +296,21 @@ absl::Status RocksEngine::Init() {
   RETURN_IF_ERROR(FromRocks(rocksdb::DestroyDB(options_.data_dir, IndexOptions()),
                             "removing the corrupt index"));
   RETURN_IF_ERROR(OpenIndex());
-  RETURN_IF_ERROR(RebuildIndexFromFiles(db_.get(), files_, NowMs()));
+  RETURN_IF_ERROR(RebuildIndexFromFiles(db_->raw(), files_, NowMs()));
   return LoadIndex();
 }
 
-rocksdb::Options RocksEngine::IndexOptions() {
+rocksdb::Options RocksEngine::IndexOptions() const {
   rocksdb::Options o;
+  if (options_.env != nullptr) o.env = options_.env.get();
   o.create_if_missing = true;
   o.max_background_jobs = 2;
-  o.write_buffer_size = 16 << 20;  // headers and access times only
+  o.write_buffer_size = options_.index_write_buffer_bytes;  // headers and access times only
   return o;
 }
 
 absl::Status RocksEngine::OpenIndex() {
-  rocksdb::DB* raw = nullptr;
-  rocksdb::Status s = rocksdb::DB::Open(IndexOptions(), options_.data_dir, &raw);
-  if (!s.ok()) {
-    if (s.IsIOError() && s.ToString().find("lock") != std::string::npos) {
-      return absl::UnavailableError(absl::StrCat("kvstore: ", options_.data_dir,
-                                                 " is in use by another process: ", s.ToString()));
-    }
-    return FromRocks(s, absl::StrCat("opening ", options_.data_dir));
-  }
-  db_.reset(raw);
+  ASSIGN_OR_RETURN(db_, IndexDb::Open(options_.data_dir, IndexOptions(), options_.metrics));
   return absl::OkStatus();
 }
 
@@ -331,16 +319,16 @@ absl::Status RocksEngine::LoadIndex() {
   // case a repaired index lost the epoch row).
   std::string epoch_value;
   uint64_t epoch = 0;
-  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), kEpochKey, &epoch_value);
+  rocksdb::Status s = db_->Get(kEpochKey, &epoch_value);
   if (s.ok() && epoch_value.size() == 8) epoch = ReadU64(epoch_value.data());
   if (!s.ok() && !s.IsNotFound()) return FromRocks(s, "reading epoch");
   rocksdb::WriteOptions sync;
   sync.sync = true;
-  RETURN_IF_ERROR(DropLegacyRows(db_.get()));
+  RETURN_IF_ERROR(DropLegacyRows(db_->raw()));
 
   absl::MutexLock lock(&mu_);
   {
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+    std::unique_ptr<rocksdb::Iterator> it(db_->raw()->NewIterator(rocksdb::ReadOptions()));
     rocksdb::WriteBatch bad;
     for (it->Seek(std::string(1, kValueTag)); it->Valid() && it->key()[0] == kValueTag;
          it->Next()) {
@@ -521,7 +509,7 @@ absl::StatusOr<std::unique_ptr<ValueReader>> RocksEngine::Open(std::string_view 
   // header again (at most once more; then the key is treated as absent).
   for (int attempt = 0;; ++attempt) {
     std::string raw;
-    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), ValueKey(key), &raw);
+    rocksdb::Status s = db_->Get(ValueKey(key), &raw);
     if (s.IsNotFound()) return absl::NotFoundError(absl::StrCat(DescribeKey(key), " not stored"));
     if (!s.ok()) return FromRocks(s, "reading a header");
     ValueRecord record;

@@ -25,7 +25,8 @@ ABSL_FLAG(std::string, http_listen, "",
           "address HOST:PORT of the OpenAI-compatible HTTP API (/v1/chat/completions, "
           "/v1/completions, /v1/models, /health); port 0 picks one; empty: off");
 ABSL_FLAG(int, metrics_port, 0, "port of the /metrics endpoint; 0 picks one, -1 disables");
-ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "address the /metrics endpoint binds");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1",
+          "address the /metrics endpoint binds (loopback by default; 0.0.0.0 or :: to be scraped)");
 ABSL_FLAG(double, load_weight, 128,
           "document tokens one request of load is worth: cost = missing document tokens + "
           "load_weight x (running + waiting)");

@@ -34,7 +34,9 @@ struct RouterServerOptions {
   std::string workers;
   // /metrics port; 0 picks one, -1 disables the endpoint. Default 0.
   int metrics_port = 0;
-  std::string metrics_host = "0.0.0.0";
+  // Address /metrics binds. Default loopback: exposing it is a deployment choice (the chart
+  // sets its listen address so Prometheus can scrape).
+  std::string metrics_host = "127.0.0.1";
   RoutingPolicyOptions policy;
   WorkerPoolOptions pool;
   RequestRouterOptions requests;

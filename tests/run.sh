@@ -10,4 +10,10 @@ build=${LAZYRAG_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j"$(nproc)"
 cd "$build"
-ctest --output-on-failure -j"$(nproc)" --timeout 900 "$@"
+status=0
+ctest --output-on-failure -j"$(nproc)" --timeout 900 "$@" || status=$?
+# The counts of the crash loop, the fuzzers and the sanitizer runs (ctest keeps passing tests'
+# output in its log only).
+grep -hE "^crash loop:|^target +executions|_fuzzer +[0-9]+ |^(asan|tsan): binary|^[a-z_]+_test +[0-9]+ (ok|FAILED)$" \
+  Testing/Temporary/LastTest.log 2>/dev/null || true
+exit $status

@@ -69,6 +69,11 @@ ABSL_FLAG(int, prefill_chunk, 512, "most prompt rows one request feeds per step"
 ABSL_FLAG(int, max_running, 64, "requests admitted at once");
 ABSL_FLAG(int, max_waiting, 256, "waiting queue bound; beyond it RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, max_tokens_limit, 4096, "largest max_tokens accepted");
+ABSL_FLAG(int, max_prepare_texts, 256,
+          "most texts one PrepareDocuments call may carry (more: RESOURCE_EXHAUSTED)");
+ABSL_FLAG(int64_t, max_prepare_bytes, 16 << 20,
+          "most text bytes, in all, one PrepareDocuments call may carry (more: "
+          "RESOURCE_EXHAUSTED)");
 ABSL_FLAG(std::string, http_listen, "",
           "address HOST:PORT of the OpenAI-compatible HTTP API (/v1/chat/completions, "
           "/v1/completions, /v1/models, /health); port 0 picks one; empty: off");
@@ -92,7 +97,8 @@ ABSL_FLAG(int, recompute_first_tokens, 0,
           "(lazyrag::kMeasuredRecomputeFirstTokens) on backends that support it (CPU, CUDA), "
           "0 on the others");
 ABSL_FLAG(int, metrics_port, 0, "port of the /metrics endpoint; 0 picks one, -1 disables");
-ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "address the /metrics endpoint binds");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1",
+          "address the /metrics endpoint binds (loopback by default; 0.0.0.0 or :: to be scraped)");
 ABSL_FLAG(double, shutdown_grace_s, 10, "seconds running calls get to finish at shutdown");
 
 int main(int argc, char **argv) {
@@ -135,6 +141,8 @@ int main(int argc, char **argv) {
   options.peer_lease_s = absl::GetFlag(FLAGS_peer_lease_s);
   options.peer_device_copy = absl::GetFlag(FLAGS_peer_device_copy);
   options.max_tokens_limit = absl::GetFlag(FLAGS_max_tokens_limit);
+  options.max_prepare_texts = absl::GetFlag(FLAGS_max_prepare_texts);
+  options.max_prepare_bytes = absl::GetFlag(FLAGS_max_prepare_bytes);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.http.listen = absl::GetFlag(FLAGS_http_listen);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);

@@ -30,4 +30,4 @@ COPY --from=build /out/ /
 USER 65532:65532
 EXPOSE 50051 9402
 ENTRYPOINT ["/usr/local/bin/lazyrag-kvstore"]
-CMD ["--listen=0.0.0.0:50051", "--data_dir=/var/lib/lazyrag/kvstore", "--metrics_port=9402"]
+CMD ["--listen=0.0.0.0:50051", "--data_dir=/var/lib/lazyrag/kvstore", "--metrics_port=9402", "--metrics_host=0.0.0.0"]

@@ -24,4 +24,4 @@ COPY --from=build /out/ /
 USER 65532:65532
 EXPOSE 50050 9400
 ENTRYPOINT ["/usr/local/bin/lazyrag-router"]
-CMD ["--listen=0.0.0.0:50050", "--metrics_port=9400"]
+CMD ["--listen=0.0.0.0:50050", "--metrics_port=9400", "--metrics_host=0.0.0.0"]

@@ -35,4 +35,4 @@ ENV LD_LIBRARY_PATH=/usr/local/lib/lazyrag:${LD_LIBRARY_PATH}
 USER 65532:65532
 EXPOSE 50052 9401
 ENTRYPOINT ["/usr/local/bin/lazyrag-worker"]
-CMD ["--listen=0.0.0.0:50052", "--device=cuda", "--metrics_port=9401"]
+CMD ["--listen=0.0.0.0:50052", "--device=cuda", "--metrics_port=9401", "--metrics_host=0.0.0.0"]

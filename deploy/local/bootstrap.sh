@@ -14,7 +14,8 @@ packages=(build-essential cmake ninja-build pkg-config git python3
   libcpp-httplib-dev nlohmann-json3-dev libpcre2-dev libssl-dev prometheus unzip curl
   golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev python3-yaml
   golang-google-grpc-dev golang-goprotobuf-dev python3-venv
-  redis-server libhiredis-dev)
+  redis-server libhiredis-dev
+  clang libclang-rt-14-dev ccache)  # fuzzers (libFuzzer), and the sanitizer and fuzz trees' cache
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,7 +1,8 @@
 // The command line the three server binaries share (common/binary_flags.h), against the real
 // binaries: --help and --helpfull list the flags and exit 0, --version prints
 // "<binary> <version> (<commit>)" and exits 0, a bad --log_level or --log_format exits 2 with a
-// message, --log_format=json writes one JSON object per line.
+// message, --log_format=json writes one JSON object per line, /metrics binds loopback unless
+// --metrics_host says otherwise.
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -12,7 +13,9 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/build_info.h"
 #include "common/testing/child_process.h"
@@ -190,6 +193,54 @@ TEST(CommandLineTest, StartUpLineFollowsLogFormatAndLevel) {
           << log;
     } else {
       EXPECT_FALSE(absl::StrContains(log, "serving")) << log;
+    }
+  }
+}
+
+// The local addresses (host byte order) that listen on TCP `port`, read from /proc/net/tcp
+// (IPv4): "0100007F" is 127.0.0.1, "00000000" every interface.
+std::vector<std::string> ListeningAddresses(int port) {
+  std::vector<std::string> out;
+  std::ifstream in("/proc/net/tcp");
+  std::string line;
+  std::getline(in, line);  // header
+  while (std::getline(in, line)) {
+    std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (f.size() < 4 || f[3] != "0A") continue;  // 0A: LISTEN
+    std::vector<std::string> local = absl::StrSplit(f[1], ':');
+    int p = 0;
+    if (local.size() == 2 && absl::SimpleHexAtoi(local[1], &p) && p == port) {
+      out.push_back(local[0]);
+    }
+  }
+  return out;
+}
+
+// Without --metrics_host every server's /metrics listens on 127.0.0.1 only; with one it binds
+// the address given (the Helm chart passes its listen address so Prometheus can scrape).
+TEST(CommandLineTest, MetricsBindLoopbackUnlessMetricsHostIsGiven) {
+  ScratchDir dir;
+  const std::vector<std::vector<std::string>> servers = {
+      {LAZYRAG_KVSTORE_BINARY, "--data_dir=" + dir.path() + "/db", "--capacity_bytes=1048576"},
+      {LAZYRAG_WORKER_BINARY, "--model=synthetic:tiny", "--device=cpu", "--kv_pool_bytes=1048576"},
+      {LAZYRAG_ROUTER_BINARY, "--workers=127.0.0.1:1"},
+  };
+  for (const auto& server : servers) {
+    for (const std::string host : {"", "0.0.0.0"}) {
+      SCOPED_TRACE(absl::StrCat(server[0], " --metrics_host=", host));
+      std::vector<std::string> argv = server;
+      argv.push_back("--listen=127.0.0.1:0");
+      argv.push_back("--metrics_port=0");
+      if (!host.empty()) argv.push_back("--metrics_host=" + host);
+      testing::ChildProcess p(argv);
+      p.SetOutputFiles("", dir.path() + "/stderr.txt");
+      ASSERT_TRUE(p.Start().ok());
+      auto ready = testing::WaitForReady(p, absl::Seconds(120));
+      ASSERT_TRUE(ready.ok()) << ready.status();
+      ASSERT_GT(ready->metrics_port, 0);
+      EXPECT_EQ(ListeningAddresses(ready->metrics_port),
+                std::vector<std::string>{host.empty() ? "0100007F" : "00000000"});
+      EXPECT_EQ(p.Stop(SIGTERM), 0);
     }
   }
 }

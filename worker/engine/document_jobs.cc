@@ -355,6 +355,29 @@ void DocumentJobs::Complete(const std::shared_ptr<DocJob> &job, Source source) {
   jobs_.erase(job->id);
 }
 
+int DocumentJobs::DropAbandoned() {
+  int dropped = 0;
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    DocJob &job = *it->second;
+    const bool abandoned = (job.state == DocJob::kNeedPages || job.state == DocJob::kComputing) &&
+                           !job.waiters.empty() &&
+                           std::all_of(job.waiters.begin(), job.waiters.end(),
+                                       [](const DocJob::Waiter &w) { return w.request->finished; });
+    if (!abandoned) {
+      ++it;
+      continue;
+    }
+    ReleaseHost(job);
+    job.landed.reset();
+    if (job.lease != nullptr) job.lease->Finish(absl::CancelledError("not used"));
+    if (!job.pages.empty()) table_->FreePages(job.pages);
+    job.pages.clear();
+    it = jobs_.erase(it);
+    ++dropped;
+  }
+  return dropped;
+}
+
 void DocumentJobs::Fail(const std::shared_ptr<DocJob> &job, const absl::Status &status) {
   if (job->state == DocJob::kPromoting) (void)backend_->WaitKvTransfer(job->transfer);
   ReleaseHost(*job);

@@ -64,6 +64,10 @@ class DocumentJobs {
   // Promotions whose copy finished: complete when the checksum matches the host copy's, else
   // the host copy is dropped and the document recomputed in the same pages.
   void PollPromotions();
+  // Jobs waiting for pages or computing whose waiters have all finished (cancelled, expired)
+  // end here, their pages freed: work nobody waits for stops with the last call that wanted it.
+  // Returns how many were dropped.
+  int DropAbandoned();
   // Whether a promotion is in flight (the scheduler then polls soon instead of sleeping).
   bool promoting() const;
   // The job's KV is complete: inserted in the table, copied to the host tier (computed ones,

@@ -237,8 +237,8 @@ absl::StatusOr<std::vector<int32_t>> Engine::FetchDocumentTokens(const std::stri
 }
 
 absl::StatusOr<std::vector<EncodedDocument>> Engine::EncodeDocuments(
-    const std::vector<std::vector<int32_t>> &documents, const std::string &ns,
-    absl::Time deadline) {
+    const std::vector<std::vector<int32_t>> &documents, const std::string &ns, absl::Time deadline,
+    const std::function<bool()> &is_cancelled) {
   const ModelConfig &c = config();
   for (size_t i = 0; i < documents.size(); ++i) {
     const std::vector<int32_t> &d = documents[i];
@@ -263,8 +263,11 @@ absl::StatusOr<std::vector<EncodedDocument>> Engine::EncodeDocuments(
   // A few documents in flight at once: their computes share steps, and the
   // waiting queue stays open to requests.
   constexpr size_t kInFlight = 8;
+  auto cancelled = [&] { return is_cancelled && is_cancelled(); };
   std::vector<EncodedDocument> out;
   for (size_t begin = 0; begin < documents.size(); begin += kInFlight) {
+    if (cancelled()) return absl::CancelledError("the caller cancelled the call");
+    if (Now() >= deadline) return absl::DeadlineExceededError("deadline exceeded");
     const size_t end = std::min(documents.size(), begin + kInFlight);
     std::vector<std::shared_ptr<RequestChannel>> channels;
     absl::Status failed;
@@ -276,10 +279,23 @@ absl::StatusOr<std::vector<EncodedDocument>> Engine::EncodeDocuments(
       }
       channels.push_back(*std::move(ch));
     }
+    // The caller going away cancels every document of the batch still queued or computing
+    // (the scheduler reaps them at its next step), so the work stops with the call.
+    bool cancel_sent = false;
     for (size_t k = 0; k < channels.size(); ++k) {
       RequestChannel &ch = *channels[k];
+      for (;;) {
+        {
+          absl::MutexLock l(&ch.mu);
+          if (ch.mu.AwaitWithTimeout(absl::Condition(&ch.done), absl::Milliseconds(20))) break;
+        }
+        if (!cancel_sent && cancelled()) {
+          for (const auto &c : channels) scheduler_->Cancel(*c, /*stopped_by_caller=*/false);
+          cancel_sent = true;
+          failed = absl::CancelledError("the caller cancelled the call");
+        }
+      }
       absl::MutexLock l(&ch.mu);
-      ch.mu.Await(absl::Condition(&ch.done));
       if (!ch.status.ok()) {
         if (failed.ok()) failed = ch.status;
         continue;

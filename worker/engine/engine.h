@@ -149,10 +149,12 @@ class Engine {
   // store or computed once, singleflight with requests, and written back like any computed
   // document) and left unpinned. Blocks until all are done. INVALID_ARGUMENT for an empty
   // document or a token id out of the vocabulary; RESOURCE_EXHAUSTED for a document larger
-  // than the pool or a full waiting queue; DEADLINE_EXCEEDED past `deadline`.
+  // than the pool or a full waiting queue; DEADLINE_EXCEEDED past `deadline`. `is_cancelled`
+  // (optional) is polled about every 20 ms; true stops the work: documents not yet computed
+  // are dropped from the queue and CANCELLED is returned (those done stay resident).
   absl::StatusOr<std::vector<EncodedDocument>> EncodeDocuments(
       const std::vector<std::vector<int32_t>> &documents, const std::string &cache_namespace,
-      absl::Time deadline = absl::InfiniteFuture());
+      absl::Time deadline = absl::InfiniteFuture(), const std::function<bool()> &is_cancelled = {});
 
   // The id under which a block of tokens is cached (common/document_id.h; with a shared
   // prefix, its hash extends `cache_namespace`).

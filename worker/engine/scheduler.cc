@@ -253,6 +253,7 @@ void Scheduler::Step(std::vector<FetchedDocument> fetched) {
   const absl::Time now = clock_->Now();
   for (auto &r : running_) Reap(*r, now);
   for (auto &r : waiting_) Reap(*r, now);
+  jobs_->DropAbandoned();
 
   // 2. Requests whose documents are now all pinned lay out their segments.
   for (size_t i = 0; i < running_.size(); ++i) {

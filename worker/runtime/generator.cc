@@ -175,9 +175,13 @@ absl::StatusOr<GenerateResult> Generator::Generate(const GenerateRequest &r,
 }
 
 absl::StatusOr<std::vector<PreparedDocument>> Generator::PrepareDocuments(
-    const std::vector<std::string> &texts, const std::string &cache_namespace) {
+    const std::vector<std::string> &texts, const std::string &cache_namespace, absl::Time deadline,
+    const std::function<bool()> &is_cancelled) {
   std::vector<std::vector<int32_t>> documents;
   for (size_t i = 0; i < texts.size(); ++i) {
+    if (is_cancelled && is_cancelled())
+      return absl::CancelledError("the caller cancelled the call");
+    if (absl::Now() >= deadline) return absl::DeadlineExceededError("deadline exceeded");
     const std::string &text = texts[i];
     if (text.empty()) return absl::InvalidArgumentError(absl::StrCat("document ", i, " is empty"));
     if (!IsValidUtf8(text)) {
@@ -186,7 +190,7 @@ absl::StatusOr<std::vector<PreparedDocument>> Generator::PrepareDocuments(
     documents.push_back(Encode(template_.DocumentPieces(text)));
     Remember(engine_->BlockId(documents.back(), cache_namespace), documents.back());
   }
-  auto encoded = engine_->EncodeDocuments(documents, cache_namespace);
+  auto encoded = engine_->EncodeDocuments(documents, cache_namespace, deadline, is_cancelled);
   if (!encoded.ok()) return encoded.status();
   std::vector<PreparedDocument> out;
   for (const EncodedDocument &d : *encoded) out.push_back({d.id, d.num_tokens, d.computed});

@@ -73,9 +73,11 @@ class Generator {
   absl::StatusOr<GenerateResult> Generate(const GenerateRequest &request,
                                           const TextCallback &on_delta = {});
   // Tokenizes documents and makes them resident ahead of requests (Engine::EncodeDocuments:
-  // fetched or computed, written back; pins nothing).
+  // fetched or computed, written back; pins nothing). Stops at `deadline` (DEADLINE_EXCEEDED)
+  // or when `is_cancelled` (optional, polled) turns true (CANCELLED).
   absl::StatusOr<std::vector<PreparedDocument>> PrepareDocuments(
-      const std::vector<std::string> &texts, const std::string &cache_namespace);
+      const std::vector<std::string> &texts, const std::string &cache_namespace,
+      absl::Time deadline = absl::InfiniteFuture(), const std::function<bool()> &is_cancelled = {});
 
   absl::StatusOr<TokenPrompt> BuildPrompt(const GenerateRequest &request,
                                           std::vector<std::string> *document_ids);

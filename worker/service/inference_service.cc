@@ -11,8 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
-#include "google/protobuf/unknown_field_set.h"
 #include "common/logging.h"
+#include "google/protobuf/unknown_field_set.h"
 #include "worker/model/tokenizer/utf8.h"
 
 namespace lazyrag {
@@ -275,9 +275,21 @@ absl::Status InferenceService::GenerateStream(const v1::GenerateRequest &request
   return absl::OkStatus();
 }
 
-grpc::Status InferenceService::PrepareDocuments(grpc::ServerContext *,
+grpc::Status InferenceService::PrepareDocuments(grpc::ServerContext *context,
                                                 const v1::PrepareDocumentsRequest *request,
                                                 v1::PrepareDocumentsResponse *response) {
+  if (request->texts_size() > options_.max_prepare_texts) {
+    return ToGrpcStatus(absl::ResourceExhaustedError(
+        absl::StrCat("too many texts in one PrepareDocuments call (", request->texts_size(), " > ",
+                     options_.max_prepare_texts, "); send them in several calls")));
+  }
+  int64_t bytes = 0;
+  for (const std::string &text : request->texts()) bytes += int64_t(text.size());
+  if (bytes > options_.max_prepare_bytes) {
+    return ToGrpcStatus(absl::ResourceExhaustedError(
+        absl::StrCat("too many text bytes in one PrepareDocuments call (", bytes, " > ",
+                     options_.max_prepare_bytes, "); send them in several calls")));
+  }
   std::vector<std::string> texts(request->texts().begin(), request->texts().end());
   for (size_t i = 0; i < texts.size(); ++i) {
     if (texts[i].empty() || !IsValidUtf8(texts[i])) {
@@ -285,7 +297,10 @@ grpc::Status InferenceService::PrepareDocuments(grpc::ServerContext *,
           absl::InvalidArgumentError(absl::StrCat("text ", i, " is empty or not valid UTF-8")));
     }
   }
-  auto prepared = generator_->PrepareDocuments(texts, request->cache_namespace());
+  // The work stops when the call ends: its deadline passes or the client cancels it.
+  auto prepared =
+      generator_->PrepareDocuments(texts, request->cache_namespace(), DeadlineOf(*context),
+                                   [context] { return context->IsCancelled(); });
   if (!prepared.ok()) return ToGrpcStatus(prepared.status());
   for (const PreparedDocument &d : *prepared) {
     v1::PreparedDocument *out = response->add_documents();

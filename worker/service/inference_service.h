@@ -7,6 +7,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -21,6 +22,10 @@ struct InferenceServiceOptions {
   std::string model_name;       // reported by Stats
   int max_tokens_limit = 4096;  // larger max_tokens: INVALID_ARGUMENT
   int max_documents = 256;      // documents per request
+  // PrepareDocuments: more texts, or more text bytes in all, than these is RESOURCE_EXHAUSTED
+  // (one call must not hold the worker for long). Defaults 256 texts, 16 MiB.
+  int max_prepare_texts = 256;
+  int64_t max_prepare_bytes = 16 << 20;
 };
 
 // Proto -> engine request. INVALID_ARGUMENT with the reason for bad input

@@ -65,6 +65,8 @@ absl::Status WorkerServer::Start() {
   InferenceServiceOptions so;
   so.model_name = runtime_->model_name;
   so.max_tokens_limit = options_.max_tokens_limit;
+  so.max_prepare_texts = options_.max_prepare_texts;
+  so.max_prepare_bytes = options_.max_prepare_bytes;
   service_ = std::make_unique<InferenceService>(runtime_->generator.get(), so);
   GrpcServerOptions go;
   go.listen = options_.listen;

@@ -56,9 +56,14 @@ struct WorkerServerOptions {
   bool peer_device_copy = true;
   // /metrics port; 0 picks one, -1 disables. Default 0.
   int metrics_port = 0;
-  std::string metrics_host = "0.0.0.0";
+  // Address /metrics binds. Default loopback: exposing it is a deployment choice (the chart
+  // sets its listen address so Prometheus can scrape).
+  std::string metrics_host = "127.0.0.1";
   // Largest max_tokens accepted. Default 4096.
   int max_tokens_limit = 4096;
+  // PrepareDocuments caps per call (InferenceServiceOptions). Defaults 256 texts, 16 MiB.
+  int max_prepare_texts = 256;
+  int64_t max_prepare_bytes = 16 << 20;
   // The OpenAI-compatible HTTP API (http/openai_http_server.h): http.listen HOST:PORT serves it
   // (port 0 picks one, see http_port()); empty (the default) leaves it off.
   http::OpenAiHttpOptions http;
