@@ -8,6 +8,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/time/clock.h"
+#include "common/auth_flags.h"
 #include "common/binary_flags.h"
 #include "common/logging.h"
 #include "common/server_main.h"
@@ -40,6 +41,7 @@ int main(int argc, char** argv) {
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   options.sync_commits = absl::GetFlag(FLAGS_sync_commits);
   options.tls = lazyrag::TlsFilesFromFlags();
+  options.auth_tokens_file = lazyrag::AuthFilesFromFlags().tokens_file;
   options.local_clients = absl::GetFlag(FLAGS_local_clients);
   if (options.data_dir.empty()) {
     std::cerr << "lazyrag-kvstore: --data_dir is required\n";

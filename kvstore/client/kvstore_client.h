@@ -32,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/auth.h"
 #include "common/tls.h"
 
 namespace lazyrag::metrics {
@@ -114,6 +115,9 @@ struct KvClientOptions {
   int replication = 0;
   // gRPC over TLS to the shards (common/tls.h); empty: plaintext.
   TlsFiles tls;
+  // The worker token sent on every call (common/auth.h); null: none (shards without
+  // --auth_tokens_file).
+  std::shared_ptr<BearerToken> auth_token;
   // A Put succeeds when at least this many replicas stored the value. Default 1.
   int min_write_replicas = 1;
   // Bytes per chunk, 1 .. 4 MiB. Default 2 MiB.
@@ -151,9 +155,20 @@ struct KvClientOptions {
   int streams_per_get = 4;
 };
 
+// Told about each chunk of a GetInto once its bytes are in the destination and passed their
+// CRC-32C: `data` holds `size` bytes of the value at byte `offset` (one call per contiguous piece
+// of the destination; a chunk that crosses from one span into the next is two calls). Called
+// from the threads that read the value, concurrently for disjoint ranges; a replica that fails
+// part-way may have reported chunks before the destination is asked again for the next one.
+using ChunkObserver = std::function<void(uint64_t offset, const char* data, uint64_t size)>;
+
 struct CallOptions {
   // Overrides KvClientOptions::call_timeout when nonzero.
   absl::Duration timeout = absl::ZeroDuration();
+  // GetInto of a whole value only (no layer range): see ChunkObserver. Lets a caller fold its
+  // own per-chunk work (a worker's MAC) into the pass that checks the chunks, while their bytes
+  // are in cache. Null: none.
+  ChunkObserver on_chunk;
 };
 
 struct ShardHealth {

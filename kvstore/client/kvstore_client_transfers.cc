@@ -54,6 +54,7 @@ absl::Status KvClientImpl::ReadStream(Shard& shard, pb::KvStore::Stub* stub,
         break;
       }
       placed->dst->Write(placed->offset + received, data);
+      placed->dst->Checked(placed->offset + received, data.size());
       received += data.size();
       ++next;
     }
@@ -76,8 +77,8 @@ absl::Status KvClientImpl::ReadStream(Shard& shard, pb::KvStore::Stub* stub,
 }
 
 absl::Status KvClientImpl::GetFrom(Shard& shard, const pb::GetRequest& request, absl::Time deadline,
-                                   bool retry, const GetDestination& destination, ValueInfo* out,
-                                   bool split) {
+                                   bool retry, const GetDestination& destination,
+                                   const ChunkObserver& on_chunk, ValueInfo* out, bool split) {
   const bool whole = request.num_layers() == 0 && request.first_layer() == 0;
   split = split && whole && options_.streams_per_get > 1;
   std::optional<Scatter> dst;
@@ -102,7 +103,8 @@ absl::Status KvClientImpl::GetFrom(Shard& shard, const pb::GetRequest& request, 
     out->range_begin = more ? 0 : h.range_begin();
     out->range_size = more ? layout.total_size : h.range_end() - h.range_begin();
     ASSIGN_OR_RETURN(std::vector<MutableBytes> spans, destination(out->header, out->range_size));
-    ASSIGN_OR_RETURN(Scatter s, Scatter::Of(std::move(spans), out->range_size));
+    ASSIGN_OR_RETURN(Scatter s,
+                     Scatter::Of(std::move(spans), out->range_size, whole ? on_chunk : nullptr));
     dst = std::move(s);
     if (more) {
       const uint32_t rest = layout.num_chunks - kFirstStreamChunks;
@@ -134,7 +136,8 @@ absl::Status KvClientImpl::GetFrom(Shard& shard, const pb::GetRequest& request, 
   }
   if (single) {
     pb::GetRequest whole_request = request;
-    return GetFrom(shard, whole_request, deadline, retry, destination, out, /*split=*/false);
+    return GetFrom(shard, whole_request, deadline, retry, destination, on_chunk, out,
+                   /*split=*/false);
   }
   return st;
 }
@@ -164,7 +167,8 @@ std::string KvClientImpl::LocalDirOf(Shard& shard, absl::Time deadline) {
 
 absl::Status KvClientImpl::GetLocalFrom(Shard& shard, const pb::KvKey& key, absl::Time deadline,
                                         bool retry, const GetDestination& destination,
-                                        ValueInfo* out, bool* fall_back) {
+                                        const ChunkObserver& on_chunk, ValueInfo* out,
+                                        bool* fall_back) {
   *fall_back = false;
   grpc::ClientContext context;
   SetAttemptDeadline(context, deadline, retry);
@@ -195,7 +199,7 @@ absl::Status KvClientImpl::GetLocalFrom(Shard& shard, const pb::KvKey& key, absl
   out->range_size = layout->total_size;
   out->local = true;
   ASSIGN_OR_RETURN(std::vector<MutableBytes> spans, destination(out->header, layout->total_size));
-  ASSIGN_OR_RETURN(const Scatter dst, Scatter::Of(std::move(spans), layout->total_size));
+  ASSIGN_OR_RETURN(const Scatter dst, Scatter::Of(std::move(spans), layout->total_size, on_chunk));
   const std::vector<uint32_t> crcs(response.chunk_crc32c().begin(), response.chunk_crc32c().end());
   bool corrupt = false;
   absl::Status read =

@@ -56,8 +56,10 @@ absl::StatusOr<uint32_t> ReadInto(int fd, const Scatter& scatter, uint64_t begin
 
 }  // namespace
 
-absl::StatusOr<Scatter> Scatter::Of(std::vector<MutableBytes> spans, uint64_t bytes) {
+absl::StatusOr<Scatter> Scatter::Of(std::vector<MutableBytes> spans, uint64_t bytes,
+                                    ChunkObserver observer) {
   Scatter s;
+  s.observer_ = std::move(observer);
   uint64_t at = 0;
   for (const MutableBytes& span : spans) {
     if (span.size == 0) continue;
@@ -92,6 +94,14 @@ void Scatter::Write(uint64_t begin, std::string_view data) const {
   }
 }
 
+void Scatter::Checked(uint64_t begin, uint64_t size) const {
+  if (!observer_) return;
+  for (const MutableBytes& piece : Pieces(begin, size)) {
+    observer_(begin, piece.data, piece.size);
+    begin += piece.size;
+  }
+}
+
 int ThreadsFor(uint64_t bytes, int max_threads) {
   return bytes >= kParallelBytes ? std::max(1, max_threads) : 1;
 }
@@ -112,6 +122,7 @@ absl::Status ReadValueFile(int fd, const ValueLayout& layout, std::span<const ui
         bad = true;
         return absl::DataLossError(absl::StrCat("chunk ", i, " failed its CRC-32C check"));
       }
+      dst.Checked(begin, size);  // while the chunk's bytes are still in this core's cache
     }
     return absl::OkStatus();
   });

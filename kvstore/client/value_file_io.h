@@ -19,14 +19,19 @@ namespace lazyrag::kvstore {
 // The destination spans of a value's bytes, addressed by value offset.
 class Scatter {
  public:
-  // INTERNAL when the spans hold fewer than `bytes` bytes.
-  static absl::StatusOr<Scatter> Of(std::vector<MutableBytes> spans, uint64_t bytes);
+  // INTERNAL when the spans hold fewer than `bytes` bytes. `observer` (may be null) is told
+  // of each range passed to Checked().
+  static absl::StatusOr<Scatter> Of(std::vector<MutableBytes> spans, uint64_t bytes,
+                                    ChunkObserver observer = nullptr);
   // The pieces of [begin, begin + size), in order. REQUIRES: within the spans.
   std::vector<MutableBytes> Pieces(uint64_t begin, uint64_t size) const;
   // Copies `data` to value offset `begin`.
   void Write(uint64_t begin, std::string_view data) const;
+  // [begin, begin + size) is in place and passed its check: tells the observer, piece by piece.
+  void Checked(uint64_t begin, uint64_t size) const;
 
  private:
+  ChunkObserver observer_;
   std::vector<MutableBytes> spans_;
   std::vector<uint64_t> starts_;
 };

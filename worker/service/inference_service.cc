@@ -10,7 +10,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/grpc_auth.h"
 #include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/status.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "common/logging.h"
 #include "worker/model/tokenizer/utf8.h"
@@ -192,31 +195,35 @@ InferenceService::InferenceService(Generator *generator, InferenceServiceOptions
 grpc::Status InferenceService::Generate(grpc::ServerContext *context,
                                         const v1::GenerateRequest *request,
                                         grpc::ServerWriter<v1::GenerateResponse> *writer) {
+  auto caller = AuthenticateCall(options_.tokens, *context, Role::kClient);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   return ToGrpcStatus(Generate(
-      *request, DeadlineOf(*context), [context] { return context->IsCancelled(); },
+      *request, *caller, DeadlineOf(*context), [context] { return context->IsCancelled(); },
       [writer](const v1::GenerateResponse &m) { return writer->Write(m); }));
 }
 
-absl::Status InferenceService::Generate(const v1::GenerateRequest &request, absl::Time deadline,
-                                        std::function<bool()> is_cancelled,
+absl::Status InferenceService::Generate(const v1::GenerateRequest &request, const Identity &caller,
+                                        absl::Time deadline, std::function<bool()> is_cancelled,
                                         const MessageSink &write) {
   const absl::Time start = absl::Now();
   // The result stays empty unless the engine ran the request to the end.
   std::optional<GenerateResult> logged;
   const absl::Status status =
-      GenerateStream(request, deadline, std::move(is_cancelled), write, &logged);
+      GenerateStream(request, caller, deadline, std::move(is_cancelled), write, &logged);
   LogFinishedRequest(request, request.request_id(), logged, status, absl::Now() - start);
   return status;
 }
 
 absl::Status InferenceService::GenerateStream(const v1::GenerateRequest &request,
-                                              absl::Time deadline,
+                                              const Identity &caller, absl::Time deadline,
                                               std::function<bool()> is_cancelled,
                                               const MessageSink &write,
                                               std::optional<GenerateResult> *logged) {
   auto parsed = ParseGenerateRequest(request, options_);
   if (!parsed.ok()) return parsed.status();
   GenerateRequest r = std::move(*parsed);
+  ASSIGN_OR_RETURN(r.cache_namespace,
+                   EffectiveNamespace(caller, r.cache_namespace, options_.namespaces));
   r.deadline = deadline;
   if (absl::Now() >= r.deadline) {
     return absl::DeadlineExceededError("the call's deadline has already passed");
@@ -275,9 +282,13 @@ absl::Status InferenceService::GenerateStream(const v1::GenerateRequest &request
   return absl::OkStatus();
 }
 
-grpc::Status InferenceService::PrepareDocuments(grpc::ServerContext *,
+grpc::Status InferenceService::PrepareDocuments(grpc::ServerContext *context,
                                                 const v1::PrepareDocumentsRequest *request,
                                                 v1::PrepareDocumentsResponse *response) {
+  auto caller = AuthenticateCall(options_.tokens, *context, Role::kClient);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  auto ns = EffectiveNamespace(*caller, request->cache_namespace(), options_.namespaces);
+  if (!ns.ok()) return ToGrpcStatus(ns.status());
   std::vector<std::string> texts(request->texts().begin(), request->texts().end());
   for (size_t i = 0; i < texts.size(); ++i) {
     if (texts[i].empty() || !IsValidUtf8(texts[i])) {
@@ -285,7 +296,7 @@ grpc::Status InferenceService::PrepareDocuments(grpc::ServerContext *,
           absl::InvalidArgumentError(absl::StrCat("text ", i, " is empty or not valid UTF-8")));
     }
   }
-  auto prepared = generator_->PrepareDocuments(texts, request->cache_namespace());
+  auto prepared = generator_->PrepareDocuments(texts, *ns);
   if (!prepared.ok()) return ToGrpcStatus(prepared.status());
   for (const PreparedDocument &d : *prepared) {
     v1::PreparedDocument *out = response->add_documents();
@@ -296,12 +307,26 @@ grpc::Status InferenceService::PrepareDocuments(grpc::ServerContext *,
   return grpc::Status::OK;
 }
 
-grpc::Status InferenceService::Stats(grpc::ServerContext *, const v1::StatsRequest *,
+grpc::Status InferenceService::Stats(grpc::ServerContext *context, const v1::StatsRequest *request,
                                      v1::StatsResponse *response) {
+  auto caller = AuthenticateCall(options_.tokens, *context, Role::kClient);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (caller->Allows(Role::kWorker) && !request->for_tenant().empty()) {
+    // A router asking on behalf of its client: that tenant's view.
+    *caller = Identity{true, request->for_tenant(), Role::kClient};
+  }
   Engine &engine = generator_->engine();
   const EngineStats s = engine.Stats();
+  const bool everything = caller->Allows(Role::kWorker);  // no auth, or the router's affinity
   for (const std::string &id : s.resident_ids) {
-    if (id.rfind("prefix:", 0) != 0) response->add_resident_document_ids(id);
+    if (id.rfind("prefix:", 0) == 0) continue;
+    if (!everything) {
+      // A client sees the documents of its own namespaces (and public ones) only; an id whose
+      // namespace this worker no longer remembers is not shown.
+      std::optional<std::string> ns = generator_->NamespaceOf(id);
+      if (!ns.has_value() || !NamespaceVisibleTo(*caller, *ns, options_.namespaces)) continue;
+    }
+    response->add_resident_document_ids(id);
   }
   v1::PoolStats *pool = response->mutable_pool();
   pool->set_page_size(engine.options().page_size);
