@@ -80,7 +80,8 @@ ABSL_FLAG(std::string, tmp_dir, "", "where the data directories go; default $TMP
 ABSL_FLAG(std::string, commit, "", "source revision to record in the JSON");
 ABSL_FLAG(bool, mac, true,
           "with the lazyrag-kvstore process rows, also time each get with the workers' MAC check"
-          " (op get+mac, beside get, in the same repetitions)");
+          " (op get+mac: after the CRC-32C check; get,mac: instead of it), beside get, in the"
+          " same repetitions");
 
 namespace lazyrag::kvstore {
 namespace {
@@ -440,8 +441,10 @@ void MeasureEngine(Bench& bench, const std::string& dir, bool sync_commits, bool
 // once, as a worker's pinned staging memory is), through KvClient::GetInto.
 //
 // `mac`: each repetition also gets the values with the worker's MAC check folded into the chunk
-// checks (worker/engine/document_mac.h: GMAC per 256 KiB block on the reading threads as each
-// chunk passes its CRC-32C, HMAC over the block tags at the end), as op "get+mac" beside "get".
+// pass (worker/engine/document_mac.h: GMAC per 256 KiB block on the reading threads as each
+// chunk lands, HMAC over the block tags at the end): op "get+mac" after each chunk's CRC-32C
+// check, op "get,mac" instead of it (what a worker with --kv_mac_key_file does), beside "get"
+// (CRC-32C only).
 void MeasureService(Bench& bench, const std::string& system, const std::string& address,
                     bool with_get, bool fast_path, bool mac = false) {
   std::vector<std::unique_ptr<KvClient>> clients;
@@ -489,12 +492,15 @@ void MeasureService(Bench& bench, const std::string& system, const std::string& 
                                         bench.source(c)));
     }
   }
-  auto mac_get = [&](int c) -> absl::StatusOr<Fetched> {
+  // `instead_of_crc`: the MAC replaces the client's CRC-32C pass (CallOptions::on_chunk_verifies,
+  // what a worker with a MAC key does); else both run.
+  auto mac_get = [&](int c, bool instead_of_crc) -> absl::StatusOr<Fetched> {
     std::unique_ptr<DocumentMacCheck> check;
     CallOptions call;
     call.on_chunk = [&check](uint64_t offset, const char* data, uint64_t size) {
       check->Observe(offset, data, size);
     };
+    call.on_chunk_verifies = instead_of_crc;
     absl::StatusOr<ValueInfo> info = clients[c]->GetInto(
         key(c),
         [&](const ValueHeader&, uint64_t bytes) -> absl::StatusOr<std::vector<MutableBytes>> {
@@ -513,7 +519,10 @@ void MeasureService(Bench& bench, const std::string& system, const std::string& 
   for (int n : bench.client_counts()) {
     std::vector<std::pair<std::string, GetFn>> gets;
     if (with_get) gets.emplace_back("get", get);
-    if (with_get && mac) gets.emplace_back("get+mac", mac_get);
+    if (with_get && mac) {
+      gets.emplace_back("get+mac", [&](int c) { return mac_get(c, false); });
+      gets.emplace_back("get,mac", [&](int c) { return mac_get(c, true); });
+    }
     bench.PutGets(system, n, put, gets);
   }
 }
@@ -790,10 +799,11 @@ void PrintTable(const Bench& bench) {
   }
 }
 
-// Each "get+mac" row against the "get" row of the same system and clients: the MAC check's share
-// of the fetch time, (t_mac - t_get) / t_get = get_gbps / mac_gbps - 1 (medians).
+// Each "get+mac" and "get,mac" row against the "get" row of the same system and clients: the MAC
+// check's share of the fetch time, (t_mac - t_get) / t_get = get_gbps / mac_gbps - 1 (medians).
 struct MacCost {
   std::string system;
+  std::string op;  // get+mac (after the CRC-32C) or get,mac (instead of it)
   int clients = 0;
   double get_gbps = 0, mac_gbps = 0;
   double cost() const { return get_gbps / mac_gbps - 1; }
@@ -801,10 +811,10 @@ struct MacCost {
 std::vector<MacCost> MacCosts(const Bench& bench) {
   std::vector<MacCost> out;
   for (const Row& m : bench.rows()) {
-    if (m.op != "get+mac" || m.gbps.empty()) continue;
+    if ((m.op != "get+mac" && m.op != "get,mac") || m.gbps.empty()) continue;
     for (const Row& g : bench.rows()) {
       if (g.op == "get" && g.system == m.system && g.clients == m.clients && !g.gbps.empty()) {
-        out.push_back({m.system, m.clients, Median(g.gbps), Median(m.gbps)});
+        out.push_back({m.system, m.op, m.clients, Median(g.gbps), Median(m.gbps)});
       }
     }
   }
@@ -815,10 +825,12 @@ void PrintMacCosts(const Bench& bench) {
   const std::vector<MacCost> costs = MacCosts(bench);
   if (costs.empty()) return;
   std::printf("\nMAC check on get (worker/engine/document_mac.h), same stored values, same runs\n");
-  std::printf("%-52s %7s %9s %9s %9s\n", "system", "clients", "get", "get+mac", "cost");
+  std::printf(
+      "(get+mac: MAC after each chunk's CRC-32C; get,mac: MAC instead of it, as workers do)\n");
+  std::printf("%-52s %-8s %7s %9s %9s %9s\n", "system", "op", "clients", "get", "with mac", "cost");
   for (const MacCost& c : costs) {
-    std::printf("%-52s %7d %9.2f %9.2f %8.1f%%\n", c.system.c_str(), c.clients, c.get_gbps,
-                c.mac_gbps, 100 * c.cost());
+    std::printf("%-52s %-8s %7d %9.2f %9.2f %8.1f%%\n", c.system.c_str(), c.op.c_str(), c.clients,
+                c.get_gbps, c.mac_gbps, 100 * c.cost());
   }
 }
 
@@ -853,6 +865,7 @@ std::string ToJson(const Bench& bench, const std::map<std::string, std::string>&
   for (const MacCost& c : MacCosts(bench)) {
     j.BeginObject();
     j.Key("system").String(c.system);
+    j.Key("op").String(c.op);
     j.Key("clients").Int(c.clients);
     j.Key("get_gbps").Double(c.get_gbps);
     j.Key("get_mac_gbps").Double(c.mac_gbps);

@@ -19,7 +19,6 @@ namespace {
 constexpr size_t kMinTokenBytes = 16;
 constexpr size_t kMaxTokenBytes = 512;
 constexpr size_t kMaxTenantBytes = 64;
-constexpr size_t kMaxNamespaceBytes = 256;
 
 // absl here is built with its own string_view, not std's.
 absl::string_view Absl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
@@ -236,10 +235,6 @@ std::string BearerToken::Get() {
 
 absl::StatusOr<std::string> EffectiveNamespace(const Identity& caller, const std::string& requested,
                                                const NamespacePolicy& policy) {
-  if (requested.size() > kMaxNamespaceBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("cache_namespace is ", requested.size(),
-                                                   " bytes; at most ", kMaxNamespaceBytes));
-  }
   if (!caller.authenticated || caller.role == Role::kWorker) return requested;
   for (const std::string& p : policy.public_namespaces) {
     if (requested == p) return requested;

@@ -132,8 +132,8 @@ struct NamespacePolicy {
 // (a router forwarding a request whose namespace it already derived), `requested` as given.
 // For a client of tenant T: a public namespace as named; otherwise "T/" + `requested` (the
 // request's own namespace only narrows inside the tenant's). Tenant namespaces always contain
-// '/', public ones never, so the two cannot meet. INVALID_ARGUMENT for a requested namespace of
-// more than 256 bytes.
+// '/', public ones never, so the two cannot meet. (Its length is checked where the key is
+// made: the kvstore key's limit.)
 absl::StatusOr<std::string> EffectiveNamespace(const Identity& caller, const std::string& requested,
                                                const NamespacePolicy& policy);
 

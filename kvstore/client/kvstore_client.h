@@ -155,11 +155,13 @@ struct KvClientOptions {
   int streams_per_get = 4;
 };
 
-// Told about each chunk of a GetInto once its bytes are in the destination and passed their
-// CRC-32C: `data` holds `size` bytes of the value at byte `offset` (one call per contiguous piece
-// of the destination; a chunk that crosses from one span into the next is two calls). Called
-// from the threads that read the value, concurrently for disjoint ranges; a replica that fails
-// part-way may have reported chunks before the destination is asked again for the next one.
+// Told about the bytes of a GetInto as they land in the destination: `data` holds `size` bytes
+// of the value at byte `offset`, in steps of at most 512 KiB aligned to value offsets (a step
+// never crosses from one destination span into the next), each right after it was read and
+// checksummed, while it is in the reading core's cache. Called from the threads that read the
+// value, concurrently for disjoint ranges. A chunk whose CRC-32C then fails fails the read from
+// that replica; the destination is asked again for the next one, so a caller that starts its
+// per-value state afresh in the destination callback sees each byte of the final read once.
 using ChunkObserver = std::function<void(uint64_t offset, const char* data, uint64_t size)>;
 
 struct CallOptions {
@@ -169,6 +171,12 @@ struct CallOptions {
   // own per-chunk work (a worker's MAC) into the pass that checks the chunks, while their bytes
   // are in cache. Null: none.
   ChunkObserver on_chunk;
+  // With on_chunk: the caller verifies every byte itself, with something stronger than a CRC
+  // (a worker's MAC), so the client does not compute the chunks' CRC-32C on the way in and
+  // on_chunk is told of each chunk as soon as it is in place. A corrupt chunk is then the
+  // caller's finding (the shard neither hears of it nor drops the value; the caller's
+  // write-back replaces it).
+  bool on_chunk_verifies = false;
 };
 
 struct ShardHealth {

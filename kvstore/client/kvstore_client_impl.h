@@ -222,7 +222,7 @@ class KvClientImpl final : public KvClient {
   // kFirstStreamChunks chunks over streams_per_get + 1 streams unless `split` is false.
   absl::Status GetFrom(Shard& shard, const pb::GetRequest& request, absl::Time deadline, bool retry,
                        const GetDestination& destination, const ChunkObserver& on_chunk,
-                       ValueInfo* out, bool split = true);
+                       bool observer_verifies, ValueInfo* out, bool split = true);
   // The shard's data directory when the same-host fast path works with it, else "". Asks the
   // shard once (Describe, within `deadline`) and remembers the answer.
   std::string LocalDirOf(Shard& shard, absl::Time deadline);
@@ -230,7 +230,7 @@ class KvClientImpl final : public KvClient {
   // used (the caller then streams through gRPC); the status is meaningful otherwise.
   absl::Status GetLocalFrom(Shard& shard, const pb::KvKey& key, absl::Time deadline, bool retry,
                             const GetDestination& destination, const ChunkObserver& on_chunk,
-                            ValueInfo* out, bool* fall_back);
+                            bool observer_verifies, ValueInfo* out, bool* fall_back);
   absl::Status PutLocalTo(Shard& shard, const std::string& dir, const pb::KvKey& key,
                           const pb::ValueHeader& header, std::string_view value,
                           const std::vector<ChunkPlan>& plan, absl::Time deadline, bool retry,

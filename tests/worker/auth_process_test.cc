@@ -314,36 +314,47 @@ TEST_F(AuthProcessTest, PoisonedValueIsMissedRecomputedAndReplaced) {
   first->Stop(SIGKILL);
 
   // Poisoned: KV bytes changed, put back with fresh chunk CRCs (as anyone reaching a shard can).
-  std::string poisoned = stored->bytes;
-  for (size_t i = poisoned.size() / 2; i < poisoned.size(); i += 97) poisoned[i] ^= 0x5a;
-  ASSERT_TRUE((*client)->Put(key, stored->header, poisoned).ok());
+  // Read by a worker without a host tier (Get, then the MAC over the value) and by one with it
+  // (GetInto into pinned host memory, the MAC folded into the landing pass).
+  std::unique_ptr<WorkerProcess> third;
+  for (bool host_tier : {false, true}) {
+    SCOPED_TRACE(host_tier ? "host tier" : "no host tier");
+    const std::vector<std::string> tier = {host_tier ? "--host_cache_bytes=268435456"
+                                                     : "--host_cache_bytes=0"};
+    auto current = (*client)->Get(key);
+    ASSERT_TRUE(current.ok()) << current.status();
+    std::string poisoned = current->bytes;
+    for (size_t i = poisoned.size() / 2; i < poisoned.size(); i += 97) poisoned[i] ^= 0x5a;
+    ASSERT_TRUE((*client)->Put(key, current->header, poisoned).ok());
 
-  // A fresh worker misses it (MAC), recomputes: the same answer, nothing served from the store.
-  auto second = NewWorker();
-  ASSERT_TRUE(second->Start().ok());
-  Reply again = Generate(*Inference(second->address(), kAcme), TextRequest(text));
-  ASSERT_TRUE(again.status.ok()) << again.status.error_message();
-  EXPECT_EQ(again.text, made.text);
-  EXPECT_EQ(again.tokens, made.tokens);
-  EXPECT_EQ(again.last.usage().store_document_tokens(), 0);
-  EXPECT_EQ(second->Metric("lazyrag_kvstore_mac_failures_total"), 1) << second->Metrics();
+    // A fresh worker misses it (MAC), recomputes: the same answer, nothing served from the store.
+    auto second = NewWorker(tier);
+    ASSERT_TRUE(second->Start().ok());
+    Reply again = Generate(*Inference(second->address(), kAcme), TextRequest(text));
+    ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+    EXPECT_EQ(again.text, made.text);
+    EXPECT_EQ(again.tokens, made.tokens);
+    EXPECT_EQ(again.last.usage().store_document_tokens(), 0);
+    EXPECT_EQ(second->Metric("lazyrag_kvstore_mac_failures_total"), 1) << second->Metrics();
 
-  // ... and writes the recomputed document back over it: the next fresh worker reads it.
-  bool replaced = false;
-  for (int i = 0; i < 100 && !replaced; ++i) {
-    absl::SleepFor(absl::Milliseconds(50));
-    auto now = (*client)->Get(key);
-    replaced = now.ok() && now->bytes != poisoned;
+    // ... and writes the recomputed document back over it: the next fresh worker reads it.
+    bool replaced = false;
+    for (int i = 0; i < 100 && !replaced; ++i) {
+      absl::SleepFor(absl::Milliseconds(50));
+      auto now = (*client)->Get(key);
+      replaced = now.ok() && now->bytes != poisoned;
+    }
+    ASSERT_TRUE(replaced);
+    second->Stop(SIGKILL);
+    third = NewWorker(tier);
+    ASSERT_TRUE(third->Start().ok());
+    Reply fetched = Generate(*Inference(third->address(), kAcme), TextRequest(text));
+    ASSERT_TRUE(fetched.status.ok()) << fetched.status.error_message();
+    EXPECT_EQ(fetched.text, made.text);
+    EXPECT_EQ(fetched.last.usage().store_document_tokens(), fetched.last.usage().document_tokens());
+    EXPECT_EQ(third->Metric("lazyrag_kvstore_mac_failures_total"), 0);
+    third->Stop(SIGKILL);
   }
-  ASSERT_TRUE(replaced);
-  second->Stop(SIGKILL);
-  auto third = NewWorker();
-  ASSERT_TRUE(third->Start().ok());
-  Reply fetched = Generate(*Inference(third->address(), kAcme), TextRequest(text));
-  ASSERT_TRUE(fetched.status.ok()) << fetched.status.error_message();
-  EXPECT_EQ(fetched.text, made.text);
-  EXPECT_EQ(fetched.last.usage().store_document_tokens(), fetched.last.usage().document_tokens());
-  EXPECT_EQ(third->Metric("lazyrag_kvstore_mac_failures_total"), 0);
 
   // A value stripped of its MAC (a plain CRC-32C header, as a worker without the key writes) is
   // not accepted either.
@@ -353,7 +364,6 @@ TEST_F(AuthProcessTest, PoisonedValueIsMissedRecomputedAndReplaced) {
   stripped.metadata.resize(44);
   stripped.metadata[36] = 1;  // checksum algorithm 1: CRC-32C only
   ASSERT_TRUE((*client)->Put(key, stripped, plain->bytes).ok());
-  third->Stop(SIGKILL);
   auto fourth = NewWorker();
   ASSERT_TRUE(fourth->Start().ok());
   Reply last = Generate(*Inference(fourth->address(), kAcme), TextRequest(text));

@@ -144,6 +144,7 @@ class RemoteDocumentStore : public DocumentStore {
                                       const ChunkObserver &on_chunk) override {
     kvstore::CallOptions call;
     call.on_chunk = on_chunk;
+    call.on_chunk_verifies = on_chunk != nullptr;  // the caller's MAC covers every byte
     auto info = client_->GetInto(
         kvstore::Key::Document(fingerprint_, ns, id),
         [&sink](const kvstore::ValueHeader &header,

