@@ -108,7 +108,7 @@ class BearerToken {
  public:
   // INVALID_ARGUMENT when the file cannot be read or holds no token.
   static absl::StatusOr<std::shared_ptr<BearerToken>> FromFile(std::string path);
-  // A fixed token (tests, the CLI's --auth_token).
+  // A fixed token (tests).
   static std::shared_ptr<BearerToken> Fixed(std::string token);
   // The current token; the last good one when a reread fails.
   std::string Get();
