@@ -67,9 +67,10 @@ std::string ModeName(v1::AttentionMode mode) {
 // One line per finished Generate call, whatever its outcome (rejected requests too): what the
 // request asked, what the engine reported (absent when it did not run to the end) and the
 // status the client got. Info, or a warning for a call that failed; `request_id` "": a new one.
+// `caller`: its tenant is logged when authenticated.
 void LogFinishedRequest(const v1::GenerateRequest &request, const std::string &request_id,
-                        const std::optional<GenerateResult> &result, const absl::Status &status,
-                        absl::Duration wall) {
+                        const Identity &caller, const std::optional<GenerateResult> &result,
+                        const absl::Status &status, absl::Duration wall) {
   const LogLevel level = status.ok() ? LogLevel::kInfo : LogLevel::kWarning;
   if (level < MinLogLevel()) return;
   const absl::StatusCode code = status.code();
@@ -77,6 +78,7 @@ void LogFinishedRequest(const v1::GenerateRequest &request, const std::string &r
   line.With("request_id", request_id.empty() ? NewRequestId() : request_id)
       .With("mode", ModeName(request.mode()))
       .With("documents", request.documents_size());
+  if (caller.authenticated) line.With("tenant", caller.tenant).With("role", RoleName(caller.role));
   if (result.has_value()) {
     const Usage &u = result->usage;
     line.With("prompt_tokens", u.prompt_tokens)
@@ -210,7 +212,7 @@ absl::Status InferenceService::Generate(const v1::GenerateRequest &request, cons
   std::optional<GenerateResult> logged;
   const absl::Status status =
       GenerateStream(request, caller, deadline, std::move(is_cancelled), write, &logged);
-  LogFinishedRequest(request, request.request_id(), logged, status, absl::Now() - start);
+  LogFinishedRequest(request, request.request_id(), caller, logged, status, absl::Now() - start);
   return status;
 }
 
