@@ -233,6 +233,16 @@ std::string BearerToken::Get() {
   return token_;
 }
 
+absl::Status ValidateNamespacePolicy(const NamespacePolicy& policy) {
+  for (const std::string& ns : policy.public_namespaces) {
+    if (ns.empty() || ns.find('/') != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--public_namespaces: '", ns, "' is not a namespace name (non-empty, without '/')"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> EffectiveNamespace(const Identity& caller, const std::string& requested,
                                                const NamespacePolicy& policy) {
   if (!caller.authenticated || caller.role == Role::kWorker) return requested;

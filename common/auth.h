@@ -127,6 +127,8 @@ class BearerToken {
 struct NamespacePolicy {
   std::vector<std::string> public_namespaces;
 };
+// INVALID_ARGUMENT (naming it) for a public namespace that is empty or contains '/'.
+absl::Status ValidateNamespacePolicy(const NamespacePolicy& policy);
 
 // The cache namespace a request is served in. Without authentication, or for a worker identity
 // (a router forwarding a request whose namespace it already derived), `requested` as given.

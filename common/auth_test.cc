@@ -135,6 +135,10 @@ TEST(Namespaces, ClientsLiveInsideTheirTenant) {
   EXPECT_EQ(*EffectiveNamespace(acme, "shared", policy), "shared");
   EXPECT_EQ(*EffectiveNamespace(router, "acme/x", policy), "acme/x");
 
+  EXPECT_TRUE(ValidateNamespacePolicy(policy).ok());
+  EXPECT_EQ(ValidateNamespacePolicy({{"a/b"}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateNamespacePolicy({{""}}).code(), absl::StatusCode::kInvalidArgument);
+
   EXPECT_TRUE(NamespaceVisibleTo(acme, "acme/", policy));
   EXPECT_TRUE(NamespaceVisibleTo(acme, "acme/x", policy));
   EXPECT_TRUE(NamespaceVisibleTo(acme, "shared", policy));

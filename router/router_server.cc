@@ -22,6 +22,7 @@ absl::Status RouterServer::Start() {
   if (!credentials.ok()) return credentials.status();
   WorkerPoolOptions pool_options = options_.pool;
   pool_options.tls = options_.tls;
+  RETURN_IF_ERROR(ValidateNamespacePolicy(options_.auth.namespaces));
   ASSIGN_OR_RETURN(tokens_, OpenTokenStore(options_.auth.tokens_file));
   ASSIGN_OR_RETURN(pool_options.auth_token, OpenBearerToken(options_.auth.token_file));
   RequestRouterOptions request_options = options_.requests;
