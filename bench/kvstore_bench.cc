@@ -56,6 +56,7 @@
 #include "kvstore/format.h"
 #include "kvstore/kv_engine.h"
 #include "kvstore/kvstore_server.h"
+#include "worker/engine/document_mac.h"
 
 #ifdef LAZYRAG_HAVE_HIREDIS
 #include <hiredis/hiredis.h>
@@ -77,6 +78,10 @@ ABSL_FLAG(bool, breakdown, true,
           "also measure the no-fsync and in-memory-engine variants (where the time goes)");
 ABSL_FLAG(std::string, tmp_dir, "", "where the data directories go; default $TMPDIR or /tmp");
 ABSL_FLAG(std::string, commit, "", "source revision to record in the JSON");
+ABSL_FLAG(bool, mac, true,
+          "with the lazyrag-kvstore process rows, also time each get with the workers' MAC check"
+          " (op get+mac: after the CRC-32C check; get,mac: instead of it), beside get, in the"
+          " same repetitions");
 
 namespace lazyrag::kvstore {
 namespace {
@@ -156,42 +161,61 @@ class Bench {
   // round of gets of those keys, checked against what was put.
   void PutGet(const std::string& system, int clients, const PutFn& put, const GetFn& get,
               const std::string& put_op = "put", const std::string& get_op = "get") {
+    std::vector<std::pair<std::string, GetFn>> gets;
+    if (get) gets.emplace_back(get_op, get);
+    PutGets(system, clients, put, gets, put_op);
+  }
+
+  // The same with several kinds of get of the same stored values (e.g. without and with a MAC
+  // check), one round of each per repetition, their order alternating between repetitions.
+  void PutGets(const std::string& system, int clients, const PutFn& put,
+               const std::vector<std::pair<std::string, GetFn>>& gets,
+               const std::string& put_op = "put") {
     Row put_row{system, put_op, clients, {}, ""};
-    Row get_row{system, get_op, clients, {}, ""};
+    std::vector<Row> get_rows;
+    for (const auto& [op, fn] : gets) get_rows.push_back({system, op, clients, {}, ""});
     std::fprintf(stderr, "  %s, %d client(s) ...", system.c_str(), clients);
-    for (int rep = 0; rep < Reps(clients); ++rep) {
+    bool failed = false;
+    for (int rep = 0; rep < Reps(clients) && !failed; ++rep) {
       absl::StatusOr<double> seconds = TimeRound(clients, put);
       if (!seconds.ok()) {
-        put_row.note = get_row.note = "put failed: " + std::string(seconds.status().message());
+        put_row.note = "put failed: " + std::string(seconds.status().message());
+        for (Row& r : get_rows) r.note = put_row.note;
         break;
       }
       put_row.gbps.push_back(Gbps(clients, *seconds));
-      if (!get) continue;
-      std::vector<Fetched> fetched(clients);
-      seconds = TimeRound(clients, [&](int c) -> absl::Status {
-        absl::StatusOr<Fetched> f = get(c);
-        if (!f.ok()) return f.status();
-        fetched[c] = *std::move(f);
-        return absl::OkStatus();
-      });
-      if (!seconds.ok()) {
-        get_row.note = "get failed: " + std::string(seconds.status().message());
-        break;
-      }
-      for (int c = 0; c < clients; ++c) {
-        if (fetched[c].bytes != sources_[c]) {
-          get_row.note = "get returned different bytes";
+      for (size_t k = 0; k < gets.size() && !failed; ++k) {
+        const size_t g = rep % 2 == 0 ? k : gets.size() - 1 - k;
+        Row& get_row = get_rows[g];
+        std::vector<Fetched> fetched(clients);
+        seconds = TimeRound(clients, [&](int c) -> absl::Status {
+          absl::StatusOr<Fetched> f = gets[g].second(c);
+          if (!f.ok()) return f.status();
+          fetched[c] = *std::move(f);
+          return absl::OkStatus();
+        });
+        if (!seconds.ok()) {
+          get_row.note = get_row.op + " failed: " + std::string(seconds.status().message());
+          failed = true;
           break;
         }
+        for (int c = 0; c < clients; ++c) {
+          if (fetched[c].bytes != sources_[c]) {
+            get_row.note = get_row.op + " returned different bytes";
+            failed = true;
+            break;
+          }
+        }
+        if (!failed) get_row.gbps.push_back(Gbps(clients, *seconds));
       }
-      if (!get_row.note.empty()) break;
-      get_row.gbps.push_back(Gbps(clients, *seconds));
     }
     std::fprintf(stderr, " %s %.2f GB/s", put_op.c_str(), Median(put_row.gbps));
-    if (get) std::fprintf(stderr, ", %s %.2f GB/s", get_op.c_str(), Median(get_row.gbps));
+    for (const Row& r : get_rows) {
+      std::fprintf(stderr, ", %s %.2f GB/s", r.op.c_str(), Median(r.gbps));
+    }
     std::fprintf(stderr, "\n");
     rows_.push_back(std::move(put_row));
-    if (get) rows_.push_back(std::move(get_row));
+    for (Row& r : get_rows) rows_.push_back(std::move(r));
   }
 
   // A row that could not be measured.
@@ -415,8 +439,14 @@ void MeasureEngine(Bench& bench, const std::string& dir, bool sync_commits, bool
 // `fast_path`: the same-host fast path (files in the shard's data directory) where the shard
 // offers it, else the gRPC streams. A get lands in the client's buffer (allocated and touched
 // once, as a worker's pinned staging memory is), through KvClient::GetInto.
+//
+// `mac`: each repetition also gets the values with the worker's MAC check folded into the chunk
+// pass (worker/engine/document_mac.h: GMAC per 256 KiB block on the reading threads as each
+// chunk lands, HMAC over the block tags at the end): op "get+mac" after each chunk's CRC-32C
+// check, op "get,mac" instead of it (what a worker with --kv_mac_key_file does), beside "get"
+// (CRC-32C only).
 void MeasureService(Bench& bench, const std::string& system, const std::string& address,
-                    bool with_get, bool fast_path) {
+                    bool with_get, bool fast_path, bool mac = false) {
   std::vector<std::unique_ptr<KvClient>> clients;
   std::vector<std::string> buffers;
   for (int c = 0; c < bench.client_counts().back(); ++c) {
@@ -449,8 +479,51 @@ void MeasureService(Bench& bench, const std::string& system, const std::string& 
     }
     return Fetched{std::string_view(buffers[c].data(), info->range_size), nullptr};
   };
+  // The MAC variant: the tag each value would carry, computed once outside the timed region.
+  const std::shared_ptr<const DocumentMacKey> mac_key =
+      DocumentMacKey::FromSecret("kvstore_bench MAC key, 32 bytes or more");
+  const std::array<uint8_t, kMacNonceBytes> nonce = NewMacNonce();
+  std::vector<std::string> ids;
+  std::vector<MacTag> tags;
+  if (mac && with_get) {
+    for (int c = 0; c < bench.client_counts().back(); ++c) {
+      ids.push_back(DocumentId(c));
+      tags.push_back(ComputeDocumentMac(*mac_key, nonce, {"", "bench-model", "bench", ids[c]},
+                                        bench.source(c)));
+    }
+  }
+  // `instead_of_crc`: the MAC replaces the client's CRC-32C pass (CallOptions::on_chunk_verifies,
+  // what a worker with a MAC key does); else both run.
+  auto mac_get = [&](int c, bool instead_of_crc) -> absl::StatusOr<Fetched> {
+    std::unique_ptr<DocumentMacCheck> check;
+    CallOptions call;
+    call.on_chunk = [&check](uint64_t offset, const char* data, uint64_t size) {
+      check->Observe(offset, data, size);
+    };
+    call.on_chunk_verifies = instead_of_crc;
+    absl::StatusOr<ValueInfo> info = clients[c]->GetInto(
+        key(c),
+        [&](const ValueHeader&, uint64_t bytes) -> absl::StatusOr<std::vector<MutableBytes>> {
+          if (bytes > buffers[c].size()) return absl::InternalError("value larger than expected");
+          check = std::make_unique<DocumentMacCheck>(mac_key.get(), nonce, bytes);
+          return std::vector<MutableBytes>{{buffers[c].data(), bytes}};
+        },
+        LayerSelection{}, call);
+    if (!info.ok()) return info.status();
+    const std::vector<ByteSpan> spans = {{buffers[c].data(), info->range_size}};
+    if (!check->Finish(spans, {"", "bench-model", "bench", ids[c]}, tags[c])) {
+      return absl::DataLossError("MAC check failed");
+    }
+    return Fetched{std::string_view(buffers[c].data(), info->range_size), nullptr};
+  };
   for (int n : bench.client_counts()) {
-    bench.PutGet(system, n, put, with_get ? GetFn(get) : GetFn());
+    std::vector<std::pair<std::string, GetFn>> gets;
+    if (with_get) gets.emplace_back("get", get);
+    if (with_get && mac) {
+      gets.emplace_back("get+mac", [&](int c) { return mac_get(c, false); });
+      gets.emplace_back("get,mac", [&](int c) { return mac_get(c, true); });
+    }
+    bench.PutGets(system, n, put, gets);
   }
 }
 
@@ -469,7 +542,8 @@ void MeasureKvStoreProcess(Bench& bench, const std::string& binary, const std::s
     bench.Skip(system, "put", std::string(s.message()));
     return;
   }
-  MeasureService(bench, system, server.address(), with_get, fast_path);
+  MeasureService(bench, system, server.address(), with_get, fast_path,
+                 /*mac=*/absl::GetFlag(FLAGS_mac));
   server.Stop();
 }
 
@@ -725,6 +799,41 @@ void PrintTable(const Bench& bench) {
   }
 }
 
+// Each "get+mac" and "get,mac" row against the "get" row of the same system and clients: the MAC
+// check's share of the fetch time, (t_mac - t_get) / t_get = get_gbps / mac_gbps - 1 (medians).
+struct MacCost {
+  std::string system;
+  std::string op;  // get+mac (after the CRC-32C) or get,mac (instead of it)
+  int clients = 0;
+  double get_gbps = 0, mac_gbps = 0;
+  double cost() const { return get_gbps / mac_gbps - 1; }
+};
+std::vector<MacCost> MacCosts(const Bench& bench) {
+  std::vector<MacCost> out;
+  for (const Row& m : bench.rows()) {
+    if ((m.op != "get+mac" && m.op != "get,mac") || m.gbps.empty()) continue;
+    for (const Row& g : bench.rows()) {
+      if (g.op == "get" && g.system == m.system && g.clients == m.clients && !g.gbps.empty()) {
+        out.push_back({m.system, m.op, m.clients, Median(g.gbps), Median(m.gbps)});
+      }
+    }
+  }
+  return out;
+}
+
+void PrintMacCosts(const Bench& bench) {
+  const std::vector<MacCost> costs = MacCosts(bench);
+  if (costs.empty()) return;
+  std::printf("\nMAC check on get (worker/engine/document_mac.h), same stored values, same runs\n");
+  std::printf(
+      "(get+mac: MAC after each chunk's CRC-32C; get,mac: MAC instead of it, as workers do)\n");
+  std::printf("%-52s %-8s %7s %9s %9s %9s\n", "system", "op", "clients", "get", "with mac", "cost");
+  for (const MacCost& c : costs) {
+    std::printf("%-52s %-8s %7d %9.2f %9.2f %8.1f%%\n", c.system.c_str(), c.op.c_str(), c.clients,
+                c.get_gbps, c.mac_gbps, 100 * c.cost());
+  }
+}
+
 std::string ToJson(const Bench& bench, const std::map<std::string, std::string>& info,
                    double total_seconds) {
   Json j;
@@ -748,6 +857,16 @@ std::string ToJson(const Bench& bench, const std::map<std::string, std::string>&
       Json& j3 = j2["gbps"] = Json::array();
       for (double g : r.gbps) j3.push_back(g);
     }
+  }
+  Json& mac = j["mac_cost"] = Json::array();
+  for (const MacCost& c : MacCosts(bench)) {
+    Json& e = mac.emplace_back(Json::object());
+    e["system"] = c.system;
+    e["op"] = c.op;
+    e["clients"] = c.clients;
+    e["get_gbps"] = c.get_gbps;
+    e["get_mac_gbps"] = c.mac_gbps;
+    e["cost_fraction"] = c.cost();
   }
   return JsonDump(j) + "\n";
 }
@@ -827,6 +946,7 @@ int Main() {
     info["redis_version"] = redis_version;
     info["load_average_end"] = ReadFile("/proc/loadavg").substr(0, 14);
     PrintTable(bench);
+    PrintMacCosts(bench);
     std::printf("total %.0f s; load average at start %s, at end %s\n", total,
                 info["load_average_start"].c_str(), info["load_average_end"].c_str());
     const std::string out = absl::GetFlag(FLAGS_out);

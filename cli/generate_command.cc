@@ -29,6 +29,8 @@
 #include <string>
 #include <vector>
 
+#include "common/auth_flags.h"
+#include "common/grpc_auth.h"
 #include "common/grpc_status.h"
 #include "common/json.h"
 #include "common/tls.h"
@@ -63,9 +65,11 @@ constexpr const char *kUsage =
     "[--json]\n"
     "  [--host_cache_bytes N]  (host-memory tier: 0 off (default), -1 sized from the machine "
     "as the worker's, N bytes)\n"
-    "  [--server HOST:PORT [--timeout_s S] [--tls_cert F --tls_key F --tls_ca F]]\n"
+    "  [--server HOST:PORT [--timeout_s S] [--tls_cert F --tls_key F --tls_ca F]\n"
+    "   [--auth_token_file F]]\n"
     "      (send to a worker or router instead of running locally; over TLS with the "
-    "three files)\n";
+    "three files;\n"
+    "       with the bearer token in file F for a server with --auth_tokens_file)\n";
 
 bool Parse(int argc, char **argv, Args *a, std::string *err) {
   static const char *kBool[] = {"--json", "--ignore_eos", "--shuffle_docs", "--help"};
@@ -93,10 +97,14 @@ bool Parse(int argc, char **argv, Args *a, std::string *err) {
     }
     a->values[key].push_back(val);
   }
-  static const char *kKnown[] = {
-      "model",  "doc",       "query", "system",   "mode",      "max_tokens",    "temperature",
-      "top_p",  "top_k",     "seed",  "stop",     "page_size", "kv_pool_bytes", "namespace",
-      "server", "timeout_s", "tp",    "tls_cert", "tls_key",   "tls_ca",        "host_cache_bytes"};
+  static const char *kKnown[] = {"model",          "doc",       "query",
+                                 "system",         "mode",      "max_tokens",
+                                 "temperature",    "top_p",     "top_k",
+                                 "seed",           "stop",      "page_size",
+                                 "kv_pool_bytes",  "namespace", "server",
+                                 "timeout_s",      "tp",        "tls_cert",
+                                 "tls_key",        "tls_ca",    "host_cache_bytes",
+                                 "auth_token_file"};
   for (const auto &[k, v] : a->values) {
     bool known = false;
     for (const char *n : kKnown) known |= k == n;
@@ -265,7 +273,13 @@ int RunGenerateCommand(int argc, char **argv) {
       std::cerr << "lazyrag-cli generate: " << credentials.status() << "\n";
       return 2;
     }
-    stub = v1::Inference::NewStub(grpc::CreateChannel(server, *credentials));
+    auto token = OpenBearerToken(a.Get("auth_token_file", ""));
+    if (!token.ok()) {
+      std::cerr << "lazyrag-cli generate: " << token.status() << "\n";
+      return 2;
+    }
+    stub = v1::Inference::NewStub(
+        CreateServiceChannel(server, *credentials, grpc::ChannelArguments(), *token));
   } else {
     auto rt = CreateRuntime(ro);
     if (!rt.ok()) {

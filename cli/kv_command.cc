@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/auth_flags.h"
 #include "kvstore/client/kvstore_client.h"
 
 namespace lazyrag::cli {
@@ -19,6 +20,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: lazyrag-cli kv put|get|stat|delete --kvstore ADDR[,ADDR...] --key NAME\n"
     "           [--key NAME ...] [--file PATH] [--replication R] [--timeout_s S]\n"
+    "           [--auth_token_file F]  (a worker token, for shards with --auth_tokens_file)\n"
     "  put     store the bytes of --file (stdin without it) under the raw key NAME\n"
     "  get     write the value of NAME to --file (stdout without it)\n"
     "  stat    print 'NAME present|absent SIZE LAST_ACCESS_UNIX_MS REPLICAS' per key\n"
@@ -31,6 +33,7 @@ struct KvArgs {
   std::string file;
   int replication = 0;
   double timeout_s = 300;
+  std::string auth_token_file;
 };
 
 int Usage(const std::string& problem) {
@@ -67,6 +70,8 @@ bool ParseArgs(int argc, char** argv, KvArgs* args, std::string* error) {
       args->shards = value;
     } else if (arg == "--key") {
       args->keys.push_back(value);
+    } else if (arg == "--auth_token_file") {
+      args->auth_token_file = value;
     } else if (arg == "--file") {
       args->file = value;
     } else if (arg == "--replication") {
@@ -108,6 +113,9 @@ int RunKvCommand(int argc, char** argv) {
 
   kvstore::KvClientOptions options;
   options.shards = kvstore::SplitShardList(args.shards);
+  auto token = OpenBearerToken(args.auth_token_file);
+  if (!token.ok()) return Usage(std::string(token.status().message()));
+  options.auth_token = *token;
   options.replication = args.replication;
   options.call_timeout = absl::Seconds(args.timeout_s);
   auto client = kvstore::KvClient::Create(options);

@@ -55,7 +55,9 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
   if (!files.enabled()) return grpc::InsecureServerCredentials();
   auto pem = Load(files);
   if (!pem.ok()) return pem.status();
-  grpc::SslServerCredentialsOptions o(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
+  grpc::SslServerCredentialsOptions o(
+      files.require_client_cert ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                                : GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
   o.pem_root_certs = pem->ca;
   o.pem_key_cert_pairs.push_back({pem->key, pem->cert});
   return grpc::SslServerCredentials(o);

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/auth.h"
 #include "common/cancellation.h"
 #include "lazyrag/v1/inference.pb.h"
 
@@ -16,9 +17,10 @@ namespace lazyrag::http {
 
 // Who is calling, as the CallerAuthenticator (openai_http_server.h) established it.
 struct Caller {
-  // The authenticated tenant; "" on a server without authentication. Not used to scope requests
-  // yet: issue 28 derives the cache namespace from it.
-  std::string tenant;
+  // The authenticated caller (common/auth.h): its tenant and role; Identity{} (not
+  // authenticated) on a server without a token file. The backend derives the request's cache
+  // namespace from it (EffectiveNamespace).
+  Identity identity;
 };
 
 // One call's limits, given by the front door.

@@ -20,6 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/auth.h"
 #include "http/inference_backend.h"
 #include "http/openai_api.h"
 
@@ -34,6 +35,25 @@ class CallerAuthenticator {
   // `bearer_token`: the token of an "Authorization: Bearer" header; nullopt when the request has
   // none (or another scheme). UNAUTHENTICATED (401) or PERMISSION_DENIED (403) to refuse.
   virtual absl::StatusOr<Caller> Authenticate(std::optional<absl::string_view> bearer_token) = 0;
+};
+
+// The CallerAuthenticator of a server with a token file: a client or worker token of `tokens`
+// (common/auth.h), UNAUTHENTICATED (401) otherwise. `tokens` is not owned.
+class TokenStoreAuthenticator final : public CallerAuthenticator {
+ public:
+  explicit TokenStoreAuthenticator(TokenStore* tokens) : tokens_(tokens) {}
+  absl::StatusOr<Caller> Authenticate(std::optional<absl::string_view> bearer_token) override {
+    absl::StatusOr<Identity> id = tokens_->Authenticate(
+        bearer_token.has_value() ? std::optional<std::string_view>(
+                                       std::string_view(bearer_token->data(), bearer_token->size()))
+                                 : std::nullopt,
+        Role::kClient);
+    if (!id.ok()) return id.status();
+    return Caller{*std::move(id)};
+  }
+
+ private:
+  TokenStore* const tokens_;
 };
 
 struct OpenAiHttpOptions {

@@ -83,7 +83,7 @@ class TokenAuthenticator : public CallerAuthenticator {
   absl::StatusOr<Caller> Authenticate(std::optional<absl::string_view> token) override {
     if (!token.has_value()) return absl::UnauthenticatedError("missing bearer token");
     if (*token != "good") return absl::PermissionDeniedError("unknown token");
-    return Caller{"tenant-a"};
+    return Caller{Identity{true, "tenant-a", Role::kClient}};
   }
 };
 

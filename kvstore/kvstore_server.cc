@@ -7,6 +7,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/auth_flags.h"
 #include "common/file_io.h"
 #include "common/grpc_server.h"
 #include "common/logging.h"
@@ -66,7 +67,8 @@ absl::Status KvStoreServer::Start() {
     ASSIGN_OR_RETURN(std::string token, WriteLocalToken(engine_->local_dir()));
     handler_->EnableLocalClients(engine_->local_dir(), std::move(token));
   }
-  service_ = std::make_unique<KvStoreService>(handler_.get());
+  ASSIGN_OR_RETURN(tokens_, OpenTokenStore(options_.auth_tokens_file));
+  service_ = std::make_unique<KvStoreService>(handler_.get(), tokens_.get());
 
   GrpcServerOptions grpc_options;
   grpc_options.listen = options_.listen;

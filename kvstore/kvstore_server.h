@@ -15,6 +15,7 @@
 
 namespace lazyrag {
 class GrpcServer;
+class TokenStore;
 namespace metrics {
 class MetricsHttpServer;
 }
@@ -44,6 +45,8 @@ struct KvStoreServerOptions {
   std::string metrics_host = "127.0.0.1";
   // gRPC over TLS (common/tls.h); empty: plaintext.
   TlsFiles tls;
+  // Token file (common/auth.h); every call then needs a worker token. "": no authentication.
+  std::string auth_tokens_file;
   // Serve same-host clients (kvstore.proto, DescribeRequest): they read value files in
   // data_dir and hand over files they wrote there, so they need the filesystem access of this
   // process (same user). Default true.
@@ -81,6 +84,7 @@ class KvStoreServer {
   std::unique_ptr<KvStoreMetrics> metrics_;
   std::unique_ptr<KvEngine> engine_;
   std::unique_ptr<KvStoreHandler> handler_;
+  std::unique_ptr<TokenStore> tokens_;
   std::unique_ptr<KvStoreService> service_;
   std::unique_ptr<GrpcServer> grpc_;
   std::unique_ptr<metrics::MetricsHttpServer> http_;

@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "common/grpc_auth.h"
 #include "common/grpc_status.h"
 
 namespace lazyrag::kvstore {
@@ -41,30 +42,43 @@ class GrpcMessageWriter final : public MessageWriter<T> {
 
 }  // namespace
 
+grpc::Status KvStoreService::CheckCaller(const grpc::ServerContext& context) const {
+  // Only the cluster's workers read and write stored KV.
+  auto caller = AuthenticateCall(tokens_, context, Role::kWorker);
+  return caller.ok() ? grpc::Status::OK : ToGrpcStatus(caller.status());
+}
+
 grpc::Status KvStoreService::Put(grpc::ServerContext* context,
                                  grpc::ServerReader<lazyrag::v1::PutRequest>* reader,
                                  lazyrag::v1::PutResponse* response) {
+  if (grpc::Status refused = CheckCaller(*context); !refused.ok()) return refused;
   GrpcMessageReader<lazyrag::v1::PutRequest> in(context, reader);
   auto result = handler_->Put(in);
   if (result.ok()) *response = *std::move(result);
   return ToGrpcStatus(result.status());
 }
 
-grpc::Status KvStoreService::Get(grpc::ServerContext*, const lazyrag::v1::GetRequest* request,
+grpc::Status KvStoreService::Get(grpc::ServerContext* context,
+                                 const lazyrag::v1::GetRequest* request,
                                  grpc::ServerWriter<lazyrag::v1::GetResponse>* writer) {
+  if (grpc::Status refused = CheckCaller(*context); !refused.ok()) return refused;
   GrpcMessageWriter<lazyrag::v1::GetResponse> out(writer);
   return ToGrpcStatus(handler_->Get(*request, out));
 }
 
-grpc::Status KvStoreService::Stat(grpc::ServerContext*, const lazyrag::v1::StatRequest* request,
+grpc::Status KvStoreService::Stat(grpc::ServerContext* context,
+                                  const lazyrag::v1::StatRequest* request,
                                   lazyrag::v1::StatResponse* response) {
+  if (grpc::Status refused = CheckCaller(*context); !refused.ok()) return refused;
   auto result = handler_->Stat(*request);
   if (result.ok()) *response = *std::move(result);
   return ToGrpcStatus(result.status());
 }
 
-grpc::Status KvStoreService::Delete(grpc::ServerContext*, const lazyrag::v1::DeleteRequest* request,
+grpc::Status KvStoreService::Delete(grpc::ServerContext* context,
+                                    const lazyrag::v1::DeleteRequest* request,
                                     lazyrag::v1::DeleteResponse* response) {
+  if (grpc::Status refused = CheckCaller(*context); !refused.ok()) return refused;
   auto result = handler_->Delete(*request);
   if (result.ok()) *response = *std::move(result);
   return ToGrpcStatus(result.status());
@@ -78,20 +92,24 @@ grpc::Status Reply(absl::StatusOr<T> result, T* response) {
 }
 }  // namespace
 
-grpc::Status KvStoreService::Describe(grpc::ServerContext*, const lazyrag::v1::DescribeRequest*,
+grpc::Status KvStoreService::Describe(grpc::ServerContext* context,
+                                      const lazyrag::v1::DescribeRequest*,
                                       lazyrag::v1::DescribeResponse* response) {
+  if (grpc::Status refused = CheckCaller(*context); !refused.ok()) return refused;
   return Reply(handler_->Describe(), response);
 }
 
-grpc::Status KvStoreService::GetLocal(grpc::ServerContext*,
+grpc::Status KvStoreService::GetLocal(grpc::ServerContext* context,
                                       const lazyrag::v1::GetLocalRequest* request,
                                       lazyrag::v1::GetLocalResponse* response) {
+  if (grpc::Status refused = CheckCaller(*context); !refused.ok()) return refused;
   return Reply(handler_->GetLocal(*request), response);
 }
 
-grpc::Status KvStoreService::PutLocal(grpc::ServerContext*,
+grpc::Status KvStoreService::PutLocal(grpc::ServerContext* context,
                                       const lazyrag::v1::PutLocalRequest* request,
                                       lazyrag::v1::PutResponse* response) {
+  if (grpc::Status refused = CheckCaller(*context); !refused.ok()) return refused;
   return Reply(handler_->PutLocal(*request), response);
 }
 

@@ -5,12 +5,19 @@
 #include "kvstore/kvstore_handler.h"
 #include "lazyrag/v1/kvstore.grpc.pb.h"
 
+namespace lazyrag {
+class TokenStore;
+}
+
 namespace lazyrag::kvstore {
 
 class KvStoreService final : public lazyrag::v1::KvStore::Service {
  public:
-  // `handler` is not owned and must outlive the service.
-  explicit KvStoreService(KvStoreHandler* handler) : handler_(handler) {}
+  // `handler` and `tokens` (null: no authentication) are not owned and must outlive the
+  // service. With tokens, every call needs a worker identity (common/auth.h):
+  // UNAUTHENTICATED without a known token, PERMISSION_DENIED for a client's.
+  explicit KvStoreService(KvStoreHandler* handler, TokenStore* tokens = nullptr)
+      : handler_(handler), tokens_(tokens) {}
 
   grpc::Status Put(grpc::ServerContext* context,
                    grpc::ServerReader<lazyrag::v1::PutRequest>* reader,
@@ -29,7 +36,10 @@ class KvStoreService final : public lazyrag::v1::KvStore::Service {
                         lazyrag::v1::PutResponse* response) override;
 
  private:
+  grpc::Status CheckCaller(const grpc::ServerContext& context) const;
+
   KvStoreHandler* const handler_;
+  TokenStore* const tokens_;
 };
 
 }  // namespace lazyrag::kvstore

@@ -8,6 +8,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/time/clock.h"
+#include "common/auth_flags.h"
 #include "common/binary_flags.h"
 #include "common/logging.h"
 #include "common/server_main.h"
@@ -44,6 +45,7 @@ int main(int argc, char** argv) {
   options.sync_commits = absl::GetFlag(FLAGS_sync_commits);
   options.index_write_buffer_bytes = absl::GetFlag(FLAGS_index_write_buffer_bytes);
   options.tls = lazyrag::TlsFilesFromFlags();
+  options.auth_tokens_file = lazyrag::AuthFilesFromFlags().tokens_file;
   options.local_clients = absl::GetFlag(FLAGS_local_clients);
   if (options.data_dir.empty()) {
     std::cerr << "lazyrag-kvstore: --data_dir is required\n";

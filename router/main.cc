@@ -11,6 +11,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/time/clock.h"
+#include "common/auth_flags.h"
 #include "common/binary_flags.h"
 #include "common/logging.h"
 #include "common/server_main.h"
@@ -53,6 +54,7 @@ int main(int argc, char** argv) {
   options.workers = absl::GetFlag(FLAGS_workers);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.tls = lazyrag::TlsFilesFromFlags();
+  options.auth = lazyrag::AuthFilesFromFlags();
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   options.policy.load_weight = absl::GetFlag(FLAGS_load_weight);
   options.policy.imbalance_threshold = absl::GetFlag(FLAGS_imbalance_threshold);

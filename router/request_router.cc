@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/status.h"
 
 namespace lazyrag::router {
 namespace {
@@ -163,9 +164,12 @@ absl::Status RequestRouter::WithRetries(const std::string& what,
   return AllAttemptsFailed(last_failure, static_cast<int>(tried.size()));
 }
 
-absl::Status RequestRouter::Generate(const GenerateRequest& request, const WorkerCallOptions& call,
-                                     const MessageSink& on_message) {
+absl::Status RequestRouter::Generate(const GenerateRequest& client_request,
+                                     const WorkerCallOptions& call, const MessageSink& on_message) {
   const absl::Time arrival = absl::Now();
+  GenerateRequest request = client_request;
+  ASSIGN_OR_RETURN(*request.mutable_cache_namespace(),
+                   EffectiveNamespace(call.caller, request.cache_namespace(), options_.namespaces));
   absl::StatusOr<std::vector<DocumentRef>> documents = DocumentsOf(policy_->options(), request);
   if (!documents.ok()) return documents.status();
   const std::string what = absl::StrCat("Generate ", request.request_id());
@@ -196,9 +200,12 @@ absl::Status RequestRouter::Generate(const GenerateRequest& request, const Worke
   });
 }
 
-absl::Status RequestRouter::PrepareDocuments(const lazyrag::v1::PrepareDocumentsRequest& request,
-                                             const WorkerCallOptions& call,
-                                             lazyrag::v1::PrepareDocumentsResponse* response) {
+absl::Status RequestRouter::PrepareDocuments(
+    const lazyrag::v1::PrepareDocumentsRequest& client_request, const WorkerCallOptions& call,
+    lazyrag::v1::PrepareDocumentsResponse* response) {
+  lazyrag::v1::PrepareDocumentsRequest request = client_request;
+  ASSIGN_OR_RETURN(*request.mutable_cache_namespace(),
+                   EffectiveNamespace(call.caller, request.cache_namespace(), options_.namespaces));
   std::vector<DocumentRef> documents;
   documents.reserve(request.texts_size());
   for (const std::string& text : request.texts()) {
@@ -231,8 +238,13 @@ absl::Status RequestRouter::Health() const {
   return absl::UnavailableError("no healthy worker");
 }
 
-absl::Status RequestRouter::Stats(const lazyrag::v1::StatsRequest& request, absl::Time deadline,
-                                  lazyrag::v1::StatsResponse* response) {
+absl::Status RequestRouter::Stats(const lazyrag::v1::StatsRequest& client_request,
+                                  absl::Time deadline, lazyrag::v1::StatsResponse* response,
+                                  const Identity& caller) {
+  lazyrag::v1::StatsRequest request = client_request;
+  // A client sees its own documents only, whatever it asked; a worker identity may ask for a
+  // tenant's view.
+  if (!caller.Allows(Role::kWorker)) request.set_for_tenant(caller.tenant);
   struct Call {
     std::string worker;
     std::shared_ptr<lazyrag::v1::Inference::Stub> stub;

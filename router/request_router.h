@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/auth.h"
 #include "common/cancellation.h"
 #include "lazyrag/v1/inference.grpc.pb.h"
 #include "router/router_metrics.h"
@@ -29,6 +30,8 @@ struct RequestRouterOptions {
   int max_attempts = 3;
   // Deadline of each worker's Stats call when the caller's is later. Default 2 s.
   absl::Duration stats_timeout = absl::Seconds(2);
+  // Public cache namespaces (common/auth.h); a client's other namespaces live in its tenant's.
+  NamespacePolicy namespaces;
 };
 
 // How one call reaches the workers, given by the front door.
@@ -41,6 +44,9 @@ struct WorkerCallOptions {
   Cancellation* cancellation = nullptr;
   // Whether the client has gone (polled when a worker call ends); may be null.
   std::function<bool()> client_gone;
+  // Who called (Identity{} without authentication): a client's request is sent to the worker in
+  // the namespace EffectiveNamespace derives from its tenant, under the router's own token.
+  Identity caller;
 };
 
 // Errors: the worker's status is passed through unchanged (INVALID_ARGUMENT, NOT_FOUND,
@@ -66,9 +72,10 @@ class RequestRouter {
                                 const WorkerCallOptions& call,
                                 lazyrag::v1::PrepareDocumentsResponse* response);
   // Asks every healthy worker at once (each until min(deadline, now + stats_timeout)) and sums the
-  // answers; UNAVAILABLE when none answers.
+  // answers; UNAVAILABLE when none answers. An authenticated client's call lists only its own
+  // documents (the workers are asked for_tenant its tenant).
   absl::Status Stats(const lazyrag::v1::StatsRequest& request, absl::Time deadline,
-                     lazyrag::v1::StatsResponse* response);
+                     lazyrag::v1::StatsResponse* response, const Identity& caller = {});
   // OK when at least one worker is healthy, else UNAVAILABLE.
   absl::Status Health() const;
 

@@ -19,6 +19,7 @@ absl::Status RouterHttpBackend::Generate(const lazyrag::v1::GenerateRequest& req
     return context;
   };
   worker_call.cancellation = call.cancellation;
+  worker_call.caller = call.caller.identity;
   return router_->Generate(request, worker_call, on_message);
 }
 

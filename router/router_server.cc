@@ -5,6 +5,7 @@
 #include "common/grpc_server.h"
 #include "common/logging.h"
 #include "common/metrics_http.h"
+#include "common/status.h"
 #include "common/tls.h"
 
 namespace lazyrag::router {
@@ -21,14 +22,22 @@ absl::Status RouterServer::Start() {
   if (!credentials.ok()) return credentials.status();
   WorkerPoolOptions pool_options = options_.pool;
   pool_options.tls = options_.tls;
+  RETURN_IF_ERROR(ValidateNamespacePolicy(options_.auth.namespaces));
+  ASSIGN_OR_RETURN(tokens_, OpenTokenStore(options_.auth.tokens_file));
+  ASSIGN_OR_RETURN(pool_options.auth_token, OpenBearerToken(options_.auth.token_file));
+  RequestRouterOptions request_options = options_.requests;
+  request_options.namespaces = options_.auth.namespaces;
 
   metrics_ = std::make_unique<RouterMetrics>(&registry_);
   policy_ = std::make_unique<RoutingPolicy>(options_.policy);
   pool_ = std::make_unique<WorkerPool>(pool_options, MakeWorkerResolver(*spec), policy_.get(),
                                        metrics_.get());
-  requests_ = std::make_unique<RequestRouter>(options_.requests, policy_.get(), pool_.get(),
-                                              metrics_.get());
-  service_ = std::make_unique<RouterService>(requests_.get());
+  requests_ =
+      std::make_unique<RequestRouter>(request_options, policy_.get(), pool_.get(), metrics_.get());
+  service_ = std::make_unique<RouterService>(requests_.get(), tokens_.get());
+  if (tokens_ != nullptr) {
+    authenticator_ = std::make_unique<http::TokenStoreAuthenticator>(tokens_.get());
+  }
   http_backend_ = std::make_unique<RouterHttpBackend>(requests_.get());
   if (!options_.http.listen.empty() && options_.tls.enabled()) {
     return absl::InvalidArgumentError(
@@ -49,7 +58,8 @@ absl::Status RouterServer::Start() {
     return s;
   }
   if (!options_.http.listen.empty()) {
-    openai_ = std::make_unique<http::OpenAiHttpServer>(http_backend_.get(), options_.http);
+    openai_ = std::make_unique<http::OpenAiHttpServer>(http_backend_.get(), options_.http,
+                                                       authenticator_.get());
     if (absl::Status s = openai_->Start(); !s.ok()) {
       grpc_->Shutdown(absl::Now());
       pool_->Stop();

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/auth_flags.h"
 #include "common/metrics.h"
 #include "common/tls.h"
 #include "http/openai_http_server.h"
@@ -46,6 +47,10 @@ struct RouterServerOptions {
   // gRPC over TLS (common/tls.h) for this server and, through pool.tls, to the workers; empty:
   // plaintext.
   TlsFiles tls;
+  // Authentication (common/auth.h): auth.tokens_file checks clients on the gRPC and HTTP ports;
+  // auth.token_file is the router's own worker token, sent to the workers; auth.namespaces the
+  // public cache namespaces. All empty: no authentication.
+  AuthFiles auth;
 };
 
 // Start() once, Shutdown(deadline) once (the destructor does it too). Not thread-safe.
@@ -73,6 +78,8 @@ class RouterServer {
  private:
   const RouterServerOptions options_;
   metrics::Registry registry_;
+  std::unique_ptr<TokenStore> tokens_;
+  std::unique_ptr<http::CallerAuthenticator> authenticator_;
   std::unique_ptr<RouterMetrics> metrics_;
   std::unique_ptr<RoutingPolicy> policy_;
   std::unique_ptr<WorkerPool> pool_;

@@ -14,7 +14,9 @@ namespace lazyrag::router {
 // Thread safety: called concurrently by gRPC; `router` is thread-safe and not owned.
 class RouterService final : public lazyrag::v1::Inference::Service {
  public:
-  explicit RouterService(RequestRouter* router);
+  // `tokens`: not owned; null: no authentication. With tokens every call needs a client or
+  // worker token (common/auth.h): UNAUTHENTICATED without one.
+  explicit RouterService(RequestRouter* router, TokenStore* tokens = nullptr);
 
   grpc::Status Generate(grpc::ServerContext* context, const lazyrag::v1::GenerateRequest* request,
                         grpc::ServerWriter<lazyrag::v1::GenerateResponse>* writer) override;
@@ -26,6 +28,7 @@ class RouterService final : public lazyrag::v1::Inference::Service {
 
  private:
   RequestRouter* const router_;
+  TokenStore* const tokens_;
 };
 
 }  // namespace lazyrag::router

@@ -12,6 +12,7 @@
 
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
+#include "common/grpc_auth.h"
 #include "common/grpc_channel.h"
 #include "common/logging.h"
 #include "common/tls.h"
@@ -120,8 +121,9 @@ void WorkerPool::Resolve() {
       }
       // A restarted worker is reconnected within about a poll interval.
       Connection c;
-      c.channel = grpc::CreateCustomChannel(address, credentials_,
-                                            ServiceChannelArgs(options_.max_message_bytes));
+      c.channel =
+          CreateServiceChannel(address, credentials_,
+                               ServiceChannelArgs(options_.max_message_bytes), options_.auth_token);
       c.stub = lazyrag::v1::Inference::NewStub(c.channel);
       LOG_INFO << "router: worker " << address << " added";
       if (metrics_ != nullptr) metrics_->AddWorker(address);

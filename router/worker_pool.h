@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/auth.h"
 #include "common/tls.h"
 #include "lazyrag/v1/inference.grpc.pb.h"
 #include "router/router_metrics.h"
@@ -33,6 +34,8 @@ struct WorkerPoolOptions {
   int max_message_bytes = 16 << 20;
   // gRPC over TLS to the workers (common/tls.h); empty: plaintext.
   TlsFiles tls;
+  // The router's worker token, sent on every worker call (common/auth.h); null: none.
+  std::shared_ptr<BearerToken> auth_token;
 };
 
 // A failed health check (or a check answering anything but SERVING) ejects a worker; one

@@ -12,6 +12,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/time/clock.h"
+#include "common/auth_flags.h"
 #include "common/binary_flags.h"
 #include "common/logging.h"
 #include "common/server_main.h"
@@ -36,6 +37,11 @@ ABSL_FLAG(std::string, kvstore, "",
           "document store: embedded:DIR (in-process RocksDB) or "
           "HOST:PORT[,HOST:PORT...] "
           "(kvstore shards); empty: none (documents computed on a pool miss)");
+ABSL_FLAG(std::string, kv_mac_key_file, "",
+          "file of at least 32 secret bytes that only workers hold (e.g. openssl rand -hex 32):"
+          " documents written to the store carry a MAC under it and a stored value without a"
+          " valid one is a miss, recomputed and written back; every worker of a cluster needs the"
+          " same key; empty: no MACs (the kvstore is trusted)");
 ABSL_FLAG(int, kvstore_replication, 0,
           "copies of every document over the kvstore shards (1..shards); 0: 2 with at least 2 "
           "shards, else 1. Every worker of one store must use the same value");
@@ -132,10 +138,12 @@ int main(int argc, char **argv) {
   options.runtime.max_waiting = absl::GetFlag(FLAGS_max_waiting);
   options.runtime.max_writeback_bytes = absl::GetFlag(FLAGS_kvstore_writeback_bytes);
   options.kvstore = absl::GetFlag(FLAGS_kvstore);
+  options.kv_mac_key_file = absl::GetFlag(FLAGS_kv_mac_key_file);
   options.kvstore_replication = absl::GetFlag(FLAGS_kvstore_replication);
   options.kvstore_timeout_s = absl::GetFlag(FLAGS_kvstore_timeout_s);
   options.kvstore_put_timeout_s = absl::GetFlag(FLAGS_kvstore_put_timeout_s);
   options.tls = lazyrag::TlsFilesFromFlags();
+  options.auth = lazyrag::AuthFilesFromFlags();
   options.peers = lazyrag::SplitPeerList(absl::GetFlag(FLAGS_peers));
   options.peer_timeout_s = absl::GetFlag(FLAGS_peer_timeout_s);
   options.peer_lease_s = absl::GetFlag(FLAGS_peer_lease_s);

@@ -4,6 +4,7 @@
 // answer, then one request naming a document by id, and prints the cache use of each.
 //
 //	clients/go/build.sh /tmp/lazyrag-go && /tmp/lazyrag-go/bin/lazyrag-go-example [-target HOST:PORT]
+//	    [-auth_token_file FILE]   (the bearer token of a server started with --auth_tokens_file)
 //
 // Exits 1 on any error (with the gRPC status), 0 after the last answer.
 package main
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 
 	pb "lazyrag/v1"
 )
@@ -56,9 +58,18 @@ func generate(ctx context.Context, client pb.InferenceClient, req *pb.GenerateRe
 	return last, nil
 }
 
-func run(target string, maxTokens int32, timeout time.Duration) error {
+func run(target string, maxTokens int32, timeout time.Duration, tokenFile string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	if tokenFile != "" {
+		token, err := os.ReadFile(tokenFile)
+		if err != nil {
+			return fmt.Errorf("reading -auth_token_file: %v", err)
+		}
+		// Every call of this context carries "authorization: Bearer TOKEN".
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization",
+			"Bearer "+strings.TrimSpace(string(token)))
+	}
 	conn, err := grpc.DialContext(ctx, target, grpc.WithInsecure(), grpc.WithBlock())
 	if err != nil {
 		return fmt.Errorf("connecting to %s: %v", target, err)
@@ -117,8 +128,9 @@ func main() {
 	target := flag.String("target", "127.0.0.1:7000", "router or worker HOST:PORT (default: the router)")
 	maxTokens := flag.Int("max_tokens", 32, "tokens to generate per answer")
 	timeout := flag.Duration("timeout", 5*time.Minute, "deadline of the whole run")
+	tokenFile := flag.String("auth_token_file", "", "file holding the bearer token (servers with --auth_tokens_file)")
 	flag.Parse()
-	if err := run(*target, int32(*maxTokens), *timeout); err != nil {
+	if err := run(*target, int32(*maxTokens), *timeout, *tokenFile); err != nil {
 		fmt.Fprintf(os.Stderr, "lazyrag-go-example: %v\n", err)
 		os.Exit(1)
 	}

@@ -213,32 +213,44 @@ TLS_DIR = os.path.join(HERE, "..", "..", "tests", "fixtures", "tls")
 
 class ClientOverTlsTest(unittest.TestCase):
     """A worker serving gRPC over TLS (--tls_cert/--tls_key/--tls_ca) and the client's TLS
-    options: answers with the CA (with and without a client certificate), none without TLS."""
+    options: by default the worker requires a client certificate (mTLS), so the client answers
+    with its certificate and is refused with the CA alone; with --tls_require_client_cert=false
+    the CA alone answers too; none without TLS."""
 
     def test_tls_worker(self):
         if not WORKER:
             self.skipTest("needs lazyrag-worker")
-        tmp = tempfile.mkdtemp(prefix="lazyrag_pyclient_tls_")
         sys.path.insert(0, HERE)
         import lazyrag_client
         ca, cert, key = (os.path.join(TLS_DIR, f) for f in ("ca.pem", "cert.pem", "key.pem"))
-        worker = Process([WORKER, "--listen=127.0.0.1:0", "--model=synthetic:tiny",
-                          "--metrics_port=-1", f"--tls_cert={cert}", f"--tls_key={key}",
-                          f"--tls_ca={ca}"])
-        try:
-            target = worker.wait_ready()
-            for kwargs in ({"tls_ca": ca}, {"tls_ca": ca, "tls_cert": cert, "tls_key": key}):
-                with lazyrag_client.Client(target, timeout=30, **kwargs) as c:
-                    a = c.generate_text("Which river?", ["The Vantor river freezes."],
-                                        max_tokens=3, ignore_eos=True)
-                    self.assertEqual(a.usage.completion_tokens, 3)
-            with lazyrag_client.Client(target, timeout=10) as plain:
-                with self.assertRaises(grpc.RpcError):
-                    plain.generate_text("Which river?", ["The Vantor river freezes."],
-                                        max_tokens=3)
-        finally:
-            worker.stop()
-            shutil.rmtree(tmp, ignore_errors=True)
+        with_cert = {"tls_ca": ca, "tls_cert": cert, "tls_key": key}
+
+        def answers(target, kwargs):
+            with lazyrag_client.Client(target, timeout=30, **kwargs) as c:
+                a = c.generate_text("Which river?", ["The Vantor river freezes."],
+                                    max_tokens=3, ignore_eos=True)
+                self.assertEqual(a.usage.completion_tokens, 3)
+
+        for require in (True, False):
+            worker = Process([WORKER, "--listen=127.0.0.1:0", "--model=synthetic:tiny",
+                              "--metrics_port=-1", f"--tls_cert={cert}", f"--tls_key={key}",
+                              f"--tls_ca={ca}",
+                              f"--tls_require_client_cert={'true' if require else 'false'}"])
+            try:
+                target = worker.wait_ready()
+                answers(target, with_cert)
+                if require:
+                    with self.assertRaises(grpc.RpcError):
+                        answers(target, {"tls_ca": ca})
+                else:
+                    answers(target, {"tls_ca": ca})
+                with lazyrag_client.Client(target, timeout=10) as plain:
+                    with self.assertRaises(grpc.RpcError):
+                        plain.generate_text("Which river?", ["The Vantor river freezes."],
+                                            max_tokens=3)
+            finally:
+                worker.stop()
+
 
 if __name__ == "__main__":
     if not ROUTER or not (WORKER or FAKE_WORKER):

@@ -235,11 +235,13 @@ absl::StatusOr<ValueInfo> KvClientImpl::GetInto(const Key& key, const GetDestina
       absl::Status st;
       bool fall_back = true;
       if (whole && !LocalDirOf(shard, attempt_deadline).empty()) {
-        st = GetLocalFrom(shard, request.key(), attempt_deadline, attempt > 0, destination, &value,
+        st = GetLocalFrom(shard, request.key(), attempt_deadline, attempt > 0, destination,
+                          whole ? call.on_chunk : nullptr, call.on_chunk_verifies, &value,
                           &fall_back);
       }
       if (fall_back) {
-        st = GetFrom(shard, request, attempt_deadline, attempt > 0, destination, &value);
+        st = GetFrom(shard, request, attempt_deadline, attempt > 0, destination,
+                     whole ? call.on_chunk : nullptr, call.on_chunk_verifies, &value);
       }
       shard.Record(st, options_.unhealthy_for);
       if (st.ok()) {

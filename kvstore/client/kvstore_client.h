@@ -32,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/auth.h"
 #include "common/tls.h"
 
 namespace lazyrag::metrics {
@@ -114,6 +115,9 @@ struct KvClientOptions {
   int replication = 0;
   // gRPC over TLS to the shards (common/tls.h); empty: plaintext.
   TlsFiles tls;
+  // The worker token sent on every call (common/auth.h); null: none (shards without
+  // --auth_tokens_file).
+  std::shared_ptr<BearerToken> auth_token;
   // A Put succeeds when at least this many replicas stored the value. Default 1.
   int min_write_replicas = 1;
   // Bytes per chunk, 1 .. 4 MiB. Default 2 MiB.
@@ -151,9 +155,28 @@ struct KvClientOptions {
   int streams_per_get = 4;
 };
 
+// Told about the bytes of a GetInto as they land in the destination: `data` holds `size` bytes
+// of the value at byte `offset`, in steps of at most 512 KiB aligned to value offsets (a step
+// never crosses from one destination span into the next), each right after it was read and
+// checksummed, while it is in the reading core's cache. Called from the threads that read the
+// value, concurrently for disjoint ranges. A chunk whose CRC-32C then fails fails the read from
+// that replica; the destination is asked again for the next one, so a caller that starts its
+// per-value state afresh in the destination callback sees each byte of the final read once.
+using ChunkObserver = std::function<void(uint64_t offset, const char* data, uint64_t size)>;
+
 struct CallOptions {
   // Overrides KvClientOptions::call_timeout when nonzero.
   absl::Duration timeout = absl::ZeroDuration();
+  // GetInto of a whole value only (no layer range): see ChunkObserver. Lets a caller fold its
+  // own per-chunk work (a worker's MAC) into the pass that checks the chunks, while their bytes
+  // are in cache. Null: none.
+  ChunkObserver on_chunk;
+  // With on_chunk: the caller verifies every byte itself, with something stronger than a CRC
+  // (a worker's MAC), so the client does not compute the chunks' CRC-32C on the way in and
+  // on_chunk is told of each chunk as soon as it is in place. A corrupt chunk is then the
+  // caller's finding (the shard neither hears of it nor drops the value; the caller's
+  // write-back replaces it).
+  bool on_chunk_verifies = false;
 };
 
 struct ShardHealth {

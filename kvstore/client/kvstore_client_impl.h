@@ -15,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/grpc_auth.h"
 #include "common/grpc_channel.h"
 #include "common/metrics.h"
 #include "kvstore/client/kvstore_client.h"
@@ -38,12 +39,13 @@ class Shard {
   // `part_channels`: more channels for the streams that read parts of one value at once (each
   // its own connection: streams of one connection share its one reading thread).
   Shard(std::string address, std::shared_ptr<grpc::ChannelCredentials> credentials,
-        int part_channels)
+        int part_channels, const std::shared_ptr<BearerToken>& token)
       : address_(std::move(address)) {
     // Reconnect quickly to a shard that comes back; each channel its own connection
     // (ServiceChannelArgs: a local subchannel pool).
     auto channel = [&] {
-      return grpc::CreateCustomChannel(address_, credentials, ServiceChannelArgs(kMaxMessageBytes));
+      return CreateServiceChannel(address_, credentials, ServiceChannelArgs(kMaxMessageBytes),
+                                  token);
     };
     stub_ = pb::KvStore::NewStub(channel());
     for (int i = 0; i < part_channels; ++i) part_stubs_.push_back(pb::KvStore::NewStub(channel()));
@@ -111,8 +113,8 @@ class KvClientImpl final : public KvClient {
   KvClientImpl(KvClientOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials)
       : options_(std::move(options)) {
     for (const auto& address : options_.shards) {
-      shards_.push_back(
-          std::make_unique<Shard>(address, credentials, std::max(0, options_.streams_per_get)));
+      shards_.push_back(std::make_unique<Shard>(
+          address, credentials, std::max(0, options_.streams_per_get), options_.auth_token));
     }
     if (options_.registry != nullptr) {
       fetch_seconds_ = &options_.registry
@@ -219,14 +221,16 @@ class KvClientImpl final : public KvClient {
   // A Get of `request` from one shard through gRPC; a whole value of more than
   // kFirstStreamChunks chunks over streams_per_get + 1 streams unless `split` is false.
   absl::Status GetFrom(Shard& shard, const pb::GetRequest& request, absl::Time deadline, bool retry,
-                       const GetDestination& destination, ValueInfo* out, bool split = true);
+                       const GetDestination& destination, const ChunkObserver& on_chunk,
+                       bool observer_verifies, ValueInfo* out, bool split = true);
   // The shard's data directory when the same-host fast path works with it, else "". Asks the
   // shard once (Describe, within `deadline`) and remembers the answer.
   std::string LocalDirOf(Shard& shard, absl::Time deadline);
   // The fast-path forms of GetFrom and PutTo. *fall_back is set when the file path could not be
   // used (the caller then streams through gRPC); the status is meaningful otherwise.
   absl::Status GetLocalFrom(Shard& shard, const pb::KvKey& key, absl::Time deadline, bool retry,
-                            const GetDestination& destination, ValueInfo* out, bool* fall_back);
+                            const GetDestination& destination, const ChunkObserver& on_chunk,
+                            bool observer_verifies, ValueInfo* out, bool* fall_back);
   absl::Status PutLocalTo(Shard& shard, const std::string& dir, const pb::KvKey& key,
                           const pb::ValueHeader& header, std::string_view value,
                           const std::vector<ChunkPlan>& plan, absl::Time deadline, bool retry,

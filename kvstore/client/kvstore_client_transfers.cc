@@ -47,13 +47,15 @@ absl::Status KvClientImpl::ReadStream(Shard& shard, pb::KvStore::Stub* stub,
         bad = absl::InternalError(absl::StrCat("get: unexpected message after chunk ", next));
         break;
       }
-      if (Crc32c(data) != message.chunk().crc32c()) {
+      // Copied, checksummed and (with an observer) shown to it in cache-sized steps; a chunk that
+      // fails fails the read, and the destination is asked afresh for the next replica.
+      const uint32_t crc = placed->dst->Land(placed->offset + received, data);
+      if (!placed->dst->skips_crc() && crc != message.chunk().crc32c()) {
         CountCorruption();
         bad = absl::DataLossError(
             absl::StrCat("get: chunk ", next, " failed its CRC-32C check (corrupted in transit)"));
         break;
       }
-      placed->dst->Write(placed->offset + received, data);
       received += data.size();
       ++next;
     }
@@ -76,8 +78,9 @@ absl::Status KvClientImpl::ReadStream(Shard& shard, pb::KvStore::Stub* stub,
 }
 
 absl::Status KvClientImpl::GetFrom(Shard& shard, const pb::GetRequest& request, absl::Time deadline,
-                                   bool retry, const GetDestination& destination, ValueInfo* out,
-                                   bool split) {
+                                   bool retry, const GetDestination& destination,
+                                   const ChunkObserver& on_chunk, bool observer_verifies,
+                                   ValueInfo* out, bool split) {
   const bool whole = request.num_layers() == 0 && request.first_layer() == 0;
   split = split && whole && options_.streams_per_get > 1;
   std::optional<Scatter> dst;
@@ -102,7 +105,8 @@ absl::Status KvClientImpl::GetFrom(Shard& shard, const pb::GetRequest& request, 
     out->range_begin = more ? 0 : h.range_begin();
     out->range_size = more ? layout.total_size : h.range_end() - h.range_begin();
     ASSIGN_OR_RETURN(std::vector<MutableBytes> spans, destination(out->header, out->range_size));
-    ASSIGN_OR_RETURN(Scatter s, Scatter::Of(std::move(spans), out->range_size));
+    ASSIGN_OR_RETURN(Scatter s,
+                     Scatter::Of(std::move(spans), out->range_size, whole ? on_chunk : nullptr));
     dst = std::move(s);
     if (more) {
       const uint32_t rest = layout.num_chunks - kFirstStreamChunks;
@@ -134,7 +138,8 @@ absl::Status KvClientImpl::GetFrom(Shard& shard, const pb::GetRequest& request, 
   }
   if (single) {
     pb::GetRequest whole_request = request;
-    return GetFrom(shard, whole_request, deadline, retry, destination, out, /*split=*/false);
+    return GetFrom(shard, whole_request, deadline, retry, destination, on_chunk, observer_verifies,
+                   out, /*split=*/false);
   }
   return st;
 }
@@ -164,6 +169,7 @@ std::string KvClientImpl::LocalDirOf(Shard& shard, absl::Time deadline) {
 
 absl::Status KvClientImpl::GetLocalFrom(Shard& shard, const pb::KvKey& key, absl::Time deadline,
                                         bool retry, const GetDestination& destination,
+                                        const ChunkObserver& on_chunk, bool observer_verifies,
                                         ValueInfo* out, bool* fall_back) {
   *fall_back = false;
   grpc::ClientContext context;
@@ -195,7 +201,8 @@ absl::Status KvClientImpl::GetLocalFrom(Shard& shard, const pb::KvKey& key, absl
   out->range_size = layout->total_size;
   out->local = true;
   ASSIGN_OR_RETURN(std::vector<MutableBytes> spans, destination(out->header, layout->total_size));
-  ASSIGN_OR_RETURN(const Scatter dst, Scatter::Of(std::move(spans), layout->total_size));
+  ASSIGN_OR_RETURN(const Scatter dst,
+                   Scatter::Of(std::move(spans), layout->total_size, on_chunk, observer_verifies));
   const std::vector<uint32_t> crcs(response.chunk_crc32c().begin(), response.chunk_crc32c().end());
   bool corrupt = false;
   absl::Status read =

@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/crc32c.h"
 #include "common/metrics.h"
@@ -555,6 +557,74 @@ TEST_F(KvStoreFastPathTest, ByteFlippedOnDiskIsDataLossCountedByTheShard) {
   EXPECT_GE(testing::MetricValue(server_->registry().Serialize(),
                                  "lazyrag_kvstore_corruptions_total{where=\"disk\"}"),
             1);
+}
+
+// CallOptions::on_chunk sees every byte of a whole-value GetInto exactly once, at its value
+// offset, as the bytes in the caller's spans, in steps of at most 512 KiB that never cross a
+// span, on both paths and over several streams. With on_chunk_verifies the client skips its
+// CRC-32C (the caller verifies), so a byte flipped on disk is delivered and left to the caller;
+// without it the same read is DATA_LOSS.
+TEST_F(KvStoreFastPathTest, ChunkObserverSeesEveryByteOnceAndMayReplaceTheCrc) {
+  Start(true);
+  const std::string v = PatternBytes((40 << 20) + 12345, 6);  // > 16 chunks: split over streams
+  ASSERT_TRUE(Client(true)->Put(Key::Raw("k"), {}, v).ok());
+  for (bool fast_path : {true, false}) {
+    auto client = Client(fast_path);
+    std::string out;
+    absl::Mutex mu;
+    std::vector<std::pair<uint64_t, uint64_t>> seen;  // (offset, size)
+    bool bytes_match = true;
+    CallOptions call;
+    call.on_chunk = [&](uint64_t offset, const char* data, uint64_t size) {
+      absl::MutexLock lock(&mu);
+      seen.emplace_back(offset, size);
+      bytes_match &= size <= (512u << 10) && data == out.data() + offset &&
+                     std::string_view(data, size) == std::string_view(v).substr(offset, size);
+    };
+    auto info = client->GetInto(
+        Key::Raw("k"),
+        [&](const ValueHeader&, uint64_t n) -> absl::StatusOr<std::vector<MutableBytes>> {
+          out.assign(n, '\0');
+          return std::vector<MutableBytes>{{out.data(), 1000}, {out.data() + 1000, n - 1000}};
+        },
+        {}, call);
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->local, fast_path);
+    EXPECT_TRUE(out == v);
+    EXPECT_TRUE(bytes_match) << "fast_path " << fast_path;
+    std::sort(seen.begin(), seen.end());
+    uint64_t at = 0;
+    for (const auto& [offset, size] : seen) {
+      EXPECT_EQ(offset, at) << "fast_path " << fast_path;
+      EXPECT_TRUE(offset >= 1000 || offset + size <= 1000) << "a step crosses a span";
+      at = offset + size;
+    }
+    EXPECT_EQ(at, v.size());
+  }
+
+  std::string file;
+  for (const auto& e : std::filesystem::directory_iterator(dir_.path() + "/db/values")) {
+    file = e.path();
+  }
+  ASSERT_TRUE(testing::FlipByte(file, 2'500'000).ok());
+  auto fast = Client(true);
+  CallOptions verifying;
+  std::atomic<uint64_t> observed{0};
+  verifying.on_chunk = [&](uint64_t, const char*, uint64_t size) { observed += size; };
+  verifying.on_chunk_verifies = true;
+  std::string out;
+  auto dest = [&](const ValueHeader&, uint64_t n) -> absl::StatusOr<std::vector<MutableBytes>> {
+    out.assign(n, '\0');
+    return std::vector<MutableBytes>{{out.data(), n}};
+  };
+  auto unchecked = fast->GetInto(Key::Raw("k"), dest, {}, verifying);
+  ASSERT_TRUE(unchecked.ok()) << unchecked.status();
+  EXPECT_NE(out, v);  // the flipped byte arrived: the caller's check is what finds it
+  EXPECT_EQ(observed, v.size());
+  CallOptions checking;
+  checking.on_chunk = [](uint64_t, const char*, uint64_t) {};
+  EXPECT_EQ(fast->GetInto(Key::Raw("k"), dest, {}, checking).status().code(),
+            absl::StatusCode::kDataLoss);
 }
 
 }  // namespace

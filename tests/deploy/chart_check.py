@@ -15,7 +15,8 @@ MODE is one of
               unknown fields) for the oldest (Chart.yaml kubeVersion) and newest Kubernetes.
 
 Value sets: the chart's defaults (GPU workers), testdata/values-cpu.yaml (CPU only),
-values-tls.yaml (TLS), values-ipv6.yaml (IPv6), values-multi.yaml (production-shaped),
+values-tls.yaml (TLS), values-auth.yaml and values-auth-secret.yaml (bearer tokens and MACs,
+generated or existing Secret), values-ipv6.yaml (IPv6), values-multi.yaml (production-shaped),
 values-monitoring.yaml (PrometheusRule, dashboard ConfigMap, helm test pod, pass-through pod
 values), values-autoscaling.yaml (router HPA, worker KEDA ScaledObject). PrometheusRule,
 ServiceMonitor and ScaledObject are CRDs: kubernetes mode skips them (the Go tests
@@ -47,6 +48,8 @@ VALUE_SETS = {
     "multi": ["values-multi.yaml"],
     "monitoring": ["values-monitoring.yaml"],
     "autoscaling": ["values-autoscaling.yaml"],
+    "auth": ["values-auth.yaml"],
+    "auth-secret": ["values-auth-secret.yaml"],
 }
 COMPONENTS = ("kvstore", "worker", "router")  # container name == binary folder
 

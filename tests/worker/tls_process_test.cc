@@ -6,7 +6,9 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -39,6 +41,13 @@ std::vector<std::string> Worker(const std::string& kvstore) {
 }
 
 using worker_test::Reply;
+
+std::string ReadFileOrDie(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
 
 Reply Generate(const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& creds,
                const std::vector<std::string>& docs) {
@@ -91,6 +100,16 @@ TEST(TlsProcessTest, KvstoreWorkerAndRouterSpeakTls) {
   Reply plain = Generate(router.address(), grpc::InsecureChannelCredentials(), docs);
   EXPECT_FALSE(plain.status.ok());
   EXPECT_EQ(plain.messages, 0);
+
+  // TLS that trusts the server but presents no client certificate: refused (mTLS required by
+  // default, --tls_require_client_cert).
+  grpc::SslCredentialsOptions no_cert;
+  no_cert.pem_root_certs = ReadFileOrDie(TestTls().ca_file);
+  for (const std::string& address : {router.address(), worker.address()}) {
+    Reply anonymous = Generate(address, grpc::SslCredentials(no_cert), docs);
+    EXPECT_FALSE(anonymous.status.ok()) << address;
+    EXPECT_EQ(anonymous.messages, 0);
+  }
 }
 
 TEST(TlsProcessTest, IncompleteTlsFlagsStopTheServer) {

@@ -46,8 +46,10 @@ class EmbeddedDocumentStore : public DocumentStore {
     return doc;
   }
 
+  // Chunks are not reported to `on_chunk` (the caller checks what it needs afterwards).
   absl::StatusOr<std::string> GetInto(const std::string &ns, const std::string &id,
-                                      const DocumentSink &sink) override {
+                                      const DocumentSink &sink,
+                                      const ChunkObserver & /*on_chunk*/) override {
     auto key = Key(ns, id);
     if (!key.ok()) return key.status();
     auto reader = engine_->Open(*key);
@@ -138,7 +140,11 @@ class RemoteDocumentStore : public DocumentStore {
   }
 
   absl::StatusOr<std::string> GetInto(const std::string &ns, const std::string &id,
-                                      const DocumentSink &sink) override {
+                                      const DocumentSink &sink,
+                                      const ChunkObserver &on_chunk) override {
+    kvstore::CallOptions call;
+    call.on_chunk = on_chunk;
+    call.on_chunk_verifies = on_chunk != nullptr;  // the caller's MAC covers every byte
     auto info = client_->GetInto(
         kvstore::Key::Document(fingerprint_, ns, id),
         [&sink](const kvstore::ValueHeader &header,
@@ -148,7 +154,8 @@ class RemoteDocumentStore : public DocumentStore {
           std::vector<kvstore::MutableBytes> out;
           for (const ByteSpan &b : *spans) out.push_back({b.data, b.size});
           return out;
-        });
+        },
+        kvstore::LayerSelection{}, call);
     if (!info.ok()) return info.status();
     return std::move(info->header.metadata);
   }
@@ -214,6 +221,7 @@ absl::StatusOr<std::unique_ptr<DocumentStore>> OpenDocumentStore(const DocumentS
   co.shards = shards;
   co.replication = o.replication;
   co.tls = o.tls;
+  co.auth_token = o.auth_token;
   co.call_timeout = absl::Seconds(o.call_timeout_s);
   // A worker recomputes rather than waits: fail fast when the store is down.
   co.max_attempts = 2;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/auth.h"
 #include "common/tls.h"
 
 namespace lazyrag {
@@ -69,6 +70,9 @@ struct ByteSpan {
 using DocumentSink = std::function<absl::StatusOr<std::vector<ByteSpan>>(
     const std::string &metadata, uint64_t bytes)>;
 
+// `size` bytes of a value at value offset `offset` are in place and checked (GetInto).
+using ChunkObserver = std::function<void(uint64_t offset, const char *data, uint64_t size)>;
+
 // Thread-safe: the engine calls Get from its fetch thread and Put from its
 // write-back thread.
 class DocumentStore {
@@ -84,12 +88,20 @@ class DocumentStore {
   // Get from the durable store itself (not its front tiers) into the caller's memory, every
   // chunk checked against its checksum on the way; returns the metadata. Errors as Get.
   // UNIMPLEMENTED when the store cannot (the caller then uses Get). Default: UNIMPLEMENTED.
+  // `on_chunk` (may be null): told of each chunk once it is in the spans (kvstore::ChunkObserver:
+  // value offset and bytes, from the reading threads), so that the caller can fold its own
+  // per-chunk work into that pass; a store may not report some or all chunks (the caller then
+  // does that work on the spans afterwards). A caller that passes it verifies every byte itself
+  // (the workers' MAC, stronger than a CRC), so a store may skip its own checksum of the chunks
+  // it reports.
   virtual absl::StatusOr<std::string> GetInto(const std::string &cache_namespace,
                                               const std::string &document_id,
-                                              const DocumentSink &sink) {
+                                              const DocumentSink &sink,
+                                              const ChunkObserver &on_chunk = nullptr) {
     (void)cache_namespace;
     (void)document_id;
     (void)sink;
+    (void)on_chunk;
     return absl::UnimplementedError("document store: no GetInto");
   }
   // Stores (or replaces) the document.
@@ -149,6 +161,8 @@ struct DocumentStoreOptions {
   int replication = 0;
   // Remote store only: gRPC over TLS to the shards (common/tls.h); empty: plaintext.
   TlsFiles tls;
+  // Remote store only: this worker's token, sent on every call (common/auth.h); null: none.
+  std::shared_ptr<BearerToken> auth_token;
 };
 
 // INVALID_ARGUMENT for a malformed spec; UNAVAILABLE when the embedded database

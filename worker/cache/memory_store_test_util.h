@@ -24,8 +24,10 @@ class MemoryDocumentStore : public DocumentStore {
     return it->second;
   }
   // Copies into the sink's spans, like the kvstore client (unless `get_into` is cleared).
+  // Chunks are not reported to `on_chunk`.
   absl::StatusOr<std::string> GetInto(const std::string &ns, const std::string &id,
-                                      const DocumentSink &sink) override {
+                                      const DocumentSink &sink,
+                                      const ChunkObserver & /*on_chunk*/) override {
     StoredDocument doc;
     {
       absl::MutexLock l(&mu);

@@ -10,7 +10,10 @@ namespace {
 
 constexpr uint32_t kMagic = 0x564b5a4c;  // "LZKV" little-endian
 constexpr uint32_t kChecksumCrc32c = 1;
+constexpr uint32_t kChecksumCrc32cMac = 2;
 constexpr int kHeaderWords = 11;
+constexpr size_t kWordBytes = kHeaderWords * sizeof(uint32_t);
+constexpr size_t kMacHeaderBytes = kWordBytes + kMacNonceBytes + kMacTagBytes;
 
 }  // namespace
 
@@ -19,8 +22,14 @@ uint64_t DocumentPayloadBytes(const ModelConfig &c, KvDtype dtype, int64_t num_t
          (dtype == KvDtype::kFloat32 ? 4 : 2);
 }
 
+DocumentMacBinding MacBindingOf(std::string_view metadata, const DocumentMacScope &scope) {
+  return DocumentMacBinding{metadata.substr(0, kWordBytes), scope.model_fingerprint,
+                            scope.cache_namespace, scope.document_id};
+}
+
 StoredDocument EncodeDocument(const ModelConfig &c, KvDtype dtype,
-                              const std::vector<int32_t> &tokens, std::string_view payload) {
+                              const std::vector<int32_t> &tokens, std::string_view payload,
+                              const DocumentMacScope &mac) {
   StoredDocument doc;
   doc.bytes.reserve(tokens.size() * sizeof(int32_t) + payload.size());  // one allocation
   doc.bytes.resize(tokens.size() * sizeof(int32_t));
@@ -37,22 +46,32 @@ StoredDocument EncodeDocument(const ModelConfig &c, KvDtype dtype,
                                         uint32_t(tokens.size()),
                                         theta_bits,
                                         uint32_t(payload.size()),
-                                        kChecksumCrc32c,
+                                        mac.key != nullptr ? kChecksumCrc32cMac : kChecksumCrc32c,
                                         Crc32c(doc.bytes)};
   doc.metadata.resize(sizeof(words));
   std::memcpy(doc.metadata.data(), words, sizeof(words));
+  if (mac.key != nullptr) {
+    const std::array<uint8_t, kMacNonceBytes> nonce = NewMacNonce();
+    const MacTag tag =
+        ComputeDocumentMac(*mac.key, nonce, MacBindingOf(doc.metadata, mac), doc.bytes);
+    doc.metadata.append(reinterpret_cast<const char *>(nonce.data()), nonce.size());
+    doc.metadata.append(reinterpret_cast<const char *>(tag.data()), tag.size());
+  }
   return doc;
 }
 
 absl::StatusOr<DocumentKvHeader> DecodeDocumentHeader(std::string_view metadata,
                                                       const ModelConfig &c, KvDtype dtype) {
   uint32_t w[kHeaderWords];
-  if (metadata.size() != sizeof(w)) {
+  if (metadata.size() < sizeof(w)) {
     return absl::DataLossError("stored document: header has the wrong size");
   }
   std::memcpy(w, metadata.data(), sizeof(w));
-  if (w[0] != kMagic || w[9] != kChecksumCrc32c) {
+  if (w[0] != kMagic || (w[9] != kChecksumCrc32c && w[9] != kChecksumCrc32cMac)) {
     return absl::DataLossError("stored document: not a lazyrag document header");
+  }
+  if (metadata.size() != (w[9] == kChecksumCrc32cMac ? kMacHeaderBytes : kWordBytes)) {
+    return absl::DataLossError("stored document: header has the wrong size");
   }
   if (w[1] != kDocumentKvFormatVersion) {
     return absl::FailedPreconditionError(absl::StrCat("stored document: format version ", w[1]));
@@ -66,6 +85,11 @@ absl::StatusOr<DocumentKvHeader> DecodeDocumentHeader(std::string_view metadata,
   h.num_tokens = w[6];
   std::memcpy(&h.rope_theta, &w[7], sizeof(float));
   h.payload_bytes = w[8];
+  h.has_mac = w[9] == kChecksumCrc32cMac;
+  if (h.has_mac) {
+    std::memcpy(h.mac_nonce.data(), metadata.data() + kWordBytes, kMacNonceBytes);
+    std::memcpy(h.mac_tag.data(), metadata.data() + kWordBytes + kMacNonceBytes, kMacTagBytes);
+  }
   if (h.dtype != dtype || int(h.num_layers) != c.num_layers ||
       int(h.num_kv_heads) != c.num_kv_heads || int(h.head_dim) != c.head_dim ||
       h.rope_theta != c.rope_theta) {
@@ -94,6 +118,19 @@ absl::StatusOr<DecodedDocument> DecodeDocument(const StoredDocument &stored, con
   std::memcpy(d.tokens.data(), stored.bytes.data(), token_bytes);
   d.payload = stored.bytes.substr(token_bytes);
   return d;
+}
+
+absl::Status VerifyDocumentMac(const StoredDocument &stored, const DocumentKvHeader &header,
+                               const DocumentMacScope &mac) {
+  if (mac.key == nullptr) return absl::OkStatus();
+  if (!header.has_mac) return absl::DataLossError(absl::StrCat(kMacFailure, " (none stored)"));
+  DocumentMacCheck check(mac.key, header.mac_nonce, stored.bytes.size());
+  std::vector<ByteSpan> spans = {
+      {const_cast<char *>(stored.bytes.data()), uint64_t(stored.bytes.size())}};
+  if (!check.Finish(spans, MacBindingOf(stored.metadata, mac), header.mac_tag)) {
+    return absl::DataLossError(kMacFailure);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace lazyrag

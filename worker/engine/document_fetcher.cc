@@ -5,6 +5,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/document_id.h"
 #include "common/logging.h"
@@ -185,7 +186,7 @@ FetchedDocument DocumentFetcher::ReadFromStore(const std::string &ns, const std:
     f.origin = std::move(got->origin);
   } else if (got.ok()) {
     const double seconds = absl::ToDoubleSeconds(clock_->Now() - t0);
-    f.doc = DecodeDocument(*got, config_, dtype_);
+    f.doc = DecodeStored(*got, ns, id);
     // A read by id does not know the size beforehand: the decoded value tells.
     if (tokens <= 0 && f.doc.ok()) tokens = int64_t(f.doc->tokens.size());
     cost_.ObserveFetch(tokens, seconds);
@@ -199,6 +200,19 @@ FetchedDocument DocumentFetcher::ReadFromStore(const std::string &ns, const std:
     CountFailedRead(got.status(), failed);
   }
   return f;
+}
+
+absl::StatusOr<DecodedDocument> DocumentFetcher::DecodeStored(const StoredDocument &stored,
+                                                              const std::string &ns,
+                                                              const std::string &id) {
+  auto header = DecodeDocumentHeader(stored.metadata, config_, dtype_);
+  if (!header.ok()) return header.status();
+  if (absl::Status mac = VerifyDocumentMac(stored, *header, MacScope(ns, id)); !mac.ok()) {
+    if (metrics_) metrics_->mac_failures->Increment();
+    LOG_WARNING << "kvstore value of " << id << ": " << mac.message() << "; recomputing";
+    return mac;
+  }
+  return DecodeDocument(stored, config_, dtype_);
 }
 
 void DocumentFetcher::CountFailedRead(const absl::Status &status, bool *failed) {
@@ -220,12 +234,22 @@ std::optional<absl::StatusOr<FetchedDocument>> DocumentFetcher::ReadIntoHostTier
   std::vector<int32_t> tokens;
   std::shared_ptr<LandedInHost> landed;
   absl::Status no_room;  // the tier could not take it: not the store's failure
+  const DocumentMacScope scope = MacScope(ns, id);
+  std::string stored_metadata;
+  std::vector<ByteSpan> spans;
+  // The MAC is checked block by block as the store's reading threads check each chunk
+  // (on_chunk below), the rest at the end: no second pass over the bytes.
+  std::unique_ptr<DocumentMacCheck> mac;
   auto sink = [&](const std::string &metadata,
                   uint64_t bytes) -> absl::StatusOr<std::vector<ByteSpan>> {
     landed.reset();  // a replica that failed part-way: start over
+    mac.reset();
     auto h = DecodeDocumentHeader(metadata, config_, dtype_);
     if (!h.ok()) return h.status();
     header = *h;
+    if (scope.key != nullptr && !header.has_mac) {
+      return absl::DataLossError(absl::StrCat(kMacFailure, " (none stored)"));
+    }
     const uint64_t token_bytes = uint64_t(header.num_tokens) * sizeof(int32_t);
     if (bytes != token_bytes + header.payload_bytes) {
       return absl::DataLossError("stored document: value size does not match its header");
@@ -238,13 +262,34 @@ std::optional<absl::StatusOr<FetchedDocument>> DocumentFetcher::ReadIntoHostTier
     }
     landed = std::make_shared<LandedInHost>(tier, id, *range, options_.keep_landed);
     tokens.resize(header.num_tokens);
-    return std::vector<ByteSpan>{{reinterpret_cast<char *>(tokens.data()), token_bytes},
-                                 {*range, header.payload_bytes}};
+    stored_metadata = metadata;
+    spans = {{reinterpret_cast<char *>(tokens.data()), token_bytes},
+             {*range, header.payload_bytes}};
+    if (scope.key != nullptr) {
+      mac = std::make_unique<DocumentMacCheck>(scope.key, header.mac_nonce, bytes);
+    }
+    return spans;
   };
-  absl::StatusOr<std::string> got = store_->GetInto(ns, id, sink);
+  ChunkObserver on_chunk;
+  if (scope.key != nullptr) {
+    on_chunk = [&mac](uint64_t offset, const char *data, uint64_t size) {
+      if (mac != nullptr) mac->Observe(offset, data, size);
+    };
+  }
+  absl::StatusOr<std::string> got = store_->GetInto(ns, id, sink, on_chunk);
   if (absl::IsUnimplemented(got.status()) || !no_room.ok()) return std::nullopt;
-  if (!got.ok()) return got.status();
+  if (!got.ok()) {
+    if (absl::StrContains(got.status().message(), kMacFailure) && metrics_) {
+      metrics_->mac_failures->Increment();
+    }
+    return got.status();
+  }
   if (landed == nullptr) return absl::InternalError("fetch: nothing landed");
+  if (mac != nullptr && !mac->Finish(spans, MacBindingOf(stored_metadata, scope), header.mac_tag)) {
+    if (metrics_) metrics_->mac_failures->Increment();
+    LOG_WARNING << "kvstore value of " << id << ": " << kMacFailure << "; recomputing";
+    return absl::DataLossError(kMacFailure);  // `landed` gives its range back
+  }
   FetchedDocument f;
   f.id = id;
   f.doc = DecodedDocument{header, std::move(tokens), {}};
@@ -265,7 +310,8 @@ absl::StatusOr<std::vector<int32_t>> DocumentFetcher::FetchTokens(const std::str
   FetchedDocument f = ReadFromStore(ns, id, /*tokens=*/0, &failed);
   if (!f.doc.ok()) return f.doc.status();
   if (DocumentId(options_.fingerprint, ns, f.doc->tokens) != id) {
-    return absl::DataLossError("stored document does not hash to its id");
+    // Not this namespace's document (a peer answers by id alone) or a forged value: as absent.
+    return absl::NotFoundError("no document with this id in this namespace");
   }
   std::vector<int32_t> tokens = f.doc->tokens;
   absl::MutexLock l(&prefetched_mu_);
@@ -377,7 +423,8 @@ void DocumentFetcher::WriteBackLoop() {
     // Encoded here (a copy and a checksum of the whole payload: ~0.27 GB for a
     // 2,048-token document of the 8B model), not on the scheduler thread.
     absl::Status st =
-        store_->Put(wb.ns, wb.id, EncodeDocument(config_, dtype_, wb.tokens, wb.payload));
+        store_->Put(wb.ns, wb.id,
+                    EncodeDocument(config_, dtype_, wb.tokens, wb.payload, MacScope(wb.ns, wb.id)));
     if (metrics_) metrics_->KvRequests("put", st.ok() ? "ok" : StatusLabel(st)).Increment();
     if (!st.ok()) {
       LOG_WARNING << "kvstore write-back of " << wb.id << " failed: " << st;

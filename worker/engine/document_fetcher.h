@@ -37,6 +37,7 @@
 #include "worker/cache/host_tier.h"
 #include "worker/engine/clock.h"
 #include "worker/engine/document_codec.h"
+#include "worker/engine/document_mac.h"
 #include "worker/engine/engine_metrics.h"
 #include "worker/engine/fetch_cost.h"
 
@@ -105,6 +106,9 @@ struct DocumentFetcherOptions {
   // Whether a landed document stays in `host_tier` once copied into its pages (the host tier)
   // or leaves it (staging memory).
   bool keep_landed = true;
+  // Documents written back carry a MAC under this key and store reads must verify (a failure is
+  // a miss: DATA_LOSS, lazyrag_kvstore_mac_failures_total). Null: no MACs.
+  std::shared_ptr<const DocumentMacKey> mac_key;
 };
 
 class DocumentFetcher {
@@ -203,6 +207,13 @@ class DocumentFetcher {
   // the store's own trouble (transport, server), never for one key's (absent, corrupt,
   // malformed, another shape).
   void CountFailedRead(const absl::Status &status, bool *failed);
+  // The MAC scope of the value stored under (ns, id): options_.mac_key (null: no MACs).
+  DocumentMacScope MacScope(const std::string &ns, const std::string &id) const {
+    return DocumentMacScope{options_.mac_key.get(), options_.fingerprint, ns, id};
+  }
+  // DecodeDocument of a value read from the store itself, its MAC checked (a failure counted).
+  absl::StatusOr<DecodedDocument> DecodeStored(const StoredDocument &stored, const std::string &ns,
+                                               const std::string &id);
   // The kvstore's bytes straight into a host-tier entry and the token vector. nullopt when
   // that path is not taken (no tier, a store without GetInto, no room in the tier): the caller
   // reads through Get instead. Else the store's answer (a hit has `landed` set).

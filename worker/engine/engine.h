@@ -27,6 +27,7 @@
 #include "worker/cache/document_table.h"
 #include "worker/cache/host_tier.h"
 #include "worker/engine/clock.h"
+#include "worker/engine/document_mac.h"
 #include "worker/engine/request.h"
 
 namespace lazyrag {
@@ -56,6 +57,10 @@ struct EngineOptions {
   // past it is not written back (lazyrag_kvstore_writeback_dropped_total). One write-back is
   // always let through when none is pending.
   int64_t max_writeback_bytes = kDefaultMaxWritebackBytes;
+  // The workers' key (document_mac.h): documents written to the store carry a MAC under it, and
+  // a stored value without a valid one is a miss (counted in lazyrag_kvstore_mac_failures_total),
+  // recomputed and written back over. Null (the default): no MACs, the store is trusted.
+  std::shared_ptr<const DocumentMacKey> kv_mac_key;
   // Optional, not owned, must outlive the engine: where the engine's metrics
   // are exported.
   metrics::Registry *registry = nullptr;

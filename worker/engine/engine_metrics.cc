@@ -89,6 +89,10 @@ EngineMetrics::EngineMetrics(metrics::Registry *r, const std::string &model,
   writeback_dropped = &r->AddCounter("lazyrag_kvstore_writeback_dropped_total",
                                      "Computed documents not written back: queue full.")
                            .Add();
+  mac_failures = &r->AddCounter("lazyrag_kvstore_mac_failures_total",
+                                "Stored document values whose MAC did not verify (or that had "
+                                "none): treated as misses, recomputed and written back.")
+                      .Add();
   const auto transfer = metrics::ExponentialBuckets(0.0001, 2, 16);  // 0.1 ms .. 3.3 s
   host_bytes = &r->AddGauge("lazyrag_host_cache_bytes",
                             "Bytes of document KV held in the worker's host-memory tier.")

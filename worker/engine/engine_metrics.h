@@ -33,6 +33,8 @@
 //                                                written back)
 //   kvstore_writeback_dropped_total              write-backs dropped, queue
 //   full
+//   kvstore_mac_failures_total                   stored values without a valid MAC
+//                                                (document_mac.h): missed, recomputed
 //   queue_time_seconds{mode,model}               arrival -> first admission
 // Every labelled series whose label values are known up front (modes, outcomes, tiers, the
 // usual kvstore results) is created at zero in the constructor: a series that appears on first
@@ -89,6 +91,7 @@ class EngineMetrics {
   metrics::Histogram *fetch_seconds;
   metrics::Counter *fetch_bytes;
   metrics::Counter *writeback_dropped;
+  metrics::Counter *mac_failures;  // stored values whose MAC failed: recomputed
   // The host tier (worker/cache/host_tier.h).
   metrics::Gauge *host_bytes;
   metrics::Gauge *host_capacity;

@@ -49,7 +49,8 @@ Scheduler::Scheduler(Backend *backend, DocumentTable *table, PageAllocator *allo
                                .chunk_tokens = options.prefill_chunk,
                                .max_writeback_bytes = options.max_writeback_bytes,
                                .host_tier = host != nullptr ? host : staging,
-                               .keep_landed = host != nullptr},
+                               .keep_landed = host != nullptr,
+                               .mac_key = options.kv_mac_key},
         [this](FetchedDocument f) {
           absl::MutexLock l(&mu_);
           fetched_.push_back(std::move(f));

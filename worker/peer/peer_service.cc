@@ -7,6 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
+#include "common/grpc_auth.h"
 #include "common/grpc_status.h"
 #include "common/metrics.h"
 #include "common/status.h"
@@ -113,9 +114,16 @@ absl::StatusOr<StoredDocument> PeerDocumentsService::Lookup(const v1::PeerGetReq
   return doc;
 }
 
+grpc::Status PeerDocumentsService::CheckCaller(const grpc::ServerContext &context) const {
+  // Only the cluster's workers read another worker's pool.
+  auto caller = AuthenticateCall(options_.tokens, context, Role::kWorker);
+  return caller.ok() ? grpc::Status::OK : ToGrpcStatus(caller.status());
+}
+
 grpc::Status PeerDocumentsService::GetDocument(grpc::ServerContext *context,
                                                const v1::PeerGetRequest *request,
                                                grpc::ServerWriter<v1::PeerGetResponse> *writer) {
+  if (grpc::Status refused = CheckCaller(*context); !refused.ok()) return refused;
   auto doc = Lookup(*request);
   Count(doc.status());
   if (!doc.ok()) return ToGrpcStatus(doc.status());
@@ -284,18 +292,20 @@ void PeerDocumentsService::ExpiryLoop() {
   }
 }
 
-grpc::Status PeerDocumentsService::GetPool(grpc::ServerContext *,
+grpc::Status PeerDocumentsService::GetPool(grpc::ServerContext *context,
                                            const v1::PeerPoolRequest *request,
                                            v1::PeerPool *response) {
+  if (grpc::Status refused = CheckCaller(*context); !refused.ok()) return refused;
   auto p = Pool(*request);
   if (!p.ok()) return ToGrpcStatus(p.status());
   *response = std::move(*p);
   return grpc::Status::OK;
 }
 
-grpc::Status PeerDocumentsService::LeaseDocument(grpc::ServerContext *,
+grpc::Status PeerDocumentsService::LeaseDocument(grpc::ServerContext *context,
                                                  const v1::PeerLeaseRequest *request,
                                                  v1::PeerLease *response) {
+  if (grpc::Status refused = CheckCaller(*context); !refused.ok()) return refused;
   auto lease = Lease(*request);
   CountLease(lease.ok() ? "granted" : ResultOf(lease.status()));
   if (!lease.ok()) return ToGrpcStatus(lease.status());
@@ -303,9 +313,10 @@ grpc::Status PeerDocumentsService::LeaseDocument(grpc::ServerContext *,
   return grpc::Status::OK;
 }
 
-grpc::Status PeerDocumentsService::ReleaseLease(grpc::ServerContext *,
+grpc::Status PeerDocumentsService::ReleaseLease(grpc::ServerContext *context,
                                                 const v1::PeerReleaseRequest *request,
                                                 v1::PeerReleaseResponse *) {
+  if (grpc::Status refused = CheckCaller(*context); !refused.ok()) return refused;
   absl::Status st = Release(request->lease_id());
   if (st.ok()) CountLease("released");
   return ToGrpcStatus(st);

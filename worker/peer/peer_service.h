@@ -48,6 +48,8 @@ struct DocumentLender {
   std::function<void(const std::string &id)> unpin;
 };
 
+class TokenStore;
+
 struct PeerServiceOptions {
   // The worker's model fingerprint; requests for another model: FAILED_PRECONDITION. Required.
   std::string model_fingerprint;
@@ -61,6 +63,10 @@ struct PeerServiceOptions {
   double default_lease_s = 10;
   // Leases outstanding at once; beyond it RESOURCE_EXHAUSTED. Default 1024.
   int max_leases = 1024;
+  // Not owned, must outlive the service; null: no authentication. With tokens every call needs
+  // a worker identity (common/auth.h): UNAUTHENTICATED without a known token, PERMISSION_DENIED
+  // for a client's.
+  TokenStore *tokens = nullptr;
   // Optional, not owned, must outlive the service: lazyrag_worker_peer_serve_total{result},
   // lazyrag_worker_peer_serve_bytes_total, lazyrag_worker_peer_leases_total{result},
   // lazyrag_worker_peer_leases_outstanding.
@@ -95,6 +101,8 @@ class PeerDocumentsService final : public v1::PeerDocuments::Service {
   void StopLeases();
 
  private:
+  grpc::Status CheckCaller(const grpc::ServerContext &context) const;
+
   struct LeaseEntry {
     std::string document_id;
     absl::Time expiry;

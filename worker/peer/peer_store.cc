@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "common/crc32c.h"
 #include "common/document_id.h"
+#include "common/grpc_auth.h"
 #include "common/grpc_channel.h"
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
@@ -74,11 +75,12 @@ absl::Status CheckLayout(const PeerPoolHandle &peer, const PeerPoolHandle &local
 // One peer worker: its channel and when it may be asked again after a failure.
 class Peer {
  public:
-  Peer(std::string address, const std::shared_ptr<grpc::ChannelCredentials> &credentials)
+  Peer(std::string address, const std::shared_ptr<grpc::ChannelCredentials> &credentials,
+       const std::shared_ptr<BearerToken> &token)
       : address_(std::move(address)) {
     // A peer that restarts is found again quickly.
     stub_ = v1::PeerDocuments::NewStub(
-        grpc::CreateCustomChannel(address_, credentials, ServiceChannelArgs(kMaxMessageBytes)));
+        CreateServiceChannel(address_, credentials, ServiceChannelArgs(kMaxMessageBytes), token));
   }
 
   const std::string &address() const { return address_; }
@@ -248,7 +250,8 @@ class PeerFirstStore : public DocumentStore {
         inner_(std::move(inner)),
         releaser_(std::make_shared<LeaseReleaser>(o.call_timeout_s)),
         lease_metrics_(std::make_shared<LeaseMetrics>()) {
-    for (const std::string &a : o.peers) peers_.push_back(std::make_shared<Peer>(a, credentials));
+    for (const std::string &a : o.peers)
+      peers_.push_back(std::make_shared<Peer>(a, credentials, o.auth_token));
     if (o.registry != nullptr) {
       fetches_ = &o.registry->AddCounter(
           "lazyrag_worker_peer_fetch_total",
@@ -299,9 +302,10 @@ class PeerFirstStore : public DocumentStore {
 
   // The durable store only (the engine asks the peers first, through GetFromFrontTiers).
   absl::StatusOr<std::string> GetInto(const std::string &ns, const std::string &id,
-                                      const DocumentSink &sink) override {
+                                      const DocumentSink &sink,
+                                      const ChunkObserver &on_chunk) override {
     if (inner_ == nullptr) return absl::NotFoundError(absl::StrCat("no store behind the peers"));
-    return inner_->GetInto(ns, id, sink);
+    return inner_->GetInto(ns, id, sink, on_chunk);
   }
 
   absl::Status Put(const std::string &ns, const std::string &id,

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/auth.h"
 #include "common/tls.h"
 #include "worker/cache/document_store.h"
 
@@ -34,6 +35,8 @@ struct PeerStoreOptions {
   std::vector<std::string> peers;
   // gRPC over TLS to the peers (common/tls.h); empty: plaintext.
   TlsFiles tls;
+  // This worker's token, sent on every call (common/auth.h); null: none.
+  std::shared_ptr<BearerToken> auth_token;
   // The requester's model fingerprint; peers serving another model refuse. Required.
   std::string model_fingerprint;
   // Deadline of one GetDocument call, whole transfer included. Default 5 s (a 256 MiB

@@ -42,8 +42,9 @@ class Borrowed : public DocumentStore {
     return s_->Put(ns, id, d);
   }
   absl::StatusOr<std::string> GetInto(const std::string &ns, const std::string &id,
-                                      const DocumentSink &sink) override {
-    return s_->GetInto(ns, id, sink);
+                                      const DocumentSink &sink,
+                                      const ChunkObserver &on_chunk) override {
+    return s_->GetInto(ns, id, sink, on_chunk);
   }
 
  private:

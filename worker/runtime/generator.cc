@@ -57,9 +57,17 @@ std::vector<int32_t> Generator::Encode(const std::vector<PromptPiece> &pieces) c
   return tokenizer_->EncodePieces(pieces, template_.parse_special_in_text);
 }
 
-void Generator::Remember(const std::string &id, const std::vector<int32_t> &tokens) {
+std::optional<std::string> Generator::NamespaceOf(const std::string &id) {
   absl::MutexLock lock(&mu_);
-  if (known_.emplace(id, tokens).second) {
+  auto it = known_.find(id);
+  if (it == known_.end()) return std::nullopt;
+  return it->second.cache_namespace;
+}
+
+void Generator::Remember(const std::string &id, const std::string &ns,
+                         const std::vector<int32_t> &tokens) {
+  absl::MutexLock lock(&mu_);
+  if (known_.emplace(id, KnownDocument{ns, tokens}).second) {
     known_order_.push_back(id);
     if (known_order_.size() > kMaxKnownDocuments) {
       known_.erase(known_order_.front());
@@ -91,13 +99,18 @@ absl::StatusOr<TokenPrompt> Generator::BuildPrompt(const GenerateRequest &r,
             absl::StrCat("document ", i, ": '", d.id, "' is not a document id"));
       }
       {
+        // An id made in another namespace is treated exactly as an unknown one (the same
+        // store lookup, in this request's namespace, and NOT_FOUND), so that neither the
+        // answer nor its timing tells a caller that another tenant holds the document.
         absl::MutexLock lock(&mu_);
         auto it = known_.find(d.id);
-        if (it != known_.end()) tokens = it->second;
+        if (it != known_.end() && it->second.cache_namespace == r.cache_namespace) {
+          tokens = it->second.tokens;
+        }
       }
       if (tokens.empty()) {
         // Not seen by this process (e.g. after a restart): the store keeps the
-        // tokens too.
+        // tokens too, under this namespace's key.
         auto fetched = engine_->FetchDocumentTokens(r.cache_namespace, d.id);
         if (absl::IsNotFound(fetched.status())) {
           return absl::NotFoundError(absl::StrCat("document ", i, ": unknown document id ", d.id));
@@ -108,7 +121,7 @@ absl::StatusOr<TokenPrompt> Generator::BuildPrompt(const GenerateRequest &r,
               " is not known here and the kvstore failed: ", fetched.status().message()));
         }
         tokens = std::move(*fetched);
-        Remember(d.id, tokens);
+        Remember(d.id, r.cache_namespace, tokens);
       }
       id = d.id;
     } else {
@@ -119,7 +132,7 @@ absl::StatusOr<TokenPrompt> Generator::BuildPrompt(const GenerateRequest &r,
       }
       tokens = Encode(template_.DocumentPieces(d.text));
       id = engine_->BlockId(tokens, r.cache_namespace);
-      Remember(id, tokens);
+      Remember(id, r.cache_namespace, tokens);
     }
     if (document_ids) document_ids->push_back(id);
     p.documents.push_back(std::move(tokens));
@@ -188,7 +201,8 @@ absl::StatusOr<std::vector<PreparedDocument>> Generator::PrepareDocuments(
       return absl::InvalidArgumentError(absl::StrCat("document ", i, " is not valid UTF-8"));
     }
     documents.push_back(Encode(template_.DocumentPieces(text)));
-    Remember(engine_->BlockId(documents.back(), cache_namespace), documents.back());
+    Remember(engine_->BlockId(documents.back(), cache_namespace), cache_namespace,
+             documents.back());
   }
   auto encoded = engine_->EncodeDocuments(documents, cache_namespace, deadline, is_cancelled);
   if (!encoded.ok()) return encoded.status();

@@ -7,6 +7,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -84,19 +85,26 @@ class Generator {
   const Tokenizer &tokenizer() const { return *tokenizer_; }
   const RagTemplate &rag_template() const { return template_; }
   Engine &engine() { return *engine_; }
+  // The cache namespace a document id was made in, when this generator still remembers it
+  // (Stats shows a client only its own documents).
+  std::optional<std::string> NamespaceOf(const std::string &id);
 
  private:
   Engine *engine_;
   const Tokenizer *tokenizer_;
   RagTemplate template_;
-  // Document tokens by id, so that later requests (and FULL/PREFIX modes) can
-  // name documents by id. Bounded: the oldest ids are forgotten past
-  // kMaxKnownDocuments.
+  // Document tokens and namespace by id, so that later requests (and FULL/PREFIX modes) can
+  // name documents by id; an id resolves only for a request of the namespace that made it.
+  // Bounded: the oldest ids are forgotten past kMaxKnownDocuments.
   static constexpr size_t kMaxKnownDocuments = 100000;
+  struct KnownDocument {
+    std::string cache_namespace;
+    std::vector<int32_t> tokens;
+  };
   absl::Mutex mu_;
-  std::unordered_map<std::string, std::vector<int32_t>> known_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<std::string, KnownDocument> known_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> known_order_ ABSL_GUARDED_BY(mu_);
-  void Remember(const std::string &id, const std::vector<int32_t> &tokens);
+  void Remember(const std::string &id, const std::string &ns, const std::vector<int32_t> &tokens);
   // Token ids of prompt pieces: control tokens only from the template (RagTemplate).
   std::vector<int32_t> Encode(const std::vector<PromptPiece> &pieces) const;
 };

@@ -134,6 +134,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
   eo.max_running = o.max_running;
   eo.max_waiting = o.max_waiting;
   eo.max_writeback_bytes = o.max_writeback_bytes;
+  eo.kv_mac_key = o.kv_mac_key;
   eo.host_cache_bytes = *host_cache_bytes;
   // Without a host tier, store fetches on the GPU still land in pinned memory (1 GiB: a few
   // documents in flight; a fetch that finds no room goes through pageable memory).

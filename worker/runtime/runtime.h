@@ -45,6 +45,8 @@ struct RuntimeOptions {
   int max_waiting = 256;        // waiting queue bound (RESOURCE_EXHAUSTED beyond)
   // Host bytes of document KV waiting for the store (EngineOptions::max_writeback_bytes).
   int64_t max_writeback_bytes = kDefaultMaxWritebackBytes;
+  // The workers' key for MACs on stored document KV (EngineOptions::kv_mac_key); null: none.
+  std::shared_ptr<const DocumentMacKey> kv_mac_key;
   // Bytes of the host-memory tier (EngineOptions::host_cache_bytes). -1 (the default): sized
   // from the machine by DefaultHostCacheBytes; 0: no host tier; > 0: that many bytes, on any
   // device (on the CPU the pool already is host memory, but tests and benchmarks use it there

@@ -10,8 +10,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/grpc_auth.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/status.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "worker/model/tokenizer/utf8.h"
 
@@ -64,9 +66,10 @@ std::string ModeName(v1::AttentionMode mode) {
 // One line per finished Generate call, whatever its outcome (rejected requests too): what the
 // request asked, what the engine reported (absent when it did not run to the end) and the
 // status the client got. Info, or a warning for a call that failed; `request_id` "": a new one.
+// `caller`: its tenant is logged when authenticated.
 void LogFinishedRequest(const v1::GenerateRequest &request, const std::string &request_id,
-                        const std::optional<GenerateResult> &result, const absl::Status &status,
-                        absl::Duration wall) {
+                        const Identity &caller, const std::optional<GenerateResult> &result,
+                        const absl::Status &status, absl::Duration wall) {
   const LogLevel level = status.ok() ? LogLevel::kInfo : LogLevel::kWarning;
   if (level < MinLogLevel()) return;
   const absl::StatusCode code = status.code();
@@ -74,6 +77,7 @@ void LogFinishedRequest(const v1::GenerateRequest &request, const std::string &r
   line.With("request_id", request_id.empty() ? NewRequestId() : request_id)
       .With("mode", ModeName(request.mode()))
       .With("documents", request.documents_size());
+  if (caller.authenticated) line.With("tenant", caller.tenant).With("role", RoleName(caller.role));
   if (result.has_value()) {
     const Usage &u = result->usage;
     line.With("prompt_tokens", u.prompt_tokens)
@@ -192,31 +196,35 @@ InferenceService::InferenceService(Generator *generator, InferenceServiceOptions
 grpc::Status InferenceService::Generate(grpc::ServerContext *context,
                                         const v1::GenerateRequest *request,
                                         grpc::ServerWriter<v1::GenerateResponse> *writer) {
+  auto caller = AuthenticateCall(options_.tokens, *context, Role::kClient);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   return ToGrpcStatus(Generate(
-      *request, DeadlineOf(*context), [context] { return context->IsCancelled(); },
+      *request, *caller, DeadlineOf(*context), [context] { return context->IsCancelled(); },
       [writer](const v1::GenerateResponse &m) { return writer->Write(m); }));
 }
 
-absl::Status InferenceService::Generate(const v1::GenerateRequest &request, absl::Time deadline,
-                                        std::function<bool()> is_cancelled,
+absl::Status InferenceService::Generate(const v1::GenerateRequest &request, const Identity &caller,
+                                        absl::Time deadline, std::function<bool()> is_cancelled,
                                         const MessageSink &write) {
   const absl::Time start = absl::Now();
   // The result stays empty unless the engine ran the request to the end.
   std::optional<GenerateResult> logged;
   const absl::Status status =
-      GenerateStream(request, deadline, std::move(is_cancelled), write, &logged);
-  LogFinishedRequest(request, request.request_id(), logged, status, absl::Now() - start);
+      GenerateStream(request, caller, deadline, std::move(is_cancelled), write, &logged);
+  LogFinishedRequest(request, request.request_id(), caller, logged, status, absl::Now() - start);
   return status;
 }
 
 absl::Status InferenceService::GenerateStream(const v1::GenerateRequest &request,
-                                              absl::Time deadline,
+                                              const Identity &caller, absl::Time deadline,
                                               std::function<bool()> is_cancelled,
                                               const MessageSink &write,
                                               std::optional<GenerateResult> *logged) {
   auto parsed = ParseGenerateRequest(request, options_);
   if (!parsed.ok()) return parsed.status();
   GenerateRequest r = std::move(*parsed);
+  ASSIGN_OR_RETURN(r.cache_namespace,
+                   EffectiveNamespace(caller, r.cache_namespace, options_.namespaces));
   r.deadline = deadline;
   if (absl::Now() >= r.deadline) {
     return absl::DeadlineExceededError("the call's deadline has already passed");
@@ -278,6 +286,10 @@ absl::Status InferenceService::GenerateStream(const v1::GenerateRequest &request
 grpc::Status InferenceService::PrepareDocuments(grpc::ServerContext *context,
                                                 const v1::PrepareDocumentsRequest *request,
                                                 v1::PrepareDocumentsResponse *response) {
+  auto caller = AuthenticateCall(options_.tokens, *context, Role::kClient);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  auto ns = EffectiveNamespace(*caller, request->cache_namespace(), options_.namespaces);
+  if (!ns.ok()) return ToGrpcStatus(ns.status());
   if (request->texts_size() > options_.max_prepare_texts) {
     return ToGrpcStatus(absl::ResourceExhaustedError(
         absl::StrCat("too many texts in one PrepareDocuments call (", request->texts_size(), " > ",
@@ -298,9 +310,8 @@ grpc::Status InferenceService::PrepareDocuments(grpc::ServerContext *context,
     }
   }
   // The work stops when the call ends: its deadline passes or the client cancels it.
-  auto prepared =
-      generator_->PrepareDocuments(texts, request->cache_namespace(), DeadlineOf(*context),
-                                   [context] { return context->IsCancelled(); });
+  auto prepared = generator_->PrepareDocuments(texts, *ns, DeadlineOf(*context),
+                                               [context] { return context->IsCancelled(); });
   if (!prepared.ok()) return ToGrpcStatus(prepared.status());
   for (const PreparedDocument &d : *prepared) {
     v1::PreparedDocument *out = response->add_documents();
@@ -311,12 +322,26 @@ grpc::Status InferenceService::PrepareDocuments(grpc::ServerContext *context,
   return grpc::Status::OK;
 }
 
-grpc::Status InferenceService::Stats(grpc::ServerContext *, const v1::StatsRequest *,
+grpc::Status InferenceService::Stats(grpc::ServerContext *context, const v1::StatsRequest *request,
                                      v1::StatsResponse *response) {
+  auto caller = AuthenticateCall(options_.tokens, *context, Role::kClient);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (caller->Allows(Role::kWorker) && !request->for_tenant().empty()) {
+    // A router asking on behalf of its client: that tenant's view.
+    *caller = Identity{true, request->for_tenant(), Role::kClient};
+  }
   Engine &engine = generator_->engine();
   const EngineStats s = engine.Stats();
+  const bool everything = caller->Allows(Role::kWorker);  // no auth, or the router's affinity
   for (const std::string &id : s.resident_ids) {
-    if (id.rfind("prefix:", 0) != 0) response->add_resident_document_ids(id);
+    if (id.rfind("prefix:", 0) == 0) continue;
+    if (!everything) {
+      // A client sees the documents of its own namespaces (and public ones) only; an id whose
+      // namespace this worker no longer remembers is not shown.
+      std::optional<std::string> ns = generator_->NamespaceOf(id);
+      if (!ns.has_value() || !NamespaceVisibleTo(*caller, *ns, options_.namespaces)) continue;
+    }
+    response->add_resident_document_ids(id);
   }
   v1::PoolStats *pool = response->mutable_pool();
   pool->set_page_size(engine.options().page_size);

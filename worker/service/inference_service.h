@@ -13,6 +13,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/auth.h"
 #include "lazyrag/v1/inference.grpc.pb.h"
 #include "worker/runtime/generator.h"
 
@@ -26,6 +27,11 @@ struct InferenceServiceOptions {
   // (one call must not hold the worker for long). Defaults 256 texts, 16 MiB.
   int max_prepare_texts = 256;
   int64_t max_prepare_bytes = 16 << 20;
+  // Not owned; null: no authentication. With tokens every call needs a client or worker token
+  // (common/auth.h); a client's cache namespace is derived from its tenant (EffectiveNamespace)
+  // and its Stats list only its own documents.
+  TokenStore *tokens = nullptr;
+  NamespacePolicy namespaces;  // public cache namespaces
 };
 
 // Proto -> engine request. INVALID_ARGUMENT with the reason for bad input
@@ -52,16 +58,18 @@ class InferenceService final : public v1::Inference::Service {
   // Generate outside gRPC (the HTTP front door, worker_http_backend.h): the same validation,
   // engine call, messages, statuses and log line as the gRPC method. `is_cancelled` is polled
   // by the engine; the call ends DEADLINE_EXCEEDED past `deadline`.
-  absl::Status Generate(const v1::GenerateRequest &request, absl::Time deadline,
-                        std::function<bool()> is_cancelled, const MessageSink &write);
+  // `caller`: who asked (Identity{} without authentication), which scopes the namespace.
+  absl::Status Generate(const v1::GenerateRequest &request, const Identity &caller,
+                        absl::Time deadline, std::function<bool()> is_cancelled,
+                        const MessageSink &write);
   const InferenceServiceOptions &options() const { return options_; }
 
  private:
   // Generate without its log line; sets `logged` (usage, timings, finish reason) when the engine
   // ran the request to the end.
-  absl::Status GenerateStream(const v1::GenerateRequest &request, absl::Time deadline,
-                              std::function<bool()> is_cancelled, const MessageSink &write,
-                              std::optional<GenerateResult> *logged);
+  absl::Status GenerateStream(const v1::GenerateRequest &request, const Identity &caller,
+                              absl::Time deadline, std::function<bool()> is_cancelled,
+                              const MessageSink &write, std::optional<GenerateResult> *logged);
 
   Generator *generator_;
   const InferenceServiceOptions options_;

@@ -19,7 +19,7 @@ class WorkerHttpBackend final : public http::InferenceBackend {
                         const MessageSink &on_message) override {
     Cancellation *cancellation = call.cancellation;
     return service_->Generate(
-        request, call.deadline,
+        request, call.caller.identity, call.deadline,
         [cancellation] { return cancellation != nullptr && cancellation->cancelled(); },
         on_message);
   }

@@ -24,11 +24,19 @@ absl::Status WorkerServer::Start() {
   auto credentials_or = ServerCredentialsFor(options_.tls);
   if (!credentials_or.ok()) return credentials_or.status();
   std::shared_ptr<grpc::ServerCredentials> credentials = std::move(*credentials_or);
+  RETURN_IF_ERROR(ValidateNamespacePolicy(options_.auth.namespaces));
+  ASSIGN_OR_RETURN(tokens_, OpenTokenStore(options_.auth.tokens_file));
+  ASSIGN_OR_RETURN(std::shared_ptr<BearerToken> own_token,
+                   OpenBearerToken(options_.auth.token_file));
   RuntimeOptions ro = options_.runtime;
   ro.registry = &registry_;
+  if (!options_.kv_mac_key_file.empty()) {
+    ASSIGN_OR_RETURN(ro.kv_mac_key, DocumentMacKey::FromFile(options_.kv_mac_key_file));
+  }
   if (!options_.kvstore.empty() || !options_.peers.empty()) {
     ro.store_factory =
-        [this](const std::string &fingerprint) -> absl::StatusOr<std::unique_ptr<DocumentStore>> {
+        [this, own_token](
+            const std::string &fingerprint) -> absl::StatusOr<std::unique_ptr<DocumentStore>> {
       std::unique_ptr<DocumentStore> store;
       if (!options_.kvstore.empty()) {
         DocumentStoreOptions so;
@@ -38,6 +46,7 @@ absl::Status WorkerServer::Start() {
         so.call_timeout_s = options_.kvstore_timeout_s;
         so.put_timeout_s = options_.kvstore_put_timeout_s;
         so.tls = options_.tls;
+        so.auth_token = own_token;
         auto opened = OpenDocumentStore(so);
         if (!opened.ok()) return opened.status();
         store = std::move(*opened);
@@ -47,6 +56,7 @@ absl::Status WorkerServer::Start() {
       PeerStoreOptions po;
       po.peers = options_.peers;
       po.tls = options_.tls;
+      po.auth_token = own_token;
       po.model_fingerprint = fingerprint;
       po.call_timeout_s = options_.peer_timeout_s;
       po.lease_s = options_.peer_lease_s;
@@ -67,6 +77,8 @@ absl::Status WorkerServer::Start() {
   so.max_tokens_limit = options_.max_tokens_limit;
   so.max_prepare_texts = options_.max_prepare_texts;
   so.max_prepare_bytes = options_.max_prepare_bytes;
+  so.tokens = tokens_.get();
+  so.namespaces = options_.auth.namespaces;
   service_ = std::make_unique<InferenceService>(runtime_->generator.get(), so);
   GrpcServerOptions go;
   go.listen = options_.listen;
@@ -77,6 +89,7 @@ absl::Status WorkerServer::Start() {
   PeerServiceOptions po;
   po.model_fingerprint = runtime_->fingerprint;
   po.registry = &registry_;
+  po.tokens = tokens_.get();
   Engine *engine = runtime_->engine.get();
   // Fast path: the pool itself, lent by device leases, when the backend can share it.
   DocumentLender lender;
@@ -100,7 +113,11 @@ absl::Status WorkerServer::Start() {
   if (auto st = grpc_->Start(); !st.ok()) return st;
   if (!options_.http.listen.empty()) {
     http_backend_ = std::make_unique<WorkerHttpBackend>(service_.get());
-    openai_ = std::make_unique<http::OpenAiHttpServer>(http_backend_.get(), options_.http);
+    if (tokens_ != nullptr) {
+      authenticator_ = std::make_unique<http::TokenStoreAuthenticator>(tokens_.get());
+    }
+    openai_ = std::make_unique<http::OpenAiHttpServer>(http_backend_.get(), options_.http,
+                                                       authenticator_.get());
     if (auto st = openai_->Start(); !st.ok()) return st;
   }
   if (options_.metrics_port >= 0) {

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/auth_flags.h"
 #include "common/metrics.h"
 #include "common/tls.h"
 #include "http/openai_http_server.h"
@@ -17,6 +18,7 @@
 namespace lazyrag {
 
 class GrpcServer;
+class TokenStore;
 class InferenceService;
 class PeerDocumentsService;
 class WorkerHttpBackend;
@@ -40,9 +42,17 @@ struct WorkerServerOptions {
   // put_timeout_s). Defaults 10 s and 60 s.
   double kvstore_timeout_s = 10;
   double kvstore_put_timeout_s = 60;
+  // The workers' key for MACs on stored document KV (worker/engine/document_mac.h), a file of
+  // at least 32 bytes; "": no MACs.
+  std::string kv_mac_key_file;
   // gRPC over TLS (common/tls.h) for this server, the kvstore shards and the peers; empty:
   // plaintext.
   TlsFiles tls;
+  // Authentication (common/auth.h): auth.tokens_file checks callers on the gRPC and HTTP ports
+  // (Inference: client or worker tokens; PeerDocuments: worker tokens only); auth.token_file is
+  // this worker's own token, sent to the kvstore shards and peers; auth.namespaces lists the
+  // public cache namespaces. All empty: no authentication.
+  AuthFiles auth;
   // Peer workers of the same host (HOST:PORT of their gRPC address), asked for a
   // document before the kvstore (worker/peer/peer_store.h). Empty: none. Every
   // worker serves lazyrag.v1.PeerDocuments whatever this says.
@@ -94,6 +104,8 @@ class WorkerServer {
  private:
   const WorkerServerOptions options_;
   metrics::Registry registry_;
+  std::unique_ptr<TokenStore> tokens_;
+  std::unique_ptr<http::CallerAuthenticator> authenticator_;
   std::unique_ptr<Runtime> runtime_;
   std::unique_ptr<InferenceService> service_;
   std::unique_ptr<PeerDocumentsService> peer_service_;

@@ -89,6 +89,11 @@ class _Join:
                       document_ids=list(self.last.document_ids))
 
 
+def _auth_metadata(auth_token: Optional[str]):
+    """The call metadata carrying a bearer token; None without one."""
+    return (("authorization", "Bearer " + auth_token),) if auth_token else None
+
+
 def _credentials(tls_ca: Optional[str], tls_cert: Optional[str],
                  tls_key: Optional[str]) -> Optional[grpc.ChannelCredentials]:
     if tls_ca is None:
@@ -111,12 +116,18 @@ class Client:
 
     def __init__(self, target: str = DEFAULT_TARGET, *, timeout: Optional[float] = 60.0,
                  channel: Optional[grpc.Channel] = None, tls_ca: Optional[str] = None,
-                 tls_cert: Optional[str] = None, tls_key: Optional[str] = None):
+                 tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
+                 auth_token: Optional[str] = None):
         """target: "HOST:PORT". timeout: default deadline of each call in seconds (None: none).
 
         TLS (servers started with --tls_cert/--tls_key/--tls_ca): tls_ca is the PEM CA file the
         server is verified against; tls_cert and tls_key (PEM files) present a client
-        certificate, optional. Without tls_ca the channel is plaintext."""
+        certificate (servers require one unless started with --tls_require_client_cert=false).
+        Without tls_ca the channel is plaintext.
+
+        auth_token: the bearer token for servers started with --auth_tokens_file, sent as
+        "authorization: Bearer TOKEN" on every call (UNAUTHENTICATED without it)."""
+        self._metadata = _auth_metadata(auth_token)
         if channel is None:
             creds = _credentials(tls_ca, tls_cert, tls_key)
             channel = (grpc.secure_channel(target, creds) if creds
@@ -159,7 +170,7 @@ class Client:
         mode ("lazy" | "materialize" | "prefix" | "full"), cache_namespace, request_id.
         Cancel by calling .cancel() on the returned iterator."""
         req = build_request(query, documents, **options)
-        return self._generate(req, timeout=timeout or self._timeout)
+        return self._generate(req, timeout=timeout or self._timeout, metadata=self._metadata)
 
     def generate_text(self, query: str, documents: Sequence[DocumentLike] = (), *,
                       timeout: Optional[float] = None, **options) -> Answer:
@@ -174,11 +185,13 @@ class Client:
         """Computes documents ahead of requests; returns a PreparedDocument (id, num_tokens,
         computed) per text, in order."""
         req = pb2.PrepareDocumentsRequest(texts=list(texts), cache_namespace=cache_namespace)
-        return list(self._prepare(req, timeout=timeout or self._timeout).documents)
+        return list(self._prepare(req, timeout=timeout or self._timeout,
+                                  metadata=self._metadata).documents)
 
     def stats(self, *, timeout: Optional[float] = None) -> pb2.StatsResponse:
         """Load and cache state (a router sums its workers')."""
-        return self._stats(pb2.StatsRequest(), timeout=timeout or self._timeout)
+        return self._stats(pb2.StatsRequest(), timeout=timeout or self._timeout,
+                           metadata=self._metadata)
 
 
 class AsyncClient:
@@ -194,7 +207,9 @@ class AsyncClient:
 
     def __init__(self, target: str = DEFAULT_TARGET, *, timeout: Optional[float] = 60.0,
                  tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
-                 tls_key: Optional[str] = None):
+                 tls_key: Optional[str] = None, auth_token: Optional[str] = None):
+        """As Client (auth_token: the bearer token of a server with --auth_tokens_file)."""
+        self._metadata = _auth_metadata(auth_token)
         creds = _credentials(tls_ca, tls_cert, tls_key)
         self._channel = (grpc.aio.secure_channel(target, creds) if creds
                          else grpc.aio.insecure_channel(target))
@@ -224,7 +239,7 @@ class AsyncClient:
         """Streams GenerateResponse messages (see Client.generate). Leaving the loop early
         cancels the call."""
         req = build_request(query, documents, **options)
-        call = self._generate(req, timeout=timeout or self._timeout)
+        call = self._generate(req, timeout=timeout or self._timeout, metadata=self._metadata)
         try:
             async for message in call:
                 yield message
@@ -241,7 +256,9 @@ class AsyncClient:
     async def prepare_documents(self, texts: Sequence[str], *, cache_namespace: str = "",
                                 timeout: Optional[float] = None) -> List[pb2.PreparedDocument]:
         req = pb2.PrepareDocumentsRequest(texts=list(texts), cache_namespace=cache_namespace)
-        return list((await self._prepare(req, timeout=timeout or self._timeout)).documents)
+        return list((await self._prepare(req, timeout=timeout or self._timeout,
+                                         metadata=self._metadata)).documents)
 
     async def stats(self, *, timeout: Optional[float] = None) -> pb2.StatsResponse:
-        return await self._stats(pb2.StatsRequest(), timeout=timeout or self._timeout)
+        return await self._stats(pb2.StatsRequest(), timeout=timeout or self._timeout,
+                                 metadata=self._metadata)

@@ -150,8 +150,10 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
-    __slots__ = []
-    def __init__(self) -> None: ...
+    __slots__ = ["for_tenant"]
+    FOR_TENANT_FIELD_NUMBER: _ClassVar[int]
+    for_tenant: str
+    def __init__(self, for_tenant: _Optional[str] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
     __slots__ = ["host_cache", "model", "model_fingerprint", "pool", "resident_document_ids", "running_requests", "waiting_requests"]

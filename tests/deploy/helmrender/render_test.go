@@ -1130,3 +1130,82 @@ func TestImageTagIsProjectVersion(t *testing.T) {
 		}
 	}
 }
+
+// Issue 28: with auth every server checks the tokens file; the router and workers send the
+// worker token; only workers get the MAC key, and the kvstore's volume projects only `tokens`.
+// The generated Secret lists the worker token with role worker and every client token. Without
+// auth nothing of it renders.
+func TestAuthSecrets(t *testing.T) {
+	r := render(t, "auth", filepath.Join(*testdataDir, "values-auth.yaml"))
+	secret := r.byKey["Secret/auth-lazyrag-auth"]
+	if secret == nil {
+		t.Fatalf("no generated auth Secret; rendered %v", keys(r.byKey))
+	}
+	tokens := str(get(secret, "stringData", "tokens"))
+	for _, line := range []string{"cluster-worker-token-001 cluster worker", "acme-client-token-000001 acme client", "globex-client-token-0001 globex client"} {
+		if !strings.Contains(tokens, line) {
+			t.Errorf("tokens file lacks %q:\n%s", line, tokens)
+		}
+	}
+	if str(get(secret, "stringData", "worker-token")) != "cluster-worker-token-001" {
+		t.Errorf("worker-token = %q", get(secret, "stringData", "worker-token"))
+	}
+	want := map[string][]string{
+		"kvstore": {"--auth_tokens_file"},
+		"worker":  {"--auth_tokens_file", "--auth_token_file", "--kv_mac_key_file", "--public_namespaces"},
+		"router":  {"--auth_tokens_file", "--auth_token_file", "--public_namespaces"},
+	}
+	items := map[string][]string{"kvstore": {"tokens"}, "worker": {"tokens", "worker-token", "mac-key"}, "router": {"tokens", "worker-token"}}
+	kinds := map[string]string{"kvstore": "StatefulSet", "worker": "StatefulSet", "router": "Deployment"}
+	for component, flags := range want {
+		w := r.workload(t, kinds[component], component)
+		a := args(w)
+		for _, f := range flags {
+			if _, ok := a[f]; !ok {
+				t.Errorf("%s lacks %s (args %v)", component, f, a)
+			}
+		}
+		if component != "worker" {
+			if _, ok := a["--kv_mac_key_file"]; ok {
+				t.Errorf("%s gets the MAC key", component)
+			}
+		}
+		var got []string
+		for _, v := range get(w, "spec", "template", "spec", "volumes").([]interface{}) {
+			if str(get(v, "name")) != "auth" {
+				continue
+			}
+			for _, it := range get(v, "secret", "items").([]interface{}) {
+				got = append(got, str(get(it, "key")))
+			}
+		}
+		if strings.Join(got, ",") != strings.Join(items[component], ",") {
+			t.Errorf("%s mounts auth keys %v, want %v", component, got, items[component])
+		}
+	}
+	if a := args(r.workload(t, "StatefulSet", "worker")); a["--public_namespaces"] != "shared,wiki" {
+		t.Errorf("--public_namespaces=%q", a["--public_namespaces"])
+	}
+
+	existing := render(t, "auth", filepath.Join(*testdataDir, "values-auth-secret.yaml"))
+	if existing.byKey["Secret/auth-lazyrag-auth"] != nil {
+		t.Errorf("a Secret was generated although auth.existingSecret is set")
+	}
+	for _, v := range get(existing.workload(t, "StatefulSet", "worker"), "spec", "template", "spec", "volumes").([]interface{}) {
+		if str(get(v, "name")) == "auth" && str(get(v, "secret", "secretName")) != "lazyrag-auth" {
+			t.Errorf("auth volume from %q, want lazyrag-auth", get(v, "secret", "secretName"))
+		}
+	}
+	off := render(t, "auth", nil...)
+	if _, ok := args(off.workload(t, "StatefulSet", "worker"))["--auth_tokens_file"]; ok {
+		t.Errorf("auth flags without auth.enabled")
+	}
+}
+
+func keys(m map[string]obj) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}

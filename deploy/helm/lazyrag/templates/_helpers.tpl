@@ -228,6 +228,62 @@ replicas: {{ int $v.replicas }}
 {{- end -}}
 {{- end -}}
 
+{{/* Name of the Secret that holds tokens, worker-token and mac-key. */}}
+{{- define "lazyrag.authSecretName" -}}
+{{- default (printf "%s-auth" (include "lazyrag.fullname" .)) .Values.auth.existingSecret -}}
+{{- end -}}
+
+{{/*
+Authentication flags of one component (dict root, component: kvstore|worker|router; a YAML list,
+maybe empty): every server checks the tokens file; the router and workers send the worker token;
+only workers get the MAC key.
+*/}}
+{{- define "lazyrag.authArgs" -}}
+{{- $a := .root.Values.auth -}}
+{{- if $a.enabled -}}
+- --auth_tokens_file={{ $a.mountPath }}/tokens
+{{- if ne .component "kvstore" }}
+- --auth_token_file={{ $a.mountPath }}/worker-token
+{{- with $a.publicNamespaces }}
+- {{ printf "--public_namespaces=%s" (join "," .) | quote }}
+{{- end }}
+{{- end }}
+{{- if eq .component "worker" }}
+- --kv_mac_key_file={{ $a.mountPath }}/mac-key
+{{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/* volumeMounts entry of the auth Secret (dict root; empty without auth). */}}
+{{- define "lazyrag.authVolumeMount" -}}
+{{- if .root.Values.auth.enabled -}}
+- name: auth
+  mountPath: {{ .root.Values.auth.mountPath }}
+  readOnly: true
+{{- end -}}
+{{- end -}}
+
+{{/*
+volumes entry of the auth Secret (dict root, component; empty without auth). Each component
+sees only the keys it needs: the kvstore never the MAC key or a worker token.
+*/}}
+{{- define "lazyrag.authVolume" -}}
+{{- if .root.Values.auth.enabled -}}
+- name: auth
+  secret:
+    secretName: {{ include "lazyrag.authSecretName" .root }}
+    defaultMode: 0440
+    items:
+      - {key: tokens, path: tokens}
+      {{- if ne .component "kvstore" }}
+      - {key: worker-token, path: worker-token}
+      {{- end }}
+      {{- if eq .component "worker" }}
+      - {key: mac-key, path: mac-key}
+      {{- end }}
+{{- end -}}
+{{- end -}}
+
 {{/*
 Comma-separated gRPC addresses of every kvstore shard, by its stable StatefulSet pod name
 under the headless Service: PREFIX-kvstore-I.PREFIX-kvstore.NAMESPACE.svc.DOMAIN:PORT.

@@ -1,0 +1,265 @@
+#include "common/auth.h"
+
+#include <openssl/crypto.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+
+namespace lazyrag {
+namespace {
+
+constexpr size_t kMinTokenBytes = 16;
+constexpr size_t kMaxTokenBytes = 512;
+constexpr size_t kMaxTenantBytes = 64;
+
+// absl here is built with its own string_view, not std's.
+absl::string_view Absl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+std::string_view Std(absl::string_view s) { return std::string_view(s.data(), s.size()); }
+
+bool ValidToken(std::string_view t) {
+  if (t.size() < kMinTokenBytes || t.size() > kMaxTokenBytes) return false;
+  for (char c : t) {
+    if (c <= ' ' || c > '~') return false;
+  }
+  return true;
+}
+
+bool ValidTenant(std::string_view t) {
+  if (t.empty() || t.size() > kMaxTenantBytes) return false;
+  for (char c : t) {
+    if (!absl::ascii_isalnum(c) && c != '_' && c != '.' && c != '-') return false;
+  }
+  return true;
+}
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(path, ": cannot read"));
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Modification time (ns), size and inode of `path`; size -1 when it cannot be stat'ed.
+struct Stamp {
+  int64_t mtime_ns = 0;
+  int64_t size = -1;
+  uint64_t inode = 0;
+};
+Stamp StampOf(const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return {};
+  return {int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec, int64_t(st.st_size),
+          uint64_t(st.st_ino)};
+}
+
+}  // namespace
+
+const char* RoleName(Role role) { return role == Role::kWorker ? "worker" : "client"; }
+
+absl::StatusOr<std::vector<TokenEntry>> ParseTokensFile(std::string_view text,
+                                                        std::string_view source) {
+  std::vector<TokenEntry> out;
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(Absl(text), '\n')) {
+    ++line_number;
+    if (size_t hash = line.find('#'); hash != absl::string_view::npos) line = line.substr(0, hash);
+    std::vector<absl::string_view> fields =
+        absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());
+    if (fields.empty()) continue;
+    const std::string where = absl::StrCat(Absl(source), " line ", line_number, ": ");
+    if (fields.size() != 3) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "want 'TOKEN TENANT ROLE', got ", fields.size(), " fields"));
+    }
+    if (!ValidToken(Std(fields[0]))) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "a token is ", kMinTokenBytes, " to ",
+                                                     kMaxTokenBytes,
+                                                     " printable ASCII characters without spaces"));
+    }
+    if (!ValidTenant(Std(fields[1]))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "tenant '", fields[1], "' is not 1 to 64 of [A-Za-z0-9_.-]"));
+    }
+    TokenEntry e;
+    if (fields[2] == "client") {
+      e.role = Role::kClient;
+    } else if (fields[2] == "worker") {
+      e.role = Role::kWorker;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "role '", fields[2], "' is not client or worker"));
+    }
+    e.token_digest = Sha256Of(Std(fields[0]));
+    e.tenant = std::string(fields[1]);
+    for (const TokenEntry& seen : out) {
+      if (seen.token_digest == e.token_digest) {
+        return absl::InvalidArgumentError(absl::StrCat(where, "the token is listed twice"));
+      }
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<TokenStore>> TokenStore::Open(std::string path,
+                                                             absl::Duration poll) {
+  std::unique_ptr<TokenStore> store(new TokenStore(std::move(path), poll));
+  absl::MutexLock lock(&store->mu_);
+  if (absl::Status st = store->Load(); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--auth_tokens_file ", st.message()));
+  }
+  store->next_check_ = absl::Now() + poll;
+  return store;
+}
+
+absl::Status TokenStore::Load() {
+  const Stamp before = StampOf(path_);
+  auto text = ReadWholeFile(path_);
+  if (!text.ok()) return text.status();
+  auto entries = ParseTokensFile(*text, path_);
+  if (!entries.ok()) return entries.status();
+  entries_ = std::move(*entries);
+  stamp_ = {before.mtime_ns, before.size, before.inode};
+  return absl::OkStatus();
+}
+
+void TokenStore::MaybeReload() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  if (now < next_check_) return;
+  next_check_ = now + poll_;
+  const Stamp s = StampOf(path_);
+  if (FileStamp{s.mtime_ns, s.size, s.inode} == stamp_) return;
+  if (absl::Status st = Load(); !st.ok()) {
+    LOG_WARNING << "auth tokens file not reloaded, keeping the previous tokens: " << st;
+    stamp_ = {s.mtime_ns, s.size, s.inode};  // warn once per change
+    return;
+  }
+  ++reloads_;
+  LOG_INFO << "auth tokens file reloaded: " << entries_.size() << " tokens";
+}
+
+void TokenStore::ReloadIfChanged() {
+  {
+    absl::MutexLock lock(&mu_);
+    next_check_ = absl::InfinitePast();
+  }
+  MaybeReload();
+}
+
+int TokenStore::reloads() const {
+  absl::MutexLock lock(&mu_);
+  return reloads_;
+}
+
+absl::StatusOr<Identity> TokenStore::Authenticate(std::optional<std::string_view> bearer_token,
+                                                  Role required) {
+  if (!bearer_token.has_value() || bearer_token->empty()) {
+    return absl::UnauthenticatedError("missing bearer token (Authorization: Bearer TOKEN)");
+  }
+  MaybeReload();
+  const Digest256 digest = Sha256Of(*bearer_token);
+  absl::MutexLock lock(&mu_);
+  const TokenEntry* found = nullptr;
+  // Every entry is compared, in constant time each, whatever matched.
+  for (const TokenEntry& e : entries_) {
+    if (CRYPTO_memcmp(e.token_digest.data(), digest.data(), digest.size()) == 0) found = &e;
+  }
+  if (found == nullptr) return absl::UnauthenticatedError("unknown bearer token");
+  Identity id{true, found->tenant, found->role};
+  if (!id.Allows(required)) {
+    return absl::PermissionDeniedError(absl::StrCat("this service takes ", RoleName(required),
+                                                    " identities only; the token is a ",
+                                                    RoleName(id.role), "'s"));
+  }
+  return id;
+}
+
+std::optional<std::string_view> BearerTokenOf(std::string_view header) {
+  constexpr std::string_view kScheme = "bearer ";
+  if (header.size() <= kScheme.size() ||
+      !absl::EqualsIgnoreCase(Absl(header.substr(0, kScheme.size())), Absl(kScheme))) {
+    return std::nullopt;
+  }
+  std::string_view token = Std(absl::StripAsciiWhitespace(Absl(header.substr(kScheme.size()))));
+  if (token.empty()) return std::nullopt;
+  return token;
+}
+
+absl::StatusOr<std::shared_ptr<BearerToken>> BearerToken::FromFile(std::string path) {
+  std::shared_ptr<BearerToken> t(new BearerToken(std::move(path)));
+  t->Get();
+  absl::MutexLock lock(&t->mu_);
+  if (t->token_.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--auth_token_file ", t->path_, ": cannot read it or it holds no token"));
+  }
+  return t;
+}
+
+std::shared_ptr<BearerToken> BearerToken::Fixed(std::string token) {
+  std::shared_ptr<BearerToken> t(new BearerToken(""));
+  absl::MutexLock lock(&t->mu_);
+  t->token_ = std::move(token);
+  return t;
+}
+
+std::string BearerToken::Get() {
+  absl::MutexLock lock(&mu_);
+  if (path_.empty()) return token_;
+  const absl::Time now = absl::Now();
+  if (now < next_check_) return token_;
+  next_check_ = now + absl::Seconds(1);
+  const Stamp s = StampOf(path_);
+  if (s.size < 0 || s.mtime_ns == mtime_ns_) return token_;
+  auto text = ReadWholeFile(path_);
+  if (!text.ok()) return token_;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line[0] == '#') continue;
+    token_ = std::string(line);
+    mtime_ns_ = s.mtime_ns;
+    break;
+  }
+  return token_;
+}
+
+absl::Status ValidateNamespacePolicy(const NamespacePolicy& policy) {
+  for (const std::string& ns : policy.public_namespaces) {
+    if (ns.empty() || ns.find('/') != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--public_namespaces: '", ns, "' is not a namespace name (non-empty, without '/')"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> EffectiveNamespace(const Identity& caller, const std::string& requested,
+                                               const NamespacePolicy& policy) {
+  if (!caller.authenticated || caller.role == Role::kWorker) return requested;
+  for (const std::string& p : policy.public_namespaces) {
+    if (requested == p) return requested;
+  }
+  return absl::StrCat(caller.tenant, "/", requested);
+}
+
+bool NamespaceVisibleTo(const Identity& caller, const std::string& ns,
+                        const NamespacePolicy& policy) {
+  if (!caller.authenticated || caller.role == Role::kWorker) return true;
+  if (absl::StartsWith(ns, absl::StrCat(caller.tenant, "/"))) return true;
+  for (const std::string& p : policy.public_namespaces) {
+    if (ns == p) return true;
+  }
+  return false;
+}
+
+}  // namespace lazyrag

@@ -1,0 +1,153 @@
+#include "common/auth.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace lazyrag {
+namespace {
+
+constexpr char kClientToken[] = "client-token-0123456789";
+constexpr char kWorkerToken[] = "worker-token-0123456789";
+
+std::string TempPath(const std::string& name) {
+  return absl::StrCat(::testing::TempDir(), "/auth_test_", getpid(), "_", name);
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  // Written beside and renamed over, as a Secret update does: a reader never sees half a file.
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp, std::ios::binary | std::ios::trunc) << text;
+  ASSERT_EQ(std::rename(tmp.c_str(), path.c_str()), 0);
+}
+
+TEST(ParseTokensFile, ReadsEntriesCommentsAndBlankLines) {
+  auto e = ParseTokensFile(absl::StrCat("# tokens\n\n", kClientToken, " acme client  # a comment\n",
+                                        kWorkerToken, "\tcluster\tworker\n"),
+                           "f");
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_EQ(e->size(), 2u);
+  EXPECT_EQ((*e)[0].tenant, "acme");
+  EXPECT_EQ((*e)[0].role, Role::kClient);
+  EXPECT_EQ((*e)[1].role, Role::kWorker);
+}
+
+TEST(ParseTokensFile, RejectsMalformedLinesNamingThem) {
+  struct Case {
+    std::string text, message;
+  } cases[] = {
+      {"short acme client\n", "line 1: a token is 16"},
+      {absl::StrCat("\n", kClientToken, " acme\n"), "line 2: want 'TOKEN TENANT ROLE'"},
+      {absl::StrCat(kClientToken, " ac/me client\n"), "tenant 'ac/me'"},
+      {absl::StrCat(kClientToken, " acme admin\n"), "role 'admin'"},
+      {absl::StrCat(kClientToken, " a client\n", kClientToken, " b worker\n"), "listed twice"},
+  };
+  for (const Case& c : cases) {
+    auto e = ParseTokensFile(c.text, "f");
+    ASSERT_FALSE(e.ok()) << c.text;
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(e.status().message().find(c.message), std::string::npos) << e.status();
+  }
+}
+
+TEST(TokenStore, AuthenticatesByRole) {
+  const std::string path = TempPath("roles");
+  WriteFile(path, absl::StrCat(kClientToken, " acme client\n", kWorkerToken, " cluster worker\n"));
+  auto store = TokenStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto client = (*store)->Authenticate(kClientToken, Role::kClient);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_TRUE(client->authenticated);
+  EXPECT_EQ(client->tenant, "acme");
+  EXPECT_EQ((*store)->Authenticate(kClientToken, Role::kWorker).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE((*store)->Authenticate(kWorkerToken, Role::kWorker).ok());
+  EXPECT_TRUE((*store)->Authenticate(kWorkerToken, Role::kClient).ok());
+  EXPECT_EQ((*store)->Authenticate(std::nullopt, Role::kClient).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ((*store)->Authenticate("client-token-012345678", Role::kClient).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ((*store)->Authenticate("", Role::kClient).status().code(),
+            absl::StatusCode::kUnauthenticated);
+}
+
+TEST(TokenStore, OpenRejectsMissingOrMalformedFile) {
+  EXPECT_EQ(TokenStore::Open(TempPath("absent")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::string path = TempPath("bad");
+  WriteFile(path, "x y z\n");
+  EXPECT_EQ(TokenStore::Open(path).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TokenStore, ReloadsWhenTheFileChangesAndKeepsTokensOnABadReload) {
+  const std::string path = TempPath("reload");
+  WriteFile(path, absl::StrCat(kClientToken, " acme client\n"));
+  auto store = TokenStore::Open(path, absl::ZeroDuration());
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_TRUE((*store)->Authenticate(kClientToken, Role::kClient).ok());
+  EXPECT_FALSE((*store)->Authenticate(kWorkerToken, Role::kClient).ok());
+
+  WriteFile(path, absl::StrCat(kWorkerToken, " cluster worker\n"));  // rotated
+  (*store)->ReloadIfChanged();
+  EXPECT_EQ((*store)->reloads(), 1);
+  EXPECT_EQ((*store)->Authenticate(kClientToken, Role::kClient).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_TRUE((*store)->Authenticate(kWorkerToken, Role::kWorker).ok());
+
+  WriteFile(path, "not a token file\n");  // a bad edit keeps the last good tokens
+  (*store)->ReloadIfChanged();
+  EXPECT_EQ((*store)->reloads(), 1);
+  EXPECT_TRUE((*store)->Authenticate(kWorkerToken, Role::kWorker).ok());
+}
+
+TEST(BearerTokenOf, ParsesTheBearerScheme) {
+  EXPECT_EQ(BearerTokenOf("Bearer abc"), std::optional<std::string_view>("abc"));
+  EXPECT_EQ(BearerTokenOf("bearer  abc "), std::optional<std::string_view>("abc"));
+  EXPECT_EQ(BearerTokenOf("Basic abc"), std::nullopt);
+  EXPECT_EQ(BearerTokenOf("Bearer "), std::nullopt);
+  EXPECT_EQ(BearerTokenOf(""), std::nullopt);
+}
+
+TEST(BearerToken, ReadsTheFirstLineAndFollowsRotation) {
+  const std::string path = TempPath("own");
+  WriteFile(path, "# mine\n  tok-one  \n");
+  auto t = BearerToken::FromFile(path);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->Get(), "tok-one");
+  EXPECT_EQ(BearerToken::FromFile(TempPath("none")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Namespaces, ClientsLiveInsideTheirTenant) {
+  NamespacePolicy policy{{"shared"}};
+  Identity off;
+  Identity acme{true, "acme", Role::kClient};
+  Identity router{true, "cluster", Role::kWorker};
+  EXPECT_EQ(*EffectiveNamespace(off, "x", policy), "x");
+  EXPECT_EQ(*EffectiveNamespace(acme, "", policy), "acme/");
+  EXPECT_EQ(*EffectiveNamespace(acme, "x", policy), "acme/x");
+  EXPECT_EQ(*EffectiveNamespace(acme, "globex/x", policy), "acme/globex/x");
+  EXPECT_EQ(*EffectiveNamespace(acme, "shared", policy), "shared");
+  EXPECT_EQ(*EffectiveNamespace(router, "acme/x", policy), "acme/x");
+
+  EXPECT_TRUE(ValidateNamespacePolicy(policy).ok());
+  EXPECT_EQ(ValidateNamespacePolicy({{"a/b"}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateNamespacePolicy({{""}}).code(), absl::StatusCode::kInvalidArgument);
+
+  EXPECT_TRUE(NamespaceVisibleTo(acme, "acme/", policy));
+  EXPECT_TRUE(NamespaceVisibleTo(acme, "acme/x", policy));
+  EXPECT_TRUE(NamespaceVisibleTo(acme, "shared", policy));
+  EXPECT_FALSE(NamespaceVisibleTo(acme, "acmeco/", policy));
+  EXPECT_FALSE(NamespaceVisibleTo(acme, "globex/x", policy));
+  EXPECT_FALSE(NamespaceVisibleTo(acme, "", policy));
+  EXPECT_TRUE(NamespaceVisibleTo(router, "globex/x", policy));
+  EXPECT_TRUE(NamespaceVisibleTo(off, "globex/x", policy));
+}
+
+}  // namespace
+}  // namespace lazyrag
