@@ -18,7 +18,8 @@ import csv
 import json
 import sys
 
-TIME_UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+TIME_UNITS = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3,
+              "second": 1e6, "s": 1e6}
 BYTE_UNITS = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
               "KB": 1e3, "MB": 1e6, "GB": 1e9}
 GEMM_NAMES = ["QKV", "O", "gate_up", "down"]
@@ -28,11 +29,11 @@ def kind_of(name):
     n = name.lower()
     if "splitkreduce" in n or "splitk_reduce" in n or "reduce_kernel" in n:
         return "split-K reduce"
-    if "gemm" in n or "gemv" in n or "xmma" in n or "cutlass" in n or "cublas" in n:
+    if any(k in n for k in ("gemm", "gemv", "xmma", "cutlass", "nvjet", "cublas")):
         return "GEMM"
     for key, label in (("lazydecode", "attention (decode)"), ("lazyprefill", "attention (prefill)"),
-                       ("attentionkernel", "attention (fallback)"),
-                       ("mergesplits", "attention split merge"), ("rmsnorm", "RMSNorm"),
+                       ("mergesplits", "attention split merge"),
+                       ("fallbackattention", "attention (fallback)"), ("rmsnorm", "RMSNorm"),
                        ("qkvscatter", "QKV RoPE + scatter"), ("swiglu", "SwiGLU"),
                        ("argmax", "argmax"), ("ropetable", "RoPE table"),
                        ("materialize", "materialize")):
@@ -96,7 +97,7 @@ def main():
         total_us = sum(g["us"] for g in groups.values())
         total_b = sum(g["bytes"] for g in groups.values())
         print(f"\nstep {s}: {len(step)} kernels, {total_us / 1e3:.3f} ms serialised, "
-              f"{total_b / 1e9:.2f} GB moved, floor {total_b / a.ceiling_tbs / 1e6:.3f} ms "
+              f"{total_b / 1e9:.2f} GB moved, floor {total_b / a.ceiling_tbs / 1e9:.3f} ms "
               f"at {a.ceiling_tbs} TB/s")
         print(f"{'kernel':28s} {'count':>6s} {'us':>10s} {'%':>6s} {'GB':>8s} {'TB/s':>7s} "
               f"{'of ceiling':>10s}")

@@ -14,8 +14,7 @@
 // question, so a question's documents stay resident across its LAZY / MATERIALIZE runs.
 //
 // Scoring: an answer counts when its normalised text (lower case, runs of other characters
-// to one space) contains the normalised answer as whole words (every one of "answers" where a
-// question lists several: a two-document question needs both facts). Depth of a question: the token
+// to one space) contains the normalised answer as whole words. Depth of a question: the token
 // offset, inside its document, of the deepest fact it needs (single hop: one fact; multi hop:
 // both), counted with the model's tokenizer on the document text before the fact's sentence.
 #include <algorithm>
@@ -48,7 +47,7 @@ std::string Normalise(const std::string& s) {
   return out;
 }
 
-bool Contains(const std::string& output, const std::string& answer) {
+bool Correct(const std::string& output, const std::string& answer) {
   return Normalise(output).find(Normalise(answer)) != std::string::npos;
 }
 
@@ -56,18 +55,9 @@ struct Question {
   int id = 0;
   std::vector<std::string> documents;
   std::string question, answer;
-  std::vector<std::string> parts;          // "answers": all must appear (else `answer`)
   std::vector<std::pair<int, int>> facts;  // (document, character offset of the fact)
   int depth = 0;                           // tokens, the deepest needed fact
 };
-
-bool Correct(const std::string& output, const Question& q) {
-  if (q.parts.empty()) return Contains(output, q.answer);
-  for (const std::string& p : q.parts) {
-    if (!Contains(output, p)) return false;
-  }
-  return true;
-}
 
 std::vector<Question> LoadQuestions(const std::string& path) {
   std::vector<Question> out;
@@ -82,9 +72,6 @@ std::vector<Question> LoadQuestions(const std::string& path) {
     for (const auto& d : v->at("documents")) q.documents.push_back(d.get<std::string>());
     q.question = v->value("question", "");
     q.answer = v->value("answer", "");
-    if (const Json* parts = JsonMember(*v, "answers")) {
-      for (const auto& p : *parts) q.parts.push_back(p.get<std::string>());
-    }
     if (const Json* fd = JsonMember(*v, "fact_doc")) {
       q.facts.push_back({fd->get<int>(), v->value("fact_char", 0)});
     }
@@ -261,7 +248,7 @@ int Main(int argc, char** argv) {
           return 1;
         }
         Tally& t = tally[c.name];
-        const bool ok = Correct(out->text, q);
+        const bool ok = Correct(out->text, q.answer);
         t.correct += ok;
         ++t.n;
         t.by_bucket_correct[BucketOf(q.depth)] += ok;

@@ -5,9 +5,6 @@ cannot answer without the documents.
   single_hop_{dev,test}.jsonl  the answer is one fact of one document
   multi_hop_{dev,test}.jsonl   the answer needs a fact of one document (a bridge: a person)
                                and a fact of another document about that person
-  two_doc_{dev,test}.jsonl     the answer needs one fact from each of two documents (what
-                               colour the doors of two subjects are painted): "answers" lists
-                               both, and an answer counts only with both
 
 Every document is 150-500 tokens of filler sentences about its subject with the needed fact at
 a recorded depth: `fact_char` (single hop) or `facts[i].char` (multi hop) is the character
@@ -22,7 +19,6 @@ in this folder rewrites the four files byte for byte. dev is for choosing settin
 Line format: {"id", "kind": "single"|"multi", "documents": [text...], "question", "answer",
   "fact_doc": i, "fact_char": c}                      (single)
   "facts": [{"doc": i, "char": c}, {"doc": j, "char": c2}]   (multi; the second is the answer)
-  "answers": [a, b], "facts": [...]                   (two_doc; both needed)
 """
 import json
 import random
@@ -278,54 +274,6 @@ def multi_hop(rng, n):
     return items
 
 
-def two_doc(rng, n):
-    """Two subjects, each with its own document stating the colour of its doors at a recorded
-    depth (two different colours); distractor documents state door colours of other subjects.
-    The question asks for both colours."""
-    items, used = [], set()
-    while len(items) < n:
-        subjects = []
-        while len(subjects) < 2:
-            o = f"{rng.choice(THINGS)} of {rng.choice(PLACES)}"
-            if o not in subjects and o not in used:
-                subjects.append(o)
-        used.update(subjects)
-        num_docs = rng.choice(NUM_DOCS)
-        while len(subjects) < num_docs:
-            o = f"{rng.choice(THINGS)} of {rng.choice(PLACES)}"
-            if o not in subjects:
-                subjects.append(o)
-        colours = rng.sample(COLOURS, 2)
-        docs, facts = [], []
-        for k, subj in enumerate(subjects):
-            colour = colours[k] if k < 2 else rng.choice(COLOURS)
-            facts_k = subject_facts(rng, subj)
-            other = 1 + rng.randrange(3)  # a second fact of another kind
-            at_main, at_other = fact_index(rng), fact_index(rng)
-            if at_other == at_main:
-                at_other += 1
-            opening = f"This is a description of the {subj}."
-            body, offs = build_doc(rng, FILLER, subj,
-                                   [(f"The doors of the {subj} are painted {colour}.", at_main),
-                                    (facts_k[other][0] if other != 1 else facts_k[0][0],
-                                     at_other)],
-                                   rng.randrange(150, 400))
-            docs.append(opening + " " + body)
-            if k < 2:
-                facts.append(len(opening) + 1 + offs[0])
-        order = list(range(num_docs))
-        rng.shuffle(order)
-        docs = [docs[i] for i in order]
-        a, b = subjects[0], subjects[1]
-        items.append({"id": len(items), "kind": "two_doc", "documents": docs,
-                      "question": f"What colours are the doors of the {a} and of the {b} "
-                                  f"painted?",
-                      "answer": f"{colours[0]} and {colours[1]}", "answers": colours,
-                      "facts": [{"doc": order.index(0), "char": facts[0]},
-                                {"doc": order.index(1), "char": facts[1]}]})
-    return items
-
-
 def write(name, items):
     with open(name, "w") as fh:
         for it in items:
@@ -338,6 +286,3 @@ if __name__ == "__main__":
         rng = random.Random(seed)
         write(f"single_hop_{split}.jsonl", single_hop(rng, 60))
         write(f"multi_hop_{split}.jsonl", multi_hop(rng, 60))
-    # Their own generators, so that the files above stay byte for byte what they were.
-    for split, seed in (("dev", 2601), ("test", 2602)):
-        write(f"two_doc_{split}.jsonl", two_doc(random.Random(seed), 60))
