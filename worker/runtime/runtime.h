@@ -17,8 +17,9 @@
 
 namespace lazyrag {
 
-// The server default of recompute_first_tokens chosen on bench/rag_qa's dev split (SmolLM2-135M,
-// CPU; bench/README.md, Quality): the best exact match of k in {0, 4, 8, 16, 32}.
+// The recompute_first_tokens that --recompute_first_tokens=-1 selects: the best exact match of k
+// in {0, 4, 8, 16, 32} on bench/rag_qa's dev split (SmolLM2-135M, CPU and GPU; bench/README.md,
+// Quality).
 inline constexpr int kMeasuredRecomputeFirstTokens = 32;
 
 struct RuntimeOptions {
