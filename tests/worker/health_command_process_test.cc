@@ -52,11 +52,28 @@ TEST(HealthCommandTest, ChecksATlsServer) {
   EXPECT_EQ(serving.exit_code, 0);
   EXPECT_EQ(serving.line, "SERVING");
 
-  // The CA alone (no client certificate) also verifies the server.
+  // The CA alone verifies the server, but the server requires a client certificate
+  // (--tls_require_client_cert, on by default with TLS): refused.
   EXPECT_EQ(Health({"--target=127.0.0.1:" + port, "--tls_ca=" + kTlsDir + "/ca.pem",
                     "--tls_server_name=localhost", "--timeout_s=10"})
                 .exit_code,
-            0);
+            1);
+  {
+    // A shard that does not require one (--tls_require_client_cert=false) takes the CA alone.
+    TempDir dir2;
+    ReadyProcess open_kv;
+    std::vector<std::string> argv2 = {LAZYRAG_KVSTORE_BINARY, "--listen=127.0.0.1:0",
+                                      "--metrics_port=-1", "--sync_commits=false",
+                                      "--tls_require_client_cert=false",
+                                      "--data_dir=" + dir2.path() + "/kv"};
+    for (const std::string& f : TlsFlags()) argv2.push_back(f);
+    ASSERT_TRUE(open_kv.Start(argv2).ok());
+    const std::string port2 = open_kv.address().substr(open_kv.address().rfind(':') + 1);
+    EXPECT_EQ(Health({"--target=127.0.0.1:" + port2, "--tls_ca=" + kTlsDir + "/ca.pem",
+                      "--tls_server_name=localhost", "--timeout_s=10"})
+                  .exit_code,
+              0);
+  }
   // The certificate does not name this server.
   std::vector<std::string> wrong_name = ok;
   wrong_name.push_back("--tls_server_name=lazyrag-worker.example");
