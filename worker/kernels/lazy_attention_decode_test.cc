@@ -19,6 +19,23 @@
 namespace lazyrag::kernels::testing {
 namespace {
 
+// The decode warp pipes with TMA copies and with cp.async copies (num_pages unknown) against
+// the CPU reference and bit for bit against each other, at each split count.
+void ExpectWarpPipesMatch(const Problem& p, const KvPool& pool, const std::vector<int>& splits,
+                          const std::string& name) {
+  const std::vector<float> ref = RunCpu(p, pool, KeyLayout::kRotatedLocal);
+  for (int n : splits) {
+    const std::string what = absl::StrCat(name, " splits=", n);
+    GpuRun run{true, KeyLayout::kRotatedLocal, n};
+    const std::vector<float> tma = RunGpu(p, pool, run);
+    run.num_pages_known = false;
+    const std::vector<float> cp_async = RunGpu(p, pool, run);
+    ExpectClose(tma, ref, "warp pipes, num_pages known " + what);
+    ExpectClose(cp_async, ref, "cp.async warp pipes " + what);
+    EXPECT_EQ(tma, cp_async) << "TMA vs cp.async warp pipes " << what;
+  }
+}
+
 TEST(LazyAttention, Decode256Requests) {
   GPU_TEST_SETUP(rng);
   Sizes s;
@@ -49,17 +66,7 @@ TEST(LazyAttention, DecodeTmaPipesMatchCpAsyncPipes) {
         const Problem b5 = MakeRagBatch(s, pool, docs, 5, 4, 40, 1, rng);
         const std::pair<const char*, const Problem*> problems[] = {{"b1", &b1}, {"b5", &b5}};
         for (const auto& [name, prob] : problems) {
-          const std::vector<float> ref = RunCpu(*prob, pool, KeyLayout::kRotatedLocal);
-          for (int splits : {0, 1, 3, 16}) {
-            const std::string what = absl::StrCat(name, " splits=", splits);
-            GpuRun run{true, KeyLayout::kRotatedLocal, splits};
-            const std::vector<float> tma = RunGpu(*prob, pool, run);
-            run.num_pages_known = false;
-            const std::vector<float> cp_async = RunGpu(*prob, pool, run);
-            ExpectClose(tma, ref, "warp pipes, num_pages known " + what);
-            ExpectClose(cp_async, ref, "cp.async warp pipes " + what);
-            EXPECT_EQ(tma, cp_async) << "TMA vs cp.async warp pipes " << what;
-          }
+          ExpectWarpPipesMatch(*prob, pool, {0, 1, 3, 16}, name);
         }
       });
 }
@@ -80,17 +87,7 @@ TEST(LazyAttention, DecodeQualityViewsMatchCpu) {
         AddRandomQuality(b5, rng);
         const std::pair<const char*, const Problem*> problems[] = {{"b1", &b1}, {"b5", &b5}};
         for (const auto& [name, prob] : problems) {
-          const std::vector<float> ref = RunCpu(*prob, pool, KeyLayout::kRotatedLocal);
-          for (int splits : {0, 1, 3}) {
-            const std::string what = absl::StrCat(name, " splits=", splits);
-            GpuRun run{true, KeyLayout::kRotatedLocal, splits};
-            const std::vector<float> tma = RunGpu(*prob, pool, run);
-            run.num_pages_known = false;
-            const std::vector<float> cp_async = RunGpu(*prob, pool, run);
-            ExpectClose(tma, ref, "quality, warp pipes " + what);
-            ExpectClose(cp_async, ref, "quality, cp.async warp pipes " + what);
-            EXPECT_EQ(tma, cp_async) << "quality, TMA vs cp.async warp pipes " << what;
-          }
+          ExpectWarpPipesMatch(*prob, pool, {0, 1, 3}, absl::StrCat("quality, ", name));
           ExpectClose(RunGpu(*prob, pool, {true, KeyLayout::kUnrotated, 0}),
                       RunCpu(*prob, pool, KeyLayout::kUnrotated),
                       absl::StrCat("quality, un-rotated block tiles ", name));
