@@ -18,8 +18,8 @@
         expressions.
     promexprs.py expect-finite --url URL --series N --query Q [--query Q ...]
         Each query must return N series or more, every value a number (not NaN).
-    promexprs.py wait-alerts --url URL --alerts A,B SECONDS
-        Waits until Prometheus reports every named alert pending or firing.
+    promexprs.py wait-alerts --url URL --alerts A,B [--firing] SECONDS
+        Waits until Prometheus reports every named alert pending or firing (--firing: firing).
     promexprs.py wait-ready URL SECONDS     polls URL until it answers 200.
     promexprs.py wait-scraped URL N SECONDS waits until Prometheus scraped N targets.
     promexprs.py free-port                  prints a free TCP port on 127.0.0.1.
@@ -350,22 +350,23 @@ def cmd_expect_finite(args):
 
 
 def cmd_wait_alerts(args):
-    """Waits until every alert of args.alerts is pending or firing (a rule's `for` is minutes:
-    pending shows its expression holds)."""
+    """Waits until every alert of args.alerts is pending or firing, or with args.firing firing
+    (the live test loads the rules with their `for` shortened, so firing is reached)."""
     want = set(a for a in args.alerts.split(",") if a)
+    states = ("firing",) if args.firing else ("pending", "firing")
     deadline = time.monotonic() + args.seconds
     seen = {}
     while time.monotonic() < deadline:
         with urllib.request.urlopen(f"{args.url}/api/v1/alerts", timeout=10) as r:
             alerts = json.load(r)["data"]["alerts"]
         seen = {a["labels"]["alertname"]: a["state"] for a in alerts
-                if a["state"] in ("pending", "firing")}
+                if a["state"] in states}
         if want <= set(seen):
             for a in sorted(want):
                 print(f"ok   alert {a} {seen[a]}")
             return 0
         time.sleep(0.5)
-    print(f"FAIL alerts not pending or firing after {args.seconds} s: "
+    print(f"FAIL alerts not {' or '.join(states)} after {args.seconds} s: "
           f"{sorted(want - set(seen))} (active: {seen})")
     return 1
 
@@ -432,6 +433,7 @@ def main():
     wa = sub.add_parser("wait-alerts")
     wa.add_argument("--url", required=True)
     wa.add_argument("--alerts", required=True)
+    wa.add_argument("--firing", action="store_true")
     wa.add_argument("seconds", type=float)
     sub.add_parser("free-port")
     args = p.parse_args()
