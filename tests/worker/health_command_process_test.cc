@@ -62,8 +62,10 @@ TEST(HealthCommandTest, ChecksATlsServer) {
     // A shard that does not require one (--tls_require_client_cert=false) takes the CA alone.
     TempDir dir2;
     ReadyProcess open_kv;
-    std::vector<std::string> argv2 = {LAZYRAG_KVSTORE_BINARY, "--listen=127.0.0.1:0",
-                                      "--metrics_port=-1", "--sync_commits=false",
+    std::vector<std::string> argv2 = {LAZYRAG_KVSTORE_BINARY,
+                                      "--listen=127.0.0.1:0",
+                                      "--metrics_port=-1",
+                                      "--sync_commits=false",
                                       "--tls_require_client_cert=false",
                                       "--data_dir=" + dir2.path() + "/kv"};
     for (const std::string& f : TlsFlags()) argv2.push_back(f);

@@ -140,8 +140,8 @@ __device__ __forceinline__ void PlanSplit(const SegmentView& v, int s_first, int
 
 // Segment s's score transform (s in the plan's request), from the plan's cache where it holds s.
 // scale_log2 = shape.scale * log2(e).
-__device__ __forceinline__ SegScores SegScoresOf(const SplitPlan* plan, const SegmentView& v,
-                                                 int s, float scale_log2) {
+__device__ __forceinline__ SegScores SegScoresOf(const SplitPlan* plan, const SegmentView& v, int s,
+                                                 float scale_log2) {
   const int i = s - plan->s_first;
   if (i < kSegCache) {
     const SegEntry& e = plan->seg[i];

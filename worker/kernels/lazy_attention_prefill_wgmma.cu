@@ -155,7 +155,7 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
   RowStats rows;
   uint32_t qf[Cfg::kQRegs ? D / 16 : 1][4];  // rotated Q fragments (64-key tiles)
   int q_seg = -1;
-  SegScores sc;  // of segment q_seg
+  SegScores sc;             // of segment q_seg
   const int wg = warp / 4;  // this thread's warpgroup: packed rows 64 wg .. 64 wg + 63
   int stage = 0;
   const uint32_t k_base = SmemAddr(k_smem), v_base = SmemAddr(v_smem);

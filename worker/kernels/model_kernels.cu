@@ -1,5 +1,3 @@
-#include "worker/kernels/model_kernels.h"
-
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -9,6 +7,7 @@
 
 #include "worker/kernels/attention_internal.cuh"  // PdlWait, LaunchPdlKernel
 #include "worker/kernels/cuda_check.h"
+#include "worker/kernels/model_kernels.h"
 #include "worker/model/synthetic_init.h"
 
 namespace lazyrag::cuda_model {

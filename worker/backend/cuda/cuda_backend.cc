@@ -482,9 +482,8 @@ absl::Status CudaBackend::RunStep(const DeviceStep& s, int num_segments) {
   if (!options_.cuda_graphs) return EnqueueStep(g);
   // Upload offsets depend only on (tokens, logit rows, requests, segments, quality): page
   // indices go last (StepPlan).
-  const StepGraphKey key = {g.tokens_n,   g.rows_n,         g.view.num_requests,
-                            num_segments, g.max_q_len,      g.max_kv_len,
-                            g.decode ? 1 : 0, g.quality ? 1 : 0};
+  const StepGraphKey key = {g.tokens_n,  g.rows_n,     g.view.num_requests, num_segments,
+                            g.max_q_len, g.max_kv_len, g.decode ? 1 : 0,    g.quality ? 1 : 0};
   return graphs_.Run(key, s.tokens_n, stream_,
                      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return EnqueueStep(g); });
 }

@@ -25,9 +25,9 @@
 #include "common/kv_checksum.h"
 #include "gtest/gtest.h"
 #include "worker/backend/cpu/cpu_backend.h"
-#include "worker/kernels/model_kernels.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_test_util.h"
+#include "worker/kernels/model_kernels.h"
 #include "worker/model/model_source.h"
 #include "worker/model/synthetic_init.h"
 
@@ -307,8 +307,7 @@ TEST(CudaBackendTest, QualitySettingsMatchCpu) {
       };
       const ModeRun gpu_lazy = run(*e.gpu, AttentionMode::kLazy);
       const ModeRun gpu_mat = run(*e.gpu, AttentionMode::kMaterialize);
-      ExpectRunsMatch(gpu_lazy, run(*e.cpu, AttentionMode::kLazy), kLogitTolerance,
-                      "LAZY " + what);
+      ExpectRunsMatch(gpu_lazy, run(*e.cpu, AttentionMode::kLazy), kLogitTolerance, "LAZY " + what);
       ExpectRunsMatch(gpu_mat, run(*e.cpu, AttentionMode::kMaterialize), kLogitTolerance,
                       "MATERIALIZE " + what);
       ExpectRunsMatch(gpu_lazy, gpu_mat, kLazyMaterializeTolerance,
@@ -350,8 +349,8 @@ TEST(CudaBackendTest, CudaGraphReplaysMatchEagerSteps) {
       for (size_t i = 0; i < direct.logits.size(); ++i) {
         EXPECT_EQ(replayed.logits[i], direct.logits[i]) << "step " << i << " differs";
       }
-      if (run == 2) ExpectRunsMatch(replayed, RunMode(*ref, rag, mode, 6), kLogitTolerance,
-                                    "graphs vs CPU");
+      if (run == 2)
+        ExpectRunsMatch(replayed, RunMode(*ref, rag, mode, 6), kLogitTolerance, "graphs vs CPU");
     }
   }
 }

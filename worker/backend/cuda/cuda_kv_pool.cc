@@ -127,8 +127,8 @@ cuda_model::KvTransportParams CudaKvPool::TransportParams(const int32_t* pages, 
   return p;
 }
 
-absl::Status CudaKvPool::Export(const std::vector<int32_t>& pages, int num_tokens,
-                                std::string* out, UploadFn upload, cudaStream_t stream) {
+absl::Status CudaKvPool::Export(const std::vector<int32_t>& pages, int num_tokens, std::string* out,
+                                UploadFn upload, cudaStream_t stream) {
   RETURN_IF_ERROR(CheckRun(pages, num_tokens));
   const size_t bytes = TransportBytes(num_tokens);
   out->resize(bytes);

@@ -31,7 +31,8 @@ absl::Status CheckForwardBatch(const ForwardBatch& b, const ModelConfig& config,
   }
   if (T > (int64_t(1) << 30)) return absl::InvalidArgumentError("forward: batch too large");
   for (size_t n : {v.seg_skip.size(), v.seg_scale.size(), v.seg_bias.size()}) {
-    if (n != 0 && int64_t(n) != S) return absl::InvalidArgumentError("forward: malformed segment view");
+    if (n != 0 && int64_t(n) != S)
+      return absl::InvalidArgumentError("forward: malformed segment view");
   }
   if (v.page_size != page_size) return absl::InvalidArgumentError("forward: page size mismatch");
   for (int32_t t : b.tokens) {
@@ -83,8 +84,7 @@ StepPlan::StepPlan(const ForwardBatch& batch, bool row_request) : batch_(batch) 
     for (int s = v.seg_indptr[b]; s < v.seg_indptr[b + 1]; ++s) kv += v.seg_len[s];
     max_kv_len_ = int(std::max<int64_t>(max_kv_len_, kv));
     if (row_request) {
-      std::fill(row_request_.begin() + v.q_indptr[b], row_request_.begin() + v.q_indptr[b + 1],
-                b);
+      std::fill(row_request_.begin() + v.q_indptr[b], row_request_.begin() + v.q_indptr[b + 1], b);
     }
   }
   o_tokens_ = upload_.Add(batch.tokens);
