@@ -1,9 +1,9 @@
 // The lifecycle every lazyrag server binary shares (kvstore, worker, router): block SIGINT and
 // SIGTERM in every thread (threads inherit the mask, so this runs before the server starts
 // any), ignore SIGPIPE, start the server, print one line "NAME ready grpc=HOST:PORT
-// metrics=PORT[ http=PORT]" on stdout (scripts and tests wait for it), wait for a stop signal and shut
-// down gracefully. Returns the process exit code: 0 after a signal, 2 when Start() rejects
-// its options (INVALID_ARGUMENT), 1 for any other start failure.
+// metrics=PORT[ http=PORT]" on stdout (scripts and tests wait for it), wait for a stop signal and
+// shut down gracefully. Returns the process exit code: 0 after a signal, 2 when Start() rejects its
+// options (INVALID_ARGUMENT), 1 for any other start failure.
 //
 // `make_server` returns a std::unique_ptr<Server> where Server has
 //   absl::Status Start(); std::string address() const; int metrics_port() const;
@@ -23,6 +23,17 @@
 
 namespace lazyrag {
 
+namespace server_main_internal {
+// The thread that sigwait()s for the stop signals. Threads started before RunServerUntilSignal
+// blocked them (a library's pool created at load time, e.g. OpenBLAS's) still take SIGINT and
+// SIGTERM; this handler hands such a delivery on to the waiting thread instead of letting the
+// default action end the process without a graceful shutdown.
+inline pthread_t signal_waiter;
+inline void ForwardStopSignal(int signal_number) {
+  pthread_kill(signal_waiter, signal_number);  // async-signal-safe
+}
+}  // namespace server_main_internal
+
 template <typename MakeServer>
 int RunServerUntilSignal(const std::string& name, MakeServer&& make_server,
                          absl::Duration shutdown_grace) {
@@ -31,6 +42,12 @@ int RunServerUntilSignal(const std::string& name, MakeServer&& make_server,
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  server_main_internal::signal_waiter = pthread_self();
+  struct sigaction forward = {};
+  forward.sa_handler = server_main_internal::ForwardStopSignal;
+  sigemptyset(&forward.sa_mask);
+  sigaction(SIGINT, &forward, nullptr);
+  sigaction(SIGTERM, &forward, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
   auto server = make_server();
