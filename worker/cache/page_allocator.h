@@ -13,7 +13,9 @@ namespace lazyrag {
 class PageAllocator {
  public:
   explicit PageAllocator(int num_pages);
-  // n pages, or RESOURCE_EXHAUSTED (nothing allocated) when fewer are free.
+  // n pages, or RESOURCE_EXHAUSTED (nothing allocated) when fewer are free. The most recently
+  // freed pages go first, each freed run in its own order: a fresh pool hands out ascending
+  // runs.
   absl::StatusOr<std::vector<int32_t>> Allocate(int n);
   // REQUIRES: every page was returned by Allocate and not freed since.
   void Free(const std::vector<int32_t>& pages);

@@ -58,29 +58,21 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The host tier's transport: each thread moves 8- or 16-byte units between the pool and the
-// host buffer and folds every 64-bit word into its share of the checksum; warps XOR-reduce and
-// lane 0 adds the warp's share with one atomic. The terms are common/kv_checksum.h's own
-// (constexpr, compiled for the device too), so both sides follow one definition.
+// The host tier's check: the KvChecksum of the run's transport form, read from the pool in
+// place (the copy engines move the bytes). Each thread folds the 64-bit words of its 8- or
+// 16-byte units; warps XOR-reduce and lane 0 adds the warp's share with one atomic. The terms are
+// common/kv_checksum.h's own (constexpr, compiled for the device too), so both sides follow one
+// definition.
 template <typename Unit>
 __global__ void __launch_bounds__(kThreads)
-    KvHostTransportKernel(const __grid_constant__ KvHostTransportParams hp) {
+    KvChecksumKernel(const __grid_constant__ KvChecksumParams cp) {
   constexpr int kWords = sizeof(Unit) / sizeof(uint64_t);
-  const KvTransportParams& p = hp.kv;
+  const KvTransportParams& p = cp.kv;
   const int64_t total = TransportUnits<Unit>(p);
   uint64_t sum = 0;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
-    Unit* pool = PoolUnit<Unit>(p, idx);
-    Unit* buf = reinterpret_cast<Unit*>(p.buffer) + idx;
-    Unit u;
-    if (p.to_buffer) {
-      u = *pool;
-      *buf = u;
-    } else {
-      u = *buf;
-      *pool = u;
-    }
+    const Unit u = *PoolUnit<Unit>(p, idx);
     const uint64_t* w = reinterpret_cast<const uint64_t*>(&u);
 #pragma unroll
     for (int k = 0; k < kWords; ++k) {
@@ -89,7 +81,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) sum ^= __shfl_xor_sync(0xffffffffu, sum, off);
-  if ((threadIdx.x & 31) == 0 && sum != 0) atomicXor(hp.checksum, (unsigned long long)sum);
+  if ((threadIdx.x & 31) == 0 && sum != 0) atomicXor(cp.checksum, (unsigned long long)sum);
 }
 
 }  // namespace
@@ -106,20 +98,25 @@ absl::Status LaunchKvTransport(const KvTransportParams& p, cudaStream_t stream) 
   return absl::OkStatus();
 }
 
-absl::Status LaunchKvHostTransport(const KvHostTransportParams& hp, cudaStream_t stream) {
-  const KvTransportParams& p = hp.kv;
+absl::Status LaunchKvChecksum(const KvChecksumParams& cp, cudaStream_t stream) {
+  const KvTransportParams& p = cp.kv;
   if (p.kv_dim % 4 != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("kv host transport: kv_dim ", p.kv_dim, " is not a multiple of 4"));
+        absl::StrCat("kv checksum: kv_dim ", p.kv_dim, " is not a multiple of 4"));
   }
-  if (hp.checksum == nullptr) return absl::InvalidArgumentError("kv host transport: no checksum");
-  LAZYRAG_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(hp.checksum, 0, sizeof(unsigned long long), stream));
+  if (cp.checksum == nullptr) return absl::InvalidArgumentError("kv checksum: no checksum");
+  LAZYRAG_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(cp.checksum, 0, sizeof(unsigned long long), stream));
   const int64_t elems = int64_t(p.num_layers) * 2 * p.num_tokens * p.kv_dim;
   if (elems == 0) return absl::OkStatus();
-  if (p.kv_dim % 8 == 0 && reinterpret_cast<uintptr_t>(p.buffer) % 16 == 0) {
-    KvHostTransportKernel<uint4><<<GridFor(elems / 8, kThreads), kThreads, 0, stream>>>(hp);
+  // A grid that fills the device once: the blocks stride, so the check takes few block slots
+  // beside the forward step's kernels.
+  constexpr int kChecksumBlocks = 1024;
+  if (p.kv_dim % 8 == 0) {
+    KvChecksumKernel<uint4>
+        <<<std::min(GridFor(elems / 8, kThreads), kChecksumBlocks), kThreads, 0, stream>>>(cp);
   } else {
-    KvHostTransportKernel<uint2><<<GridFor(elems / 4, kThreads), kThreads, 0, stream>>>(hp);
+    KvChecksumKernel<uint2>
+        <<<std::min(GridFor(elems / 4, kThreads), kChecksumBlocks), kThreads, 0, stream>>>(cp);
   }
   LAZYRAG_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();

@@ -1,7 +1,7 @@
 // Document KV between the paged pool and its transport form (Backend::ExportKv's layout), on
-// the device: the kvstore and peer byte paths through a device buffer, and the host tier's
-// copies straight to and from pinned host memory with their checksum. Host launchers in the
-// style of model_kernels.h (stream in, Status out; bf16 as raw 16-bit patterns).
+// the device: the kvstore and peer byte paths through a device buffer, and the checksum of the
+// host tier's copies. Host launchers in the style of model_kernels.h (stream in, Status out; bf16
+// as raw 16-bit patterns).
 #pragma once
 
 #include <cstdint>
@@ -29,15 +29,14 @@ struct KvTransportParams {
 };
 absl::Status LaunchKvTransport(const KvTransportParams& p, cudaStream_t stream);
 
-// The host tier's copy: KvTransport with `buffer` in pinned host memory that the kernel reads
-// or writes directly over the bus (mapped through unified addressing; no device staging), and
-// *checksum = KvChecksum of the buffer's bytes (common/kv_checksum.h: XOR of mixed 64-bit
-// words, so blocks combine in any order), zeroed and accumulated on `stream`.
-// REQUIRES: kv_dim % 4 == 0; `buffer` 16-byte aligned; `checksum` a device uint64.
-struct KvHostTransportParams {
-  KvTransportParams kv;  // kv.buffer: the host buffer's device address
+// *checksum = KvChecksum (common/kv_checksum.h: XOR of mixed 64-bit words, so blocks combine in
+// any order) of the run's transport form, read from the pool in place: the host tier moves the
+// bytes with the copy engines and checks the pool's side of each copy here (kv.buffer unused).
+// Zeroed and accumulated on `stream`. REQUIRES: kv_dim % 4 == 0; `checksum` a device uint64.
+struct KvChecksumParams {
+  KvTransportParams kv;
   unsigned long long* checksum = nullptr;
 };
-absl::Status LaunchKvHostTransport(const KvHostTransportParams& p, cudaStream_t stream);
+absl::Status LaunchKvChecksum(const KvChecksumParams& p, cudaStream_t stream);
 
 }  // namespace lazyrag::cuda_model

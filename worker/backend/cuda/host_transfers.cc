@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "worker/kernels/cuda_check.h"
 
@@ -34,11 +35,45 @@ struct HostTransfers::Transfer {
   DeviceBuffer pages_device;     // [n] page ids
   DeviceBuffer checksum_device;  // one uint64
   PinnedBuffer checksum_host;    // one uint64
-  cudaEvent_t event = nullptr;   // recorded after the checksum's copy back
+  // The copy engines' pieces of the transfer (KvCopyChunks), kept until it is done.
+  std::vector<void*> dsts;
+  std::vector<const void*> srcs;
+  std::vector<size_t> sizes;
+  cudaEvent_t event = nullptr;  // recorded after the checksum's copy back
   ~Transfer() {
     if (event != nullptr) cudaEventDestroy(event);
   }
 };
+
+std::vector<KvCopyChunk> KvCopyChunks(const cuda_model::KvTransportParams& kv,
+                                      const std::vector<int32_t>& pages) {
+  std::vector<KvCopyChunk> chunks;
+  if (kv.num_tokens <= 0 || kv.page_size <= 0) return chunks;
+  const int num_pages = (kv.num_tokens + kv.page_size - 1) / kv.page_size;
+  // Runs of consecutive page ids: [first page index, end page index).
+  std::vector<std::pair<int, int>> runs;
+  for (int q = 0; q < num_pages; ++q) {
+    if (!runs.empty() && pages[q] == pages[q - 1] + 1) {
+      runs.back().second = q + 1;
+    } else {
+      runs.push_back({q, q + 1});
+    }
+  }
+  chunks.reserve(runs.size() * 2 * kv.num_layers);
+  for (int plane = 0; plane < 2 * kv.num_layers; ++plane) {
+    const int64_t plane_pool = int64_t(plane / 2) * kv.layer_stride + (plane % 2) * kv.v_offset;
+    for (const auto& [q0, q1] : runs) {
+      const int64_t t0 = int64_t(q0) * kv.page_size;
+      const int64_t t1 = std::min<int64_t>(int64_t(q1) * kv.page_size, kv.num_tokens);
+      KvCopyChunk c;
+      c.pool_elem = plane_pool + int64_t(pages[q0]) * kv.page_size * kv.kv_dim;
+      c.buffer_elem = (int64_t(plane) * kv.num_tokens + t0) * kv.kv_dim;
+      c.elems = (t1 - t0) * kv.kv_dim;
+      chunks.push_back(c);
+    }
+  }
+  return chunks;
+}
 
 HostTransfers::HostTransfers() = default;
 
@@ -50,7 +85,12 @@ HostTransfers::~HostTransfers() {
 }
 
 absl::Status HostTransfers::Init() {
-  LAZYRAG_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  // The highest priority: the checksum kernel's blocks go before the forward step's, so a
+  // promotion is not held behind a long step (the copies themselves use the copy engines).
+  int least = 0, greatest = 0;
+  LAZYRAG_RETURN_IF_CUDA_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  LAZYRAG_RETURN_IF_CUDA_ERROR(
+      cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
   LAZYRAG_RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&compute_mark_, cudaEventDisableTiming));
   return absl::OkStatus();
 }
@@ -83,11 +123,15 @@ absl::StatusOr<KvTransferId> HostTransfers::Start(cuda_model::KvTransportParams 
   LAZYRAG_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(t->pages_device.data(), t->pages_host.data(),
                                                pages.size() * sizeof(int32_t),
                                                cudaMemcpyHostToDevice, stream_));
-  kv.pages = reinterpret_cast<const int32_t*>(t->pages_device.data());
-  cuda_model::KvHostTransportParams hp;
-  hp.kv = kv;
-  hp.checksum = reinterpret_cast<unsigned long long*>(t->checksum_device.data());
-  RETURN_IF_ERROR(cuda_model::LaunchKvHostTransport(hp, stream_));
+  cuda_model::KvChecksumParams check;
+  check.kv = kv;
+  check.kv.pages = reinterpret_cast<const int32_t*>(t->pages_device.data());
+  check.checksum = reinterpret_cast<unsigned long long*>(t->checksum_device.data());
+  // To host: the pool's bytes are checked where they are and copied; from host: copied, then
+  // checked where they landed. Either way the checksum covers the bytes the pool holds.
+  if (kv.to_buffer) RETURN_IF_ERROR(cuda_model::LaunchKvChecksum(check, stream_));
+  RETURN_IF_ERROR(CopyChunks(kv, pages, *t));
+  if (!kv.to_buffer) RETURN_IF_ERROR(cuda_model::LaunchKvChecksum(check, stream_));
   LAZYRAG_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(t->checksum_host.data(), t->checksum_device.data(),
                                                sizeof(uint64_t), cudaMemcpyDeviceToHost, stream_));
   LAZYRAG_RETURN_IF_CUDA_ERROR(cudaEventRecord(t->event, stream_));
@@ -97,6 +141,44 @@ absl::StatusOr<KvTransferId> HostTransfers::Start(cuda_model::KvTransportParams 
   t->pages = pages;
   std::sort(t->pages.begin(), t->pages.end());
   return t->id;
+}
+
+absl::Status HostTransfers::CopyChunks(const cuda_model::KvTransportParams& kv,
+                                       const std::vector<int32_t>& pages, Transfer& t) {
+  const std::vector<KvCopyChunk> chunks = KvCopyChunks(kv, pages);
+  t.dsts.clear();
+  t.srcs.clear();
+  t.sizes.clear();
+  for (const KvCopyChunk& c : chunks) {
+    uint16_t* pool = kv.pool + c.pool_elem;
+    uint16_t* buffer = kv.buffer + c.buffer_elem;
+    t.dsts.push_back(kv.to_buffer ? buffer : pool);
+    t.srcs.push_back(kv.to_buffer ? pool : buffer);
+    t.sizes.push_back(size_t(c.elems) * sizeof(uint16_t));
+  }
+  if (t.sizes.empty()) return absl::OkStatus();
+  if (batch_copies_) {
+    cudaMemcpyAttributes attr = {};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    size_t attr_index = 0;
+    const cudaError_t st = cudaMemcpyBatchAsync(t.dsts.data(), t.srcs.data(), t.sizes.data(),
+                                                t.sizes.size(), &attr, &attr_index, 1, stream_);
+    if (st == cudaSuccess) return absl::OkStatus();
+    if (st != cudaErrorInvalidValue && st != cudaErrorNotSupported) {
+      return CudaErrorStatus(st, "kv transfer: batched copy");
+    }
+    // A driver without batched copies: one copy per piece from here on.
+    cudaGetLastError();
+    batch_copies_ = false;
+    LOG_WARNING << "kv transfer: cudaMemcpyBatchAsync unavailable (" << cudaGetErrorString(st)
+                << "); copying piece by piece";
+  }
+  for (size_t i = 0; i < t.sizes.size(); ++i) {
+    LAZYRAG_RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(t.dsts[i], t.srcs[i], t.sizes[i], cudaMemcpyDefault, stream_));
+  }
+  return absl::OkStatus();
 }
 
 HostTransfers::Transfer* HostTransfers::Find(KvTransferId id) {

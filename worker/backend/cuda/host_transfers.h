@@ -1,7 +1,8 @@
 // The host tier's data path in the CUDA backend (Backend::StartKvToHost / StartKvFromHost):
-// document KV copied between the pool and pinned host memory by a kernel that reads or writes
-// the host buffer directly over the bus, with its checksum computed on the way, on a stream of
-// its own so that the copies overlap the forward steps.
+// document KV copied between the pool and pinned host memory by the copy engines (one batched
+// copy of the run's contiguous pieces, so no SM is held while the bus moves the bytes) and
+// checksummed by a short kernel that reads the pool's side, on a stream of its own at the
+// highest priority, so that the copies overlap the forward steps.
 //
 // Ordering, the contract Backend states:
 //   * a transfer starts after everything queued on the compute stream before Start (the pages
@@ -30,6 +31,19 @@ namespace lazyrag::cuda_backend {
 
 // Pinned, mapped host memory (cudaHostAlloc): kernels address it directly.
 absl::StatusOr<std::unique_ptr<HostMemory>> AllocatePinnedHostMemory(int64_t bytes);
+
+// One contiguous piece of a run's transport form (cuda_model::KvTransportParams): `elems`
+// elements at pool + pool_elem and at buffer + buffer_elem. A run of consecutive page ids is
+// one piece per layer and K or V.
+struct KvCopyChunk {
+  int64_t pool_elem = 0;
+  int64_t buffer_elem = 0;
+  int64_t elems = 0;
+};
+// The pieces of tokens [0, kv.num_tokens) of the run `pages` (kv.pages unused), layer-major.
+// REQUIRES: pages holds ceil(num_tokens / page_size) ids.
+std::vector<KvCopyChunk> KvCopyChunks(const cuda_model::KvTransportParams& kv,
+                                      const std::vector<int32_t>& pages);
 
 class HostTransfers {
  public:
@@ -63,11 +77,15 @@ class HostTransfers {
   Transfer* Find(KvTransferId id);
   // The transfer's result once its event completed; frees its slot.
   uint64_t Finish(Transfer& t);
+  // Queues the copy of kv's run on the stream (the pieces are kept in `t`).
+  absl::Status CopyChunks(const cuda_model::KvTransportParams& kv,
+                          const std::vector<int32_t>& pages, Transfer& t);
 
   cudaStream_t stream_ = nullptr;
   cudaEvent_t compute_mark_ = nullptr;  // recorded on the compute stream at each Start
   std::vector<std::unique_ptr<Transfer>> transfers_;  // slots, reused once finished
   KvTransferId next_id_ = 1;
+  bool batch_copies_ = true;  // cudaMemcpyBatchAsync works (else one copy per piece)
 };
 
 }  // namespace lazyrag::cuda_backend
