@@ -29,11 +29,15 @@ absl::StatusOr<DocumentRun> DocumentTable::Acquire(const std::string& id,
   return e.run;
 }
 
-void DocumentTable::Release(const std::string& id) {
+void DocumentTable::Release(const std::string& id, ReleaseBy by) {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(id);
   if (it == entries_.end() || it->second.refcount == 0) return;
-  if (--it->second.refcount == 0) it->second.lru = lru_.insert(lru_.end(), id);
+  Entry& e = it->second;
+  if (by == ReleaseBy::kRequest) e.used = true;
+  if (--e.refcount > 0) return;
+  const bool first_out = by == ReleaseBy::kPreparation && !e.used;
+  e.lru = lru_.insert(first_out ? lru_.begin() : lru_.end(), id);
 }
 
 DocumentRun DocumentTable::Insert(const std::string& id, DocumentRun run,

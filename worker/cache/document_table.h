@@ -1,6 +1,9 @@
 // The document table over the page pool: id -> pinned page run. Documents (and PREFIX-mode
 // cached pages) are ref-counted while requests reference them; unreferenced entries are
-// evicted least recently used when pages run out. Thread-safe.
+// evicted least recently used when pages run out, except that an entry only prepared so far
+// (made resident by a document preparation, used by no request yet) is evicted first, so that
+// a bulk preparation does not push out the documents requests use (the LRU insertion policy
+// for prefetched entries). Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -39,8 +42,15 @@ class DocumentTable {
   // Same, and copies the token ids the entry was inserted with into `tokens` (empty when it
   // was inserted without them). For exporting a resident document to a peer worker.
   absl::StatusOr<DocumentRun> Acquire(const std::string& id, std::vector<int32_t>* tokens);
+  // Who drops a reference, for the eviction order of an entry whose last reference it is.
+  enum class ReleaseBy {
+    kRequest,      // a request used the entry: most recently used
+    kPreparation,  // a document preparation (Engine::EncodeDocuments): evicted first unless a
+                   // request has used the entry, so of prepared entries the latest go first
+    kJob,          // the job that made the entry resident: most recently used, not a use
+  };
   // Drops one reference taken by Acquire or Insert.
-  void Release(const std::string& id);
+  void Release(const std::string& id, ReleaseBy by = ReleaseBy::kRequest);
   // Adds a computed entry that owns `run.pages`, pinned once for the caller. If the id is
   // already present (a concurrent insert), frees `run.pages`, pins the existing entry and
   // returns it. `tokens`: the block's token ids, kept for Acquire(id, tokens) (documents and
@@ -70,6 +80,7 @@ class DocumentTable {
     DocumentRun run;
     std::vector<int32_t> tokens;  // the block's token ids; may be empty
     int refcount = 0;
+    bool used = false;                     // a request has released a reference to it
     std::list<std::string>::iterator lru;  // valid while refcount == 0
   };
   PageAllocator* allocator_;

@@ -30,6 +30,49 @@ TEST(DocumentTableTest, PinnedEntriesSurviveEvictionAndLruGoesFirst) {
   EXPECT_EQ(table.Acquire("zzz").status().code(), absl::StatusCode::kNotFound);
 }
 
+// Each entry holds 4 of 16 pages; allocating 4 more pages evicts exactly one entry.
+TEST(DocumentTableTest, PreparedEntriesGoFirstUntilARequestUsesThem) {
+  using By = DocumentTable::ReleaseBy;
+  PageAllocator alloc(16);
+  DocumentTable table(&alloc);
+  const auto insert = [&](const std::string& id) {
+    auto p = table.AllocatePages(4);
+    ASSERT_TRUE(p.ok()) << p.status();
+    table.Insert(id, {*p, 64});
+  };
+  const auto evict_one = [&]() -> std::string {  // the pages stay allocated
+    std::vector<DocumentTable::Evicted> evicted;
+    auto p = table.AllocatePages(4, &evicted);
+    EXPECT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(evicted.size(), 1u);
+    return evicted.empty() ? "" : evicted[0].id;
+  };
+  insert("used");
+  table.Release("used");  // a request's: most recently used
+  insert("p1");           // prepared: the job's pin, then the preparation's
+  ASSERT_TRUE(table.Acquire("p1").ok());
+  table.Release("p1", By::kJob);
+  table.Release("p1", By::kPreparation);
+  insert("p2");
+  ASSERT_TRUE(table.Acquire("p2").ok());
+  table.Release("p2", By::kJob);
+  table.Release("p2", By::kPreparation);
+  insert("p3");
+  ASSERT_TRUE(table.Acquire("p3").ok());
+  table.Release("p3", By::kPreparation);
+  table.Release("p3", By::kJob);  // the job's release last: most recently used, not a use
+  // A request uses p1: from then on it ages like any used entry, prepared again or not.
+  ASSERT_TRUE(table.Acquire("p1").ok());
+  table.Release("p1");
+  ASSERT_TRUE(table.Acquire("p1").ok());
+  table.Release("p1", By::kPreparation);
+  // Eviction order: prepared-only entries first (latest first), then least recently used.
+  EXPECT_EQ(evict_one(), "p2");
+  EXPECT_EQ(evict_one(), "used");
+  EXPECT_EQ(evict_one(), "p3");
+  EXPECT_EQ(evict_one(), "p1");
+}
+
 TEST(DocumentTableTest, DuplicateInsertKeepsFirstAndFreesSecond) {
   PageAllocator alloc(4);
   DocumentTable table(&alloc);

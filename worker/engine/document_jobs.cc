@@ -351,7 +351,7 @@ void DocumentJobs::Complete(const std::shared_ptr<DocJob> &job, Source source) {
       }
     }
   }
-  table_->Release(job->id);
+  table_->Release(job->id, DocumentTable::ReleaseBy::kJob);
   jobs_.erase(job->id);
 }
 

@@ -589,6 +589,27 @@ TEST(EngineSchedulerTest, EncodeDocumentsMakesDocumentsResidentWithoutARequest) 
             absl::StatusCode::kInvalidArgument);
 }
 
+// A bulk preparation larger than the pool does not push out the documents requests use: the
+// documents it made resident that no request has used yet are evicted first (Engine::
+// EncodeDocuments runs 8 documents at a time; the pool holds the first 8 beside the used ones).
+TEST(EngineSchedulerTest, APreparationLargerThanThePoolKeepsTheDocumentsRequestsUse) {
+  auto e = MakeEngine(40);
+  const TokenPrompt used = Prompt({1, 2}, 4);  // 3 + 3 pages of documents, 1 of prefix
+  ASSERT_TRUE(e->RunTokens(used, Options(2)).ok());
+  std::vector<std::vector<int32_t>> bulk;  // 29 + 30 pages of documents 3..10 and 11..18
+  for (int d = 3; d <= 18; ++d) bulk.push_back(Prompt({d}, 0).documents[0]);
+  auto encoded = e->EncodeDocuments(bulk, "");
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  int resident = 0;
+  for (const EncodedDocument &d : *encoded) resident += e->documents().Contains(d.id) ? 1 : 0;
+  EXPECT_GT(resident, 0);
+  EXPECT_LT(resident, int(bulk.size()));
+  for (const auto &doc : used.documents) EXPECT_TRUE(e->documents().Contains(e->BlockId(doc, "")));
+  auto r = e->RunTokens(used, Options(2));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->usage.pool_document_tokens, r->usage.document_tokens);
+}
+
 // A document named only by id is read from the store once: FetchDocumentTokens
 // (for its tokens) keeps what it read, and the request that follows imports it
 // (a store hit in its usage) instead of reading it again.

@@ -575,7 +575,9 @@ bool Scheduler::EnsureOwnPages(const RequestPtr &rp, int64_t tokens) {
 }
 
 void Scheduler::ReleaseResources(ScheduledRequest &r) {
-  for (const std::string &id : r.pinned) table_->Release(id);
+  const auto by = r.encode_only ? DocumentTable::ReleaseBy::kPreparation
+                                : DocumentTable::ReleaseBy::kRequest;
+  for (const std::string &id : r.pinned) table_->Release(id, by);
   r.pinned.clear();
   table_->FreePages(r.own_pages);
   r.own_pages.clear();
