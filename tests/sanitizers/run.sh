@@ -35,6 +35,11 @@ case "$kind" in
            host_tier_engine_test engine_modes_test)
     extra=(-DLAZYRAG_TSAN_ABSL_SHIM=ON)
     export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 allocator_may_return_null=1 suppressions=$src/tests/sanitizers/tsan.supp"
+    # OpenBLAS hands a GEMM to its own threads through its uninstrumented synchronisation, which
+    # TSan reports as a race between OpenBLAS's writes of the output and the CPU backend's reads
+    # (seen with sgemm_beta on a Cooper Lake VM); one OpenBLAS thread keeps each GEMM on the
+    # calling thread, and the engine's own threads and ParallelFor stay under TSan.
+    export OPENBLAS_NUM_THREADS=1
     ;;
   *)
     echo "usage: run.sh asan|tsan [BUILD_DIR]" >&2
