@@ -15,17 +15,22 @@
 //   * batch 1 decode and query block against forced KV split counts (both prefill kernels);
 //   * batch-1 diagnostics (diag_*): a plain read and a math-free gather of decode b1's bytes,
 //     an empty kernel, the split merge alone, decode with pages in pool order;
-//   * MATERIALIZE of 10,240 tokens x 32 layers (copy + re-rotate K, copy V).
+//   * MATERIALIZE of 10,240 tokens x 32 layers (copy + re-rotate K, copy V);
+//   * the projections of one Llama-3-8B layer (QKV, O, gate_up, gate_up with the SwiGLU fused,
+//     down, lm_head) at 1, 16, 32 and 64 rows: kernels::SmallGemm beside cuBLAS (the backend's
+//     cublasGemmEx call; for the fused row, cuBLAS gate_up + cuda_model::LaunchSwiGlu), with
+//     TB/s and the share of the read ceiling in their own table (--gemm: these rows only).
 // Timing: CUDA events around graph replays of 20 launches after warm-up, median of many
 // samples (see TimeMedianMs); inputs rotate
 // over enough copies to exceed 4x the L2 so every run reads HBM. Every request owns its
 // pages (shuffled page order) so bytes are not shared through L2. Prints a table, writes
 // JSON with --out PATH.
 //
-// Usage: kernel_bench [--out PATH] [--iters N] [--prefill-kernel auto|mma] [--decode-b1]
+// Usage: kernel_bench [--out PATH] [--iters N] [--prefill-kernel auto|mma] [--decode-b1] [--gemm]
 // (--prefill-kernel mma: every prefill row that would take the launcher's choice runs the
 // mma.sync kernel instead; a fallback for when the wgmma kernel is broken. --decode-b1: only the
 // decode rows of batches 1-8 and batch 1's forced split counts, for quick A/B runs.)
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -45,6 +50,8 @@
 #include "worker/kernels/attention_internal.cuh"  // diagnostics: the merge kernel alone
 #include "worker/kernels/lazy_attention.h"
 #include "worker/kernels/materialize.h"
+#include "worker/kernels/model_kernels.h"
+#include "worker/kernels/small_gemm.h"
 
 namespace lazyrag::kernels {
 namespace {
@@ -482,6 +489,106 @@ Ceilings MeasureCeilings(int iters, int sms) {
   return c;
 }
 
+// The projections of one Llama-3-8B layer and the lm_head, y[rows, n] = x[rows, k] w[n, k]^T.
+// Weights rotate over enough copies to exceed 4x the L2. bytes: weights + x + y. JSON: batch =
+// rows, context = k.
+void GemmRows(int iters, size_t l2_bytes, std::vector<Result>* results) {
+  using kernels::SmallGemmEpilogue;
+  const struct {
+    const char* name;
+    int n, k;
+    SmallGemmEpilogue epilogue;
+  } shapes[] = {{"gemm_qkv", 6144, 4096, SmallGemmEpilogue::kFloat},
+                {"gemm_o", 4096, 4096, SmallGemmEpilogue::kBf16},
+                {"gemm_gate_up", 28672, 4096, SmallGemmEpilogue::kBf16},
+                {"gemm_gate_up_swiglu", 28672, 4096, SmallGemmEpilogue::kSwiGluBf16},
+                {"gemm_down", 4096, 14336, SmallGemmEpilogue::kBf16},
+                {"gemm_lm_head", 128256, 4096, SmallGemmEpilogue::kFloat}};
+  cublasHandle_t cublas;
+  if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) std::exit(1);
+  void* cublas_ws = DeviceAlloc<char>(size_t(32) << 20);
+  cublasSetWorkspace(cublas, cublas_ws, size_t(32) << 20);
+  char* small_ws = DeviceAlloc<char>(size_t(kernels::kSmallGemmWorkspaceBytes));
+  BENCH_CUDA(cudaMemset(small_ws, 0, size_t(kernels::kSmallGemmWorkspaceBytes)));
+  constexpr int kMaxRows = 64;
+  uint16_t* x = DeviceAlloc<uint16_t>(size_t(kMaxRows) * 14336);
+  FillRandom(x, size_t(kMaxRows) * 14336, 11);
+  void* y = DeviceAlloc<char>(size_t(kMaxRows) * 128256 * 4);
+  uint16_t* gate_up = DeviceAlloc<uint16_t>(size_t(kMaxRows) * 28672);
+  for (const auto& sh : shapes) {
+    const size_t w_elems = size_t(sh.n) * sh.k;
+    const int copies = int(std::max<size_t>(1, (4 * l2_bytes) / (w_elems * 2) + 1));
+    uint16_t* w = DeviceAlloc<uint16_t>(w_elems * copies);
+    FillRandom(w, w_elems * copies, 5);
+    BENCH_CUDA(cudaDeviceSynchronize());
+    const bool fp32 = sh.epilogue == SmallGemmEpilogue::kFloat;
+    const bool swiglu = sh.epilogue == SmallGemmEpilogue::kSwiGluBf16;
+    for (int rows : {1, 16, 32, 64}) {
+      const int out_cols = swiglu ? sh.n / 2 : sh.n;
+      const double bytes =
+          double(w_elems) * 2 + double(rows) * sh.k * 2 + double(rows) * out_cols * (fp32 ? 4 : 2);
+      const double flops = 2.0 * rows * double(w_elems);
+      const double small_ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+        kernels::SmallGemmParams p;
+        p.x = x;
+        p.w = w + size_t(i % copies) * w_elems;
+        p.y = y;
+        p.rows = rows;
+        p.n = sh.n;
+        p.k = sh.k;
+        p.epilogue = sh.epilogue;
+        p.workspace = small_ws;
+        p.workspace_bytes = kernels::kSmallGemmWorkspaceBytes;
+        BENCH_OK(kernels::SmallGemm(p, st));
+      });
+      results->push_back({sh.name, "gemm", rows, 0, sh.k, "small_gemm", small_ms, bytes, flops});
+      const double cublas_ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+        const float one = 1.f, zero = 0.f;
+        cublasSetStream(cublas, st);
+        void* out = swiglu ? static_cast<void*>(gate_up) : y;
+        if (cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, sh.n, rows, sh.k, &one,
+                         w + size_t(i % copies) * w_elems, CUDA_R_16BF, sh.k, x, CUDA_R_16BF, sh.k,
+                         &zero, out, fp32 ? CUDA_R_32F : CUDA_R_16BF, sh.n, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+          std::fprintf(stderr, "cublasGemmEx failed\n");
+          std::exit(1);
+        }
+        if (swiglu) {
+          BENCH_OK(
+              cuda_model::LaunchSwiGlu({gate_up, static_cast<uint16_t*>(y), rows, sh.n / 2}, st));
+        }
+      });
+      results->push_back({sh.name, "gemm", rows, 0, sh.k, swiglu ? "cublas+swiglu" : "cublas",
+                          cublas_ms, bytes, flops});
+    }
+    cudaFree(w);
+  }
+  cudaFree(x);
+  cudaFree(y);
+  cudaFree(gate_up);
+  cudaFree(small_ws);
+  cudaFree(cublas_ws);
+  cublasDestroy(cublas);
+}
+
+// The GEMM rows again, against the read ceiling of this run and the 4.52 TB/s of issue 29;
+// "x cuBLAS": cuBLAS's time over the row's.
+void PrintGemmTable(const std::vector<Result>& results, double read_tbs) {
+  std::printf("\n%-22s %-14s %5s %10s %9s %8s %8s %9s\n", "gemm", "variant", "rows", "ms", "TB/s",
+              "%read", "%4.52", "x cuBLAS");
+  double cublas_ms = 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    if (r.kind != "gemm") continue;
+    // Rows come in pairs: small_gemm, then cuBLAS of the same shape and rows.
+    if (r.variant == "small_gemm" && i + 1 < results.size()) cublas_ms = results[i + 1].ms;
+    const double tbs = r.bytes / (r.ms * 1e-3) / 1e12;
+    std::printf("%-22s %-14s %5d %10.4f %9.3f %7.1f%% %7.1f%% %9.3f\n", r.name.c_str(),
+                r.variant.c_str(), r.batch, r.ms, tbs, 100.0 * tbs / read_tbs, 100.0 * tbs / 4.52,
+                cublas_ms / r.ms);
+  }
+}
+
 std::string Json(const std::vector<Result>& rs, const cudaDeviceProp& prop, double copy_tbs,
                  double read_tbs) {
   std::string s = "{\n  \"device\": \"" + std::string(prop.name) + "\",\n";
@@ -542,11 +649,14 @@ int Main(int argc, char** argv) {
   std::string out_path;
   int iters = 50;
   bool decode_b1 = false;  // only the decode rows of batches 1-8 (quick A/B runs)
+  bool gemm_only = false;  // only the ceilings and the GEMM rows
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
       out_path = argv[++i];
     } else if (!std::strcmp(argv[i], "--decode-b1")) {
       decode_b1 = true;
+    } else if (!std::strcmp(argv[i], "--gemm")) {
+      gemm_only = true;
     } else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) {
       iters = std::max(1, std::atoi(argv[++i]));
     } else if (!std::strcmp(argv[i], "--prefill-kernel") && i + 1 < argc &&
@@ -556,7 +666,7 @@ int Main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--out PATH] [--iters N] [--prefill-kernel auto|mma] "
-                   "[--decode-b1]\n",
+                   "[--decode-b1] [--gemm]\n",
                    argv[0]);
       return 2;
     }
@@ -592,6 +702,11 @@ int Main(int argc, char** argv) {
       {"read_kernel_2GiB", "memcpy", 0, 0, 0, "uint4_x4", ceil.read_ms, 2.0 * ceil.bytes, 0});
   results.push_back({"memcpy_d2d_1GiB", "memcpy", 0, 0, 0, "graph_node", ceil.memcpy_graph_ms,
                      2.0 * ceil.bytes, 0});
+  if (gemm_only || !decode_b1) {
+    GemmRows(iters, size_t(prop.l2CacheSize), &results);
+    PrintGemmTable(results, read_tbs);
+  }
+  if (gemm_only) return Report(results, prop, copy_tbs, read_tbs, out_path);
 
   const struct {
     const char* name;

@@ -1,6 +1,5 @@
 #include "worker/backend/cuda/cuda_backend.h"
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -18,6 +17,7 @@
 #include "worker/backend/cuda/cuda_weights.h"
 #include "worker/backend/cuda/device_buffers.h"
 #include "worker/backend/cuda/host_transfers.h"
+#include "worker/backend/cuda/projection_gemm.h"
 #include "worker/backend/cuda/step_graphs.h"
 #include "worker/backend/cuda/step_plan.h"
 #include "worker/kernels/cuda_check.h"
@@ -41,7 +41,6 @@ using cuda_backend::StepGraphs;
 using cuda_backend::StepPlan;
 using cuda_backend::UploadPlan;
 
-constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;  // NVIDIA's advice for Hopper
 // Steps that may run from a CUDA graph round their KV bound up to a multiple of this.
 constexpr int kGraphKvBucket = 256;
 
@@ -54,6 +53,7 @@ class CudaBackend final : public Backend {
       : config_(config),
         options_(options),
         all_reduce_(options.shard.size, options.nccl_comm),
+        gemm_(options.small_gemm),
         weights_(config, options.shard),
         pool_(config),
         activations_(config),
@@ -122,9 +122,6 @@ class CudaBackend final : public Backend {
   // Runs `s` through the step graphs when it is small enough, else eagerly. See
   // CudaBackendOptions::cuda_graphs.
   absl::Status RunStep(const DeviceStep& s, int num_segments) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // y[rows, n] = x[rows, k] * w[n, k]^T, bf16 inputs, fp32 accumulation, y of y_type.
-  absl::Status Gemm(const uint16_t* x, const uint16_t* w, void* y, cudaDataType y_type, int rows,
-                    int n, int k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ModelConfig config_;
   const CudaBackendOptions options_;
@@ -133,15 +130,15 @@ class CudaBackend final : public Backend {
 
   absl::Mutex mu_;
   cudaStream_t stream_ = nullptr;
-  cublasHandle_t cublas_ = nullptr;
   NcclAllReduce all_reduce_;
+  // The projections (SmallGemm or cuBLAS); used under mu_ after Init.
+  cuda_backend::ProjectionGemm gemm_;
   // options_.time_steps: events around each step's device work, and the recorded steps.
   cudaEvent_t step_begin_ = nullptr, step_end_ = nullptr;
   std::vector<CudaStepTiming> step_timings_ ABSL_GUARDED_BY(mu_);
 
   CudaWeights weights_;
   DeviceBuffer inv_freq_;  // [head_dim / 2] fp32
-  DeviceBuffer cublas_workspace_;
   DeviceBuffer attention_workspace_;
   CudaKvPool pool_;
   cuda_backend::HostTransfers host_ ABSL_GUARDED_BY(mu_);
@@ -163,7 +160,7 @@ CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   graphs_.DestroyAll();
   pool_.ClosePeerPools();
-  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  gemm_.Destroy();
   if (step_begin_ != nullptr) cudaEventDestroy(step_begin_);
   if (step_end_ != nullptr) cudaEventDestroy(step_end_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -217,11 +214,7 @@ absl::Status CudaBackend::Init(const LoadedModel& model) {
     LAZYRAG_RETURN_IF_CUDA_ERROR(cudaEventCreate(&step_begin_));
     LAZYRAG_RETURN_IF_CUDA_ERROR(cudaEventCreate(&step_end_));
   }
-  LAZYRAG_RETURN_IF_CUBLAS_ERROR(cublasCreate(&cublas_));
-  LAZYRAG_RETURN_IF_CUBLAS_ERROR(cublasSetStream(cublas_, stream_));
-  RETURN_IF_ERROR(cublas_workspace_.Allocate(kCublasWorkspaceBytes));
-  LAZYRAG_RETURN_IF_CUBLAS_ERROR(
-      cublasSetWorkspace(cublas_, cublas_workspace_.data(), cublas_workspace_.size()));
+  RETURN_IF_ERROR(gemm_.Init(stream_));
 
   const std::vector<float> inv = RopeInvFreq(c);
   RETURN_IF_ERROR(inv_freq_.Allocate(inv.size() * sizeof(float)));
@@ -262,17 +255,6 @@ absl::Status CudaBackend::ReserveActivations(int tokens, int rows) {
   if (activations_.Fits(tokens, rows)) return absl::OkStatus();
   graphs_.Clear(stream_);  // they address the old activations
   return activations_.Reserve(tokens, rows);
-}
-
-absl::Status CudaBackend::Gemm(const uint16_t* x, const uint16_t* w, void* y, cudaDataType y_type,
-                               int rows, int n, int k) {
-  if (rows == 0) return absl::OkStatus();
-  const float alpha = 1.0f, beta = 0.0f;
-  // Column-major view: y^T[n, rows] = w[n, k] (stored as k x n, transposed) * x^T[k, rows].
-  LAZYRAG_RETURN_IF_CUBLAS_ERROR(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, k, &alpha,
-                                              w, CUDA_R_16BF, k, x, CUDA_R_16BF, k, &beta, y,
-                                              y_type, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::ForwardImpl(const ForwardBatch& batch, std::vector<float>* logits,
@@ -387,7 +369,7 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
       norm.residual = a.delta;
     }
     RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(norm, stream_));
-    RETURN_IF_ERROR(Gemm(a.h, L.wqkv, a.qkv, CUDA_R_32F, T, qd + 2 * kvd, d));
+    RETURN_IF_ERROR(gemm_.Run(a.h, L.wqkv, a.qkv, CUDA_R_32F, T, qd + 2 * kvd, d));
     cuda_model::QkvScatterParams scatter;
     scatter.qkv = a.qkv;
     scatter.rope = a.rope;
@@ -435,7 +417,7 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
       ap.view = s.view;
       RETURN_IF_ERROR(cuda_model::LaunchFallbackAttention(ap, stream_));
     }
-    RETURN_IF_ERROR(Gemm(a.attn, L.wo, a.delta, CUDA_R_16BF, T, d, qd));
+    RETURN_IF_ERROR(gemm_.Run(a.attn, L.wo, a.delta, CUDA_R_16BF, T, d, qd));
     RETURN_IF_ERROR(all_reduce_.SumBf16(a.delta, int64_t(T) * d, stream_));
     cuda_model::RmsNormParams ffn_norm;
     ffn_norm.x = a.x;
@@ -447,9 +429,8 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
     ffn_norm.dim = d;
     ffn_norm.eps = c.rms_norm_eps;
     RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(ffn_norm, stream_));
-    RETURN_IF_ERROR(Gemm(a.h, L.w_gate_up, a.gate_up, CUDA_R_16BF, T, 2 * ff, d));
-    RETURN_IF_ERROR(cuda_model::LaunchSwiGlu({a.gate_up, a.act, T, ff}, stream_));
-    RETURN_IF_ERROR(Gemm(a.act, L.w_down, a.delta, CUDA_R_16BF, T, d, ff));
+    RETURN_IF_ERROR(gemm_.GateUpSwiGlu(a.h, L.w_gate_up, a.gate_up, a.act, T, ff, d));
+    RETURN_IF_ERROR(gemm_.Run(a.act, L.w_down, a.delta, CUDA_R_16BF, T, d, ff));
     RETURN_IF_ERROR(all_reduce_.SumBf16(a.delta, int64_t(T) * d, stream_));
   }
   if (R == 0) return absl::OkStatus();
@@ -463,7 +444,8 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
   final_norm.dim = d;
   final_norm.eps = c.rms_norm_eps;
   RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(final_norm, stream_));
-  RETURN_IF_ERROR(Gemm(a.h_rows, weights_.lm_head(), a.logits, CUDA_R_32F, R, c.vocab_size, d));
+  RETURN_IF_ERROR(
+      gemm_.Run(a.h_rows, weights_.lm_head(), a.logits, CUDA_R_32F, R, c.vocab_size, d));
   return absl::OkStatus();
 }
 

@@ -355,6 +355,35 @@ TEST(CudaBackendTest, CudaGraphReplaysMatchEagerSteps) {
   }
 }
 
+// The projections on kernels::SmallGemm (the default: every step here has at most 64 tokens,
+// prefill chunks of 32, with the fused SwiGLU) and on cuBLAS only (small_gemm = false): both
+// match the CPU model, and each other within the same bound.
+TEST(CudaBackendTest, SmallGemmAndCublasProjectionsMatchCpu) {
+  SKIP_WITHOUT_DEVICE();
+  LoadedModel m = LoadWithHostWeights("synthetic:smollm2-135m@6");
+  CudaBackendOptions small, cublas;
+  cublas.small_gemm = false;
+  auto s = CreateCudaBackend(m, small);
+  auto c = CreateCudaBackend(m, cublas);
+  ASSERT_TRUE(s.ok() && c.ok());
+  auto cpu = CreateCpuBackend(std::move(m.weights));
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  std::unique_ptr<Engine> with_small = MakeEngine(std::move(*s), 16, 32);
+  std::unique_ptr<Engine> with_cublas = MakeEngine(std::move(*c), 16, 32);
+  std::unique_ptr<Engine> ref = MakeEngine(std::move(*cpu), 16, 32);
+  ASSERT_TRUE(with_small && with_cublas && ref);
+  std::mt19937 rng(29);
+  const TokenPrompt rag = RagPrompt(rng, ref->config().vocab_size, {45, 130, 64}, 33);
+  for (AttentionMode mode :
+       {AttentionMode::kLazy, AttentionMode::kMaterialize, AttentionMode::kFull}) {
+    SCOPED_TRACE(testing::Message() << "mode " << int(mode));
+    const ModeRun small_run = RunMode(*with_small, rag, mode, 6);
+    ExpectRunsMatch(small_run, RunMode(*ref, rag, mode, 6), kLogitTolerance, "small gemm vs CPU");
+    ExpectRunsMatch(small_run, RunMode(*with_cublas, rag, mode, 6), kLogitTolerance,
+                    "small gemm vs cuBLAS");
+  }
+}
+
 // Backend-level batches with several requests: prefill chunks, decode-only (the decode
 // kernel with 2 requests) and a mixed prefill + decode batch over shared segments.
 TEST(CudaBackendTest, MultiRequestBatchesMatchCpu) {
