@@ -17,9 +17,10 @@
 //     an empty kernel, the split merge alone, decode with pages in pool order;
 //   * MATERIALIZE of 10,240 tokens x 32 layers (copy + re-rotate K, copy V);
 //   * the projections of one Llama-3-8B layer (QKV, O, gate_up, gate_up with the SwiGLU fused,
-//     down, lm_head) at 1, 16, 32 and 64 rows: kernels::SmallGemm beside cuBLAS (the backend's
-//     cublasGemmEx call; for the fused row, cuBLAS gate_up + cuda_model::LaunchSwiGlu), with
-//     TB/s and the share of the read ceiling in their own table (--gemm: these rows only).
+//     down, lm_head) at 1, 16, 32 and 64 rows: cuBLAS (the backend's cublasGemmEx call; for the
+//     fused row, cuBLAS gate_up + cuda_model::LaunchSwiGlu) beside kernels::SmallGemm with and
+//     without PDL and two variants (GemmRows), with TB/s and the share of the read ceiling in
+//     their own table (--gemm: these rows only).
 // Timing: CUDA events around graph replays of 20 launches after warm-up, median of many
 // samples (see TimeMedianMs); inputs rotate
 // over enough copies to exceed 4x the L2 so every run reads HBM. Every request owns its
@@ -52,6 +53,7 @@
 #include "worker/kernels/materialize.h"
 #include "worker/kernels/model_kernels.h"
 #include "worker/kernels/small_gemm.h"
+#include "worker/kernels/small_gemm.cuh"  // the GEMM variants
 
 namespace lazyrag::kernels {
 namespace {
@@ -489,9 +491,35 @@ Ceilings MeasureCeilings(int iters, int sms) {
   return c;
 }
 
-// The projections of one Llama-3-8B layer and the lm_head, y[rows, n] = x[rows, k] w[n, k]^T.
-// Weights rotate over enough copies to exceed 4x the L2. bytes: weights + x + y. JSON: batch =
-// rows, context = k.
+// SmallGemm variants (small_gemm.cuh) beside the launcher's configuration: kWarps warps per
+// block, the 256-byte L2 prefetch hint or not, min blocks per SM for buckets 8-32 and 64.
+template <int kBucket, int kWarps, bool kL2, int kMinBlocks>
+absl::Status LaunchGemmVariant(const kernels::SmallGemmParams& p, cudaStream_t st) {
+  namespace sgi = kernels::small_gemm_internal;
+  constexpr int kQueue = kBucket == 8 || kBucket == 64 ? 8 : 4;  // as small_gemm.cu
+  const auto kernel = sgi::SmallGemmKernel<kBucket, kWarps, kQueue, kL2, kMinBlocks>;
+  static const int slots = [&] {
+    int per_sm = 0, sms = 0;
+    BENCH_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, 0));
+    BENCH_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    return std::max(1, per_sm * sms);
+  }();
+  return sgi::LaunchSmallGemmKernel(kernel, sgi::PlanSmallGemm(p, kWarps, kBucket, slots),
+                                    kWarps * 32, slots, p.programmatic, st);
+}
+template <int kWarps, bool kL2, int kMinBlocks, int kMinBlocks64>
+absl::Status RunGemmVariant(const kernels::SmallGemmParams& p, cudaStream_t st) {
+  if (p.rows <= 8) return LaunchGemmVariant<8, kWarps, kL2, kMinBlocks>(p, st);
+  if (p.rows <= 16) return LaunchGemmVariant<16, kWarps, kL2, kMinBlocks>(p, st);
+  if (p.rows <= 32) return LaunchGemmVariant<32, kWarps, kL2, kMinBlocks>(p, st);
+  return LaunchGemmVariant<64, kWarps, kL2, kMinBlocks64>(p, st);
+}
+
+// The projections of one Llama-3-8B layer and the lm_head, y[rows, n] = x[rows, k] w[n, k]^T:
+// cuBLAS (the backend's call; + LaunchSwiGlu for the fused row), SmallGemm as launched by the
+// backend (small_gemm) and without PDL (sg_nopdl), and two variants: no 256-byte L2 prefetch
+// (sg_nol2), 4 warps per block with 4 blocks per SM (sg_warps4). Weights rotate over enough
+// copies to exceed 4x the L2. bytes: weights + x + y. JSON: batch = rows, context = k.
 void GemmRows(int iters, size_t l2_bytes, std::vector<Result>* results) {
   using kernels::SmallGemmEpilogue;
   const struct {
@@ -515,6 +543,15 @@ void GemmRows(int iters, size_t l2_bytes, std::vector<Result>* results) {
   FillRandom(x, size_t(kMaxRows) * 14336, 11);
   void* y = DeviceAlloc<char>(size_t(kMaxRows) * 128256 * 4);
   uint16_t* gate_up = DeviceAlloc<uint16_t>(size_t(kMaxRows) * 28672);
+  using Runner = absl::Status (*)(const kernels::SmallGemmParams&, cudaStream_t);
+  const struct {
+    const char* name;
+    bool programmatic;
+    Runner run;
+  } variants[] = {{"small_gemm", true, kernels::SmallGemm},
+                  {"sg_nopdl", false, kernels::SmallGemm},
+                  {"sg_nol2", true, RunGemmVariant<8, false, 2, 1>},
+                  {"sg_warps4", true, RunGemmVariant<4, true, 4, 2>}};
   for (const auto& sh : shapes) {
     const size_t w_elems = size_t(sh.n) * sh.k;
     const int copies = int(std::max<size_t>(1, (4 * l2_bytes) / (w_elems * 2) + 1));
@@ -528,20 +565,6 @@ void GemmRows(int iters, size_t l2_bytes, std::vector<Result>* results) {
       const double bytes =
           double(w_elems) * 2 + double(rows) * sh.k * 2 + double(rows) * out_cols * (fp32 ? 4 : 2);
       const double flops = 2.0 * rows * double(w_elems);
-      const double small_ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
-        kernels::SmallGemmParams p;
-        p.x = x;
-        p.w = w + size_t(i % copies) * w_elems;
-        p.y = y;
-        p.rows = rows;
-        p.n = sh.n;
-        p.k = sh.k;
-        p.epilogue = sh.epilogue;
-        p.workspace = small_ws;
-        p.workspace_bytes = kernels::kSmallGemmWorkspaceBytes;
-        BENCH_OK(kernels::SmallGemm(p, st));
-      });
-      results->push_back({sh.name, "gemm", rows, 0, sh.k, "small_gemm", small_ms, bytes, flops});
       const double cublas_ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
         const float one = 1.f, zero = 0.f;
         cublasSetStream(cublas, st);
@@ -560,6 +583,23 @@ void GemmRows(int iters, size_t l2_bytes, std::vector<Result>* results) {
       });
       results->push_back({sh.name, "gemm", rows, 0, sh.k, swiglu ? "cublas+swiglu" : "cublas",
                           cublas_ms, bytes, flops});
+      for (const auto& v : variants) {
+        const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+          kernels::SmallGemmParams p;
+          p.x = x;
+          p.w = w + size_t(i % copies) * w_elems;
+          p.y = y;
+          p.rows = rows;
+          p.n = sh.n;
+          p.k = sh.k;
+          p.epilogue = sh.epilogue;
+          p.workspace = small_ws;
+          p.workspace_bytes = kernels::kSmallGemmWorkspaceBytes;
+          p.programmatic = v.programmatic;
+          BENCH_OK(v.run(p, st));
+        });
+        results->push_back({sh.name, "gemm", rows, 0, sh.k, v.name, ms, bytes, flops});
+      }
     }
     cudaFree(w);
   }
@@ -572,16 +612,14 @@ void GemmRows(int iters, size_t l2_bytes, std::vector<Result>* results) {
 }
 
 // The GEMM rows again, against the read ceiling of this run and the 4.52 TB/s of issue 29;
-// "x cuBLAS": cuBLAS's time over the row's.
+// "x cuBLAS": the cuBLAS row's time (same shape and rows, timed first) over the row's.
 void PrintGemmTable(const std::vector<Result>& results, double read_tbs) {
   std::printf("\n%-22s %-14s %5s %10s %9s %8s %8s %9s\n", "gemm", "variant", "rows", "ms", "TB/s",
               "%read", "%4.52", "x cuBLAS");
   double cublas_ms = 0;
-  for (size_t i = 0; i < results.size(); ++i) {
-    const Result& r = results[i];
+  for (const Result& r : results) {
     if (r.kind != "gemm") continue;
-    // Rows come in pairs: small_gemm, then cuBLAS of the same shape and rows.
-    if (r.variant == "small_gemm" && i + 1 < results.size()) cublas_ms = results[i + 1].ms;
+    if (r.variant.rfind("cublas", 0) == 0) cublas_ms = r.ms;
     const double tbs = r.bytes / (r.ms * 1e-3) / 1e12;
     std::printf("%-22s %-14s %5d %10.4f %9.3f %7.1f%% %7.1f%% %9.3f\n", r.name.c_str(),
                 r.variant.c_str(), r.batch, r.ms, tbs, 100.0 * tbs / read_tbs, 100.0 * tbs / 4.52,

@@ -13,7 +13,7 @@
 // Usage: ttft_bench [--model NAME] [--docs N] [--doc_len N] [--query N] [--runs N]
 //                   [--warmup N] [--cold_runs N] [--chunk N] [--page_size N]
 //                   [--decode_steps N] [--cuda_graphs 0|1] [--step_times 0|1]
-//                   [--idle_ms N] [--early_kv 0|1] [--small_gemm 0|1] [--profile] [--out PATH]
+//                   [--idle_ms N] [--early_kv 0|1] [--small_gemm 0|1|2] [--profile] [--out PATH]
 //                   [--kvstore_binary PATH] [--quality_k K] [--decode_batches B,B]
 //
 // With --kvstore_binary: a lazyrag-kvstore shard on this host (a child process, data under
@@ -64,7 +64,8 @@ struct BenchOptions {
   bool cuda_graphs = true;  // CudaBackendOptions::cuda_graphs
   bool step_times = true;   // CudaBackendOptions::time_steps: where LAZY's TTFT goes
   bool early_kv = true;     // CudaBackendOptions::early_kv_reads
-  bool small_gemm = true;   // CudaBackendOptions::small_gemm
+  // CudaBackendOptions::small_gemm (1, 2) and small_gemm_pdl (1); 0: cuBLAS only (the default).
+  int small_gemm = 0;
   int idle_ms = 0;          // GPU idle before each timed request (a lone request)
   // EngineOptions::host_cache_bytes in GiB (0: no host tier). With a host tier: a row for a
   // LAZY request whose documents are all in the host tier, none in the pool.
@@ -198,7 +199,7 @@ int Main(int argc, char** argv) {
     else if (arg("--early_kv"))
       o.early_kv = std::atoi(argv[++i]) != 0;
     else if (arg("--small_gemm"))
-      o.small_gemm = std::atoi(argv[++i]) != 0;
+      o.small_gemm = std::atoi(argv[++i]);
     else if (arg("--idle_ms"))
       o.idle_ms = std::max(0, std::atoi(argv[++i]));
     else if (arg("--cuda_graphs"))
@@ -224,7 +225,8 @@ int Main(int argc, char** argv) {
           "usage: %s [--model NAME] [--docs N] [--doc_len N] [--query N] [--runs N] "
           "[--warmup N] [--cold_runs N] [--chunk N] [--page_size N] "
           "[--decode_steps N] [--cuda_graphs 0|1] "
-          "[--step_times 0|1] [--idle_ms N] [--early_kv 0|1] [--small_gemm 0|1] [--host_cache_gb G] [--profile] "
+          "[--step_times 0|1] [--idle_ms N] [--early_kv 0|1] [--small_gemm 0|1|2] "
+          "[--host_cache_gb G] [--profile] "
           "[--out PATH] [--kvstore_binary PATH] [--quality_k K] [--decode_batches B,B]\n",
           argv[0]);
       return 2;
@@ -242,7 +244,8 @@ int Main(int argc, char** argv) {
   bo.cuda_graphs = o.cuda_graphs;
   bo.time_steps = o.step_times;
   bo.early_kv_reads = o.early_kv;
-  bo.small_gemm = o.small_gemm;
+  bo.small_gemm = o.small_gemm != 0;
+  bo.small_gemm_pdl = o.small_gemm == 1;
   auto backend = CreateCudaBackend(*model, bo);
   if (!backend.ok()) return Fail(backend.status(), "cuda backend");
   const double init_s = std::chrono::duration<double>(Clock::now() - t_load).count();
@@ -650,7 +653,7 @@ int Main(int argc, char** argv) {
       << ", \"prompt_tokens\": " << prompt_tokens << ",\n"
       << "  \"cuda_graphs\": " << (o.cuda_graphs ? "true" : "false") << ",\n"
       << "  \"early_kv\": " << (o.early_kv ? "true" : "false") << ",\n"
-      << "  \"small_gemm\": " << (o.small_gemm ? "true" : "false") << ",\n"
+      << "  \"small_gemm\": " << o.small_gemm << ",\n"
       << "  \"idle_ms\": " << o.idle_ms << ",\n"
       << "  \"chunk\": " << o.chunk << ", \"page_size\": " << o.page_size
       << ", \"runs\": " << o.runs << ", \"warmup\": " << o.warmup << ",\n"

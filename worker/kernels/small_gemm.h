@@ -7,7 +7,7 @@
 // blocks (chosen from the SM count) is reduced in the same kernel: the last block of a tile sums
 // the partials in split order (deterministic) and runs the epilogue. Launched as a programmatic
 // dependent: the first weight loads are issued before the previous kernel on the stream has
-// finished (weights never change during a step).
+// finished (weights never change during a step), unless SmallGemmParams::programmatic is false.
 //
 // Plain C++ reference: the CPU backend's matmul (worker/backend/cpu) and cuBLAS (small_gemm_test.cc
 // compares with both).
@@ -48,6 +48,10 @@ struct SmallGemmParams {
   // ordered (one stream). Read and written only after the PDL wait.
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
+  // true: launched as a programmatic dependent of the previous kernel (the weight prologue runs
+  // before that kernel has finished; the next kernel may be scheduled once every block of this one
+  // has passed its wait). false: an ordinary launch.
+  bool programmatic = true;
 };
 
 constexpr int kSmallGemmMaxRows = 64;

@@ -302,7 +302,7 @@ TEST(SmallGemm, RepeatedAndGraphLaunchesAreDeterministic) {
   }
 }
 
-// Without a workspace the launcher does not split: same results.
+// Without a workspace the launcher does not split: same results (launched without PDL).
 TEST(SmallGemm, NoWorkspaceMeansNoSplit) {
   GPU_TEST_SETUP(rng);
   GemmContext ctx;
@@ -319,6 +319,7 @@ TEST(SmallGemm, NoWorkspaceMeansNoSplit) {
   p.rows = rows;
   p.n = n;
   p.k = k;
+  p.programmatic = false;
   ASSERT_TRUE(SmallGemm(p, nullptr).ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<float> a = split.Download(), b = whole.Download();

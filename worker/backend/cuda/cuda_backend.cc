@@ -53,7 +53,7 @@ class CudaBackend final : public Backend {
       : config_(config),
         options_(options),
         all_reduce_(options.shard.size, options.nccl_comm),
-        gemm_(options.small_gemm),
+        gemm_(options.small_gemm, options.small_gemm_pdl),
         weights_(config, options.shard),
         pool_(config),
         activations_(config),

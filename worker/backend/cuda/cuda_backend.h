@@ -62,9 +62,13 @@ struct CudaBackendOptions {
   // --early_kv 0|1; see bench/README.md).
   bool early_kv_reads = true;
   // Projections of steps of at most 64 tokens on kernels::SmallGemm (fused SwiGLU included)
-  // where it takes the shape, cuBLAS otherwise; false: cuBLAS always. On by default: measured
-  // faster (issue 29; kernel_bench's gemm rows, ttft_bench --small_gemm 0|1; bench/README.md).
-  bool small_gemm = true;
+  // where it takes the shape, cuBLAS otherwise; false: cuBLAS always. Off by default: measured
+  // slower than cuBLAS on the Llama-3-8B shapes (issue 29; kernel_bench's gemm rows, ttft_bench
+  // --small_gemm 0|1|2; bench/README.md).
+  bool small_gemm = false;
+  // SmallGemm launched as a programmatic dependent (its weight prologue overlapping the previous
+  // kernel); false: ordinary launches.
+  bool small_gemm_pdl = true;
   // Tensor parallelism: this backend is rank shard.rank of shard.size (CreateCudaBackend takes
   // the global model and keeps the rank's slice). `nccl_comm` is that rank's ncclComm_t
   // (opaque here so that this header needs no NCCL), REQUIRED when shard.size > 1; the backend

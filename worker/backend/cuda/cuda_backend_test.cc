@@ -355,23 +355,27 @@ TEST(CudaBackendTest, CudaGraphReplaysMatchEagerSteps) {
   }
 }
 
-// The projections on kernels::SmallGemm (the default: every step here has at most 64 tokens,
-// prefill chunks of 32, with the fused SwiGLU) and on cuBLAS only (small_gemm = false): both
+// The projections on kernels::SmallGemm (every step here has at most 64 tokens, prefill chunks
+// of 32, with the fused SwiGLU; with and without PDL) and on cuBLAS only (the default): all
 // match the CPU model, and each other within the same bound.
 TEST(CudaBackendTest, SmallGemmAndCublasProjectionsMatchCpu) {
   SKIP_WITHOUT_DEVICE();
   LoadedModel m = LoadWithHostWeights("synthetic:smollm2-135m@6");
-  CudaBackendOptions small, cublas;
+  CudaBackendOptions small, small_no_pdl, cublas;
+  small.small_gemm = small_no_pdl.small_gemm = true;
+  small_no_pdl.small_gemm_pdl = false;
   cublas.small_gemm = false;
   auto s = CreateCudaBackend(m, small);
+  auto s2 = CreateCudaBackend(m, small_no_pdl);
   auto c = CreateCudaBackend(m, cublas);
-  ASSERT_TRUE(s.ok() && c.ok());
+  ASSERT_TRUE(s.ok() && s2.ok() && c.ok());
   auto cpu = CreateCpuBackend(std::move(m.weights));
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   std::unique_ptr<Engine> with_small = MakeEngine(std::move(*s), 16, 32);
+  std::unique_ptr<Engine> without_pdl = MakeEngine(std::move(*s2), 16, 32);
   std::unique_ptr<Engine> with_cublas = MakeEngine(std::move(*c), 16, 32);
   std::unique_ptr<Engine> ref = MakeEngine(std::move(*cpu), 16, 32);
-  ASSERT_TRUE(with_small && with_cublas && ref);
+  ASSERT_TRUE(with_small && without_pdl && with_cublas && ref);
   std::mt19937 rng(29);
   const TokenPrompt rag = RagPrompt(rng, ref->config().vocab_size, {45, 130, 64}, 33);
   for (AttentionMode mode :
@@ -381,6 +385,10 @@ TEST(CudaBackendTest, SmallGemmAndCublasProjectionsMatchCpu) {
     ExpectRunsMatch(small_run, RunMode(*ref, rag, mode, 6), kLogitTolerance, "small gemm vs CPU");
     ExpectRunsMatch(small_run, RunMode(*with_cublas, rag, mode, 6), kLogitTolerance,
                     "small gemm vs cuBLAS");
+    // The same kernels in the same order: bit-identical logits.
+    const ModeRun no_pdl_run = RunMode(*without_pdl, rag, mode, 6);
+    EXPECT_EQ(no_pdl_run.tokens, small_run.tokens);
+    EXPECT_EQ(no_pdl_run.logits, small_run.logits);
   }
 }
 

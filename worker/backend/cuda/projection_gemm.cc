@@ -50,6 +50,7 @@ absl::Status ProjectionGemm::Run(const uint16_t* x, const uint16_t* w, void* y, 
     p.epilogue = epilogue;
     p.workspace = small_workspace_.data();
     p.workspace_bytes = int64_t(small_workspace_.size());
+    p.programmatic = programmatic_;
     return kernels::SmallGemm(p, stream_);
   }
   const float alpha = 1.0f, beta = 0.0f;
@@ -76,6 +77,7 @@ absl::Status ProjectionGemm::GateUpSwiGlu(const uint16_t* x, const uint16_t* w_g
     p.epilogue = fused;
     p.workspace = small_workspace_.data();
     p.workspace_bytes = int64_t(small_workspace_.size());
+    p.programmatic = programmatic_;
     return kernels::SmallGemm(p, stream_);
   }
   RETURN_IF_ERROR(Run(x, w_gate_up, gate_up, CUDA_R_16BF, rows, 2 * ff, k));

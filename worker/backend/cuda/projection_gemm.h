@@ -17,8 +17,10 @@ namespace lazyrag::cuda_backend {
 
 class ProjectionGemm {
  public:
-  // `use_small_gemm` false: cuBLAS for every shape (CudaBackendOptions::small_gemm).
-  explicit ProjectionGemm(bool use_small_gemm) : use_small_gemm_(use_small_gemm) {}
+  // `use_small_gemm` false: cuBLAS for every shape (CudaBackendOptions::small_gemm);
+  // `programmatic`: kernels::SmallGemmParams::programmatic (CudaBackendOptions::small_gemm_pdl).
+  ProjectionGemm(bool use_small_gemm, bool programmatic)
+      : use_small_gemm_(use_small_gemm), programmatic_(programmatic) {}
   ~ProjectionGemm();
   ProjectionGemm(const ProjectionGemm&) = delete;
   ProjectionGemm& operator=(const ProjectionGemm&) = delete;
@@ -40,6 +42,7 @@ class ProjectionGemm {
 
  private:
   const bool use_small_gemm_;
+  const bool programmatic_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   DeviceBuffer cublas_workspace_;
