@@ -1,16 +1,21 @@
-// Small-M bf16 GEMM for the forward step's projections (issue 29): y[rows, n] = x[rows, k] * w[n,
-// k]^T with rows <= 64 (decode batches, 32-token query blocks), where the step is bound by reading
-// w once. Tensor cores (mma.sync m16n8k16, fp32 accumulation) with the operands swapped: weight
-// rows are the MMA's M dimension, tokens its N. Each thread loads 16 contiguous bytes of a weight
-// row straight into the A fragment registers (no shared memory); the k order inside a 32-element
-// chunk is permuted identically for x and w, which leaves the dot product unchanged. Split-K across
-// blocks (chosen from the SM count) is reduced in the same kernel: the last block of a tile sums
-// the partials in split order (deterministic) and runs the epilogue. Launched as a programmatic
-// dependent: the first weight loads are issued before the previous kernel on the stream has
-// finished (weights never change during a step), unless SmallGemmParams::programmatic is false.
+// Small-M bf16 GEMM for the forward step's projections (issue 29):
+// y[rows, n] = x[rows, k] * w[n, k]^T with rows <= 64 (decode batches, 32-token query blocks),
+// where the step is bound by reading w once. Tensor cores (mma.sync m16n8k16, fp32 accumulation)
+// with the operands swapped: weight rows are the MMA's M dimension, tokens its N. Each thread loads
+// 16 contiguous bytes of a weight row straight into the A fragment registers (no shared memory);
+// the k order inside a 32-element chunk is permuted identically for x and w, which leaves the dot
+// product unchanged. Split-K across blocks (chosen from the SM count) is reduced in the same
+// kernel: the last block of a tile sums the partials in split order (deterministic) and runs the
+// epilogue. Launched as a programmatic dependent: the first weight loads are issued before the
+// previous kernel on the stream has finished (weights never change during a step), unless
+// SmallGemmParams::programmatic is false.
 //
-// Plain C++ reference: the CPU backend's matmul (worker/backend/cpu) and cuBLAS (small_gemm_test.cc
-// compares with both).
+// Status (one H200, 2026-12-04, bench/README.md): 80-89% of the HBM read ceiling at 1 row on
+// gate_up and lm_head, less with more rows; slower than cuBLAS on every Llama-3-8B projection but O
+// at 1 row, so the CUDA backend uses it only with CudaBackendOptions::small_gemm.
+//
+// Plain C++ reference: the double-precision dot products of small_gemm_test.cc, which also compares
+// every element with cuBLAS.
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,8 @@
 // The forward step's projections, y[rows, n] = x[rows, k] * w[n, k]^T (bf16 inputs, fp32
-// accumulation): kernels::SmallGemm for rows <= 64 on the shapes it takes (issue 29: it reads the
-// weights closer to the memory roof than cuBLAS on those), cuBLAS otherwise. Queues work on one
-// stream only: no allocation or synchronization per call, so steps that use it can be captured into
+// accumulation): cuBLAS, or (use_small_gemm) kernels::SmallGemm for rows <= 64 on the shapes it
+// takes and cuBLAS for the rest (issue 29; measured slower than cuBLAS on the Llama-3-8B shapes
+// on 2026-12-04, so the backend's default is cuBLAS: bench/README.md). Queues work on one stream
+// only: no allocation or synchronization per call, so steps that use it can be captured into
 // CUDA graphs. Not thread-safe (the backend calls it under its mutex).
 #pragma once
 
