@@ -18,18 +18,17 @@
 //
 // With --kvstore_binary: a lazyrag-kvstore shard on this host (a child process, data under
 // $TMPDIR) stores one document's KV; rows for fetching it through the client library into
-// pinned host memory (the same-host fast path) and on into the document's pool pages, and for
-// four concurrent fetches, beside recomputing it.
+// pinned host memory (the same-host fast path; also with the workers' MAC check, and from a
+// second shard with authentication on) and on into the document's pool pages, and for four
+// concurrent fetches, beside recomputing it (bench/ttft_kvstore_fetch.h).
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
-#include <signal.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <random>
@@ -40,9 +39,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_stats.h"
+#include "bench/ttft_kvstore_fetch.h"
 #include "common/status.h"
-#include "common/testing/child_process.h"
-#include "kvstore/client/kvstore_client.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/engine/engine.h"
 #include "worker/model/model_source.h"
@@ -82,90 +80,13 @@ struct BenchOptions {
   std::string out;
 };
 
+using bench::KvstoreFetch;
+using bench::MeasureKvstoreFetch;
 using bench::Stats;
 
 int Fail(const absl::Status& st, const char* what) {
   std::fprintf(stderr, "ttft_bench: %s: %s\n", what, std::string(st.ToString()).c_str());
   return 1;
-}
-
-// A document's KV fetched from a lazyrag-kvstore shard on this host.
-struct KvstoreFetch {
-  Stats to_pinned;       // KvClient::GetInto into pinned host memory
-  Stats to_pool;         // the same, then StartKvFromHost into the document's pages (end to end)
-  double four_gbps = 0;  // four concurrent fetches into pinned memory, total GB/s (median of 3)
-  bool local = false;    // served through the same-host fast path
-};
-
-absl::Status MeasureKvstoreFetch(const std::string& binary, Backend& backend,
-                                 const Engine::PinnedDocument& doc, const std::string& kv,
-                                 uint64_t checksum, KvstoreFetch* out) {
-  const char* tmp_env = std::getenv("TMPDIR");
-  std::string dir = std::string(tmp_env != nullptr ? tmp_env : "/tmp") + "/ttft_kvstore.XXXXXX";
-  if (mkdtemp(dir.data()) == nullptr) return absl::InternalError("mkdtemp");
-  testing::ChildProcess server(
-      {binary, "--listen=127.0.0.1:0", "--data_dir=" + dir + "/db", "--metrics_port=-1"});
-  RETURN_IF_ERROR(server.Start());
-  ASSIGN_OR_RETURN(const std::string line, server.WaitForLine("", absl::Seconds(30)));
-  kvstore::KvClientOptions co;
-  co.shards = {testing::FieldOf(line, "grpc")};
-  co.call_timeout = absl::Seconds(120);
-  ASSIGN_OR_RETURN(std::unique_ptr<kvstore::KvClient> client, kvstore::KvClient::Create(co));
-  constexpr int kParallel = 4;
-  auto key = [](int i) { return kvstore::Key::Document("ttft-bench", "", absl::StrCat("doc", i)); };
-  for (int i = 0; i < kParallel; ++i) RETURN_IF_ERROR(client->Put(key(i), {}, kv));
-  std::vector<std::unique_ptr<HostMemory>> pinned;
-  for (int i = 0; i < kParallel; ++i) {
-    ASSIGN_OR_RETURN(std::unique_ptr<HostMemory> m, backend.AllocateHostMemory(int64_t(kv.size())));
-    std::memset(m->data(), 0, kv.size());  // touched once, as the host tier's arena is
-    pinned.push_back(std::move(m));
-  }
-  auto fetch = [&](int i) -> absl::StatusOr<kvstore::ValueInfo> {
-    return client->GetInto(
-        key(i),
-        [&](const kvstore::ValueHeader&,
-            uint64_t bytes) -> absl::StatusOr<std::vector<kvstore::MutableBytes>> {
-          if (bytes != kv.size()) return absl::DataLossError("stored size differs");
-          return std::vector<kvstore::MutableBytes>{{pinned[i]->data(), bytes}};
-        });
-  };
-  for (int rep = 0; rep < 6; ++rep) {
-    const auto t0 = std::chrono::steady_clock::now();
-    ASSIGN_OR_RETURN(const kvstore::ValueInfo info, fetch(0));
-    const auto t1 = std::chrono::steady_clock::now();
-    ASSIGN_OR_RETURN(const KvTransferId in,
-                     backend.StartKvFromHost(doc.pages, doc.num_tokens, pinned[0]->data()));
-    ASSIGN_OR_RETURN(const uint64_t in_sum, backend.WaitKvTransfer(in));
-    const auto t2 = std::chrono::steady_clock::now();
-    if (in_sum != checksum) return absl::DataLossError("fetched KV differs from the pool's");
-    out->local = info.local;
-    if (rep == 0) continue;  // first: connection and fast-path handshake
-    out->to_pinned.ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-    out->to_pool.ms.push_back(std::chrono::duration<double, std::milli>(t2 - t0).count());
-  }
-  std::vector<double> gbps;
-  for (int rep = 0; rep < 3; ++rep) {
-    std::vector<absl::Status> results(kParallel);
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::thread> threads;
-    for (int i = 0; i < kParallel; ++i) {
-      threads.emplace_back([&, i] { results[i] = fetch(i).status(); });
-    }
-    for (auto& t : threads) t.join();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    for (const auto& r : results) RETURN_IF_ERROR(r);
-    gbps.push_back(double(kv.size()) * kParallel / s / 1e9);
-  }
-  std::sort(gbps.begin(), gbps.end());
-  out->four_gbps = gbps[1];
-  for (int i = 0; i < kParallel; ++i) {
-    if (std::memcmp(pinned[i]->data(), kv.data(), kv.size()) != 0) {
-      return absl::DataLossError("a concurrent fetch returned other bytes");
-    }
-  }
-  server.Stop(SIGTERM, absl::Seconds(20));
-  std::filesystem::remove_all(dir);
-  return absl::OkStatus();
 }
 
 int Main(int argc, char** argv) {
@@ -611,6 +532,12 @@ int Main(int argc, char** argv) {
     bus_row(kv_fetch.local ? "kvstore (same host) to pinned memory" : "kvstore (gRPC) to pinned",
             kv_fetch.to_pinned);
     bus_row("  and on into its pages (end to end)", kv_fetch.to_pool);
+    const auto cost_row = [&](const char* name, const Stats& s) {
+      std::printf("%-36s %10.2f %10.2f %10.2f   (%+.1f%% of the plain fetch)\n", name, s.Median(),
+                  s.Min(), s.Max(), 100.0 * (s.Median() / kv_fetch.to_pinned.Median() - 1.0));
+    };
+    cost_row("  to pinned, MAC checked (workers)", kv_fetch.to_pinned_mac);
+    cost_row("  to pinned, authenticated shard", kv_fetch.to_pinned_auth);
     std::printf("%-36s %10.2f   (documents' encode time / %d)\n", "recomputing one document",
                 encode_ms / std::max(1, o.docs), o.docs);
     std::printf("%-36s %10.2f GB/s in total\n", "kvstore: 4 concurrent fetches",
@@ -674,6 +601,8 @@ int Main(int argc, char** argv) {
       f << "  \"kvstore_fetch\": {\"same_host_fast_path\": " << (kv_fetch.local ? "true" : "false")
         << ", \"to_pinned_ms\": " << kv_fetch.to_pinned.Json()
         << ", \"to_pool_ms\": " << kv_fetch.to_pool.Json()
+        << ", \"to_pinned_mac_ms\": " << kv_fetch.to_pinned_mac.Json()
+        << ", \"to_pinned_auth_ms\": " << kv_fetch.to_pinned_auth.Json()
         << ", \"recompute_one_doc_ms\": " << encode_ms / std::max(1, o.docs)
         << ", \"four_concurrent_gbps\": " << kv_fetch.four_gbps << "},\n";
     }
