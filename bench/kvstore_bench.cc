@@ -10,8 +10,9 @@
 //   * a Debian redis-server (no persistence) through hiredis SET/GET,
 //   * with --auth: bearer-token authentication's cost (issue 28), two lazyrag-kvstore processes
 //     (gRPC streams, --sync_commits=false), one started with --auth_tokens_file and called with a
-//     worker token, one without, for --size_mib values and for --auth_small_kib values (many
-//     calls per round, where the per-call cost shows), printed as a cost table.
+//     worker token, one without (and the token sent to that one, unchecked: the client's share),
+//     for --size_mib values and for --auth_small_kib values (many calls per round, where the
+//     per-call cost shows), printed as a cost table.
 // Every value is --size_mib MiB of pseudo-random bytes; N concurrent clients each put and get
 // their own key; GB/s = N * size / wall time / 1e9, median over the repetitions. Every value
 // read back is compared with what was written (outside the timed region).
@@ -572,15 +573,18 @@ void MeasureKvStoreProcess(Bench& bench, const std::string& binary, const std::s
 // processes on loopback (gRPC streams, --sync_commits=false, so that neither the disk nor an
 // fsync hides a per-call cost), one started with --auth_tokens_file and called with a worker
 // token (KvClientOptions::auth_token: the "authorization" metadata on every call, the shard's
-// SHA-256 and constant-time compare against every entry), one without. Each repetition puts
-// then gets every client's value `calls` times on one and then the other, the order alternating
-// between repetitions, so both see the same machine load. Rows: system `system` and
-// `system` + " + token", ops put and get.
+// SHA-256 and constant-time compare against every entry), one without. Three kinds of client:
+// without a token to the shard without authentication (`system`), with the worker token to the
+// shard that checks it (`system` + " + token") and with the token to the shard that does not
+// (`system` + " + token, unchecked": the client's and the header's share alone). Each repetition
+// puts then gets every client's value `calls` times with each kind, the order rotating between
+// repetitions, so all see the same machine load. Ops put and get.
 void MeasureAuth(Bench& bench, const std::string& binary, const std::string& dir,
                  uint64_t value_bytes, int calls, const std::string& system) {
   const std::string auth_system = system + " + token";
+  const std::string sent_system = system + " + token, unchecked";
   auto skip = [&](const std::string& why) {
-    for (const std::string& sys : {system, auth_system}) {
+    for (const std::string& sys : {system, auth_system, sent_system}) {
       for (const char* op : {"put", "get"}) {
         for (int n : bench.client_counts()) {
           bench.AddRow({sys, op, n, {}, why, value_bytes, calls});
@@ -619,19 +623,20 @@ void MeasureAuth(Bench& bench, const std::string& binary, const std::string& dir
   for (int c = 0; c < max_clients; ++c) {
     sources.push_back(owned.empty() ? std::string_view(bench.source(c)) : owned[c]);
   }
-  std::vector<std::string> buffers(max_clients, std::string(value_bytes, '\1'));  // both sides'
+  std::vector<std::string> buffers(max_clients, std::string(value_bytes, '\1'));  // every side's
   struct Side {
     std::string system;
     std::vector<std::unique_ptr<KvClient>> clients;
   };
-  Side sides[2] = {{system, {}}, {auth_system, {}}};
-  for (int k = 0; k < 2; ++k) {
+  constexpr int kSides = 3;
+  Side sides[kSides] = {{system, {}}, {auth_system, {}}, {sent_system, {}}};
+  for (int k = 0; k < kSides; ++k) {
     for (int c = 0; c < max_clients; ++c) {
       KvClientOptions options;
-      options.shards = {k == 0 ? plain_server.address() : auth_server.address()};
+      options.shards = {k == 1 ? auth_server.address() : plain_server.address()};
       options.call_timeout = absl::Seconds(600);
       options.local_fast_path = false;
-      if (k == 1) options.auth_token = BearerToken::Fixed(worker_token);
+      if (k != 0) options.auth_token = BearerToken::Fixed(worker_token);
       absl::StatusOr<std::unique_ptr<KvClient>> client = KvClient::Create(options);
       if (!client.ok()) {
         plain_server.Stop();
@@ -646,16 +651,16 @@ void MeasureAuth(Bench& bench, const std::string& binary, const std::string& dir
   for (int n : bench.client_counts()) {
     std::fprintf(stderr, "  %s, %llu-byte values x%d calls, %d client(s) ...", system.c_str(),
                  static_cast<unsigned long long>(value_bytes), calls, n);
-    Row rows[2][2];  // [side][put, get]
-    for (int k = 0; k < 2; ++k) {
+    Row rows[kSides][2];  // [side][put, get]
+    for (int k = 0; k < kSides; ++k) {
       rows[k][0] = {sides[k].system, "put", n, {}, "", value_bytes, calls};
       rows[k][1] = {sides[k].system, "get", n, {}, "", value_bytes, calls};
     }
     const double bytes_per_round = static_cast<double>(value_bytes) * n * calls;
     std::string failed;
     for (int rep = 0; rep < bench.Reps(n) && failed.empty(); ++rep) {
-      for (int j = 0; j < 2 && failed.empty(); ++j) {
-        const int k = rep % 2 == 0 ? j : 1 - j;
+      for (int j = 0; j < kSides && failed.empty(); ++j) {
+        const int k = (j + rep) % kSides;
         Side& side = sides[k];
         absl::StatusOr<double> seconds = TimeRound(n, [&](int c) -> absl::Status {
           for (int i = 0; i < calls; ++i) {
@@ -698,10 +703,13 @@ void MeasureAuth(Bench& bench, const std::string& binary, const std::string& dir
         if (failed.empty()) rows[k][1].gbps.push_back(bytes_per_round / *seconds / 1e9);
       }
     }
-    std::fprintf(stderr, " put %.3f/%.3f GB/s, get %.3f/%.3f GB/s (without/with token)%s\n",
-                 Median(rows[0][0].gbps), Median(rows[1][0].gbps), Median(rows[0][1].gbps),
-                 Median(rows[1][1].gbps), failed.empty() ? "" : (" " + failed).c_str());
-    for (int k = 0; k < 2; ++k) {
+    std::fprintf(stderr,
+                 " put %.4f/%.4f/%.4f GB/s, get %.4f/%.4f/%.4f GB/s (without/with/unchecked "
+                 "token)%s\n",
+                 Median(rows[0][0].gbps), Median(rows[1][0].gbps), Median(rows[2][0].gbps),
+                 Median(rows[0][1].gbps), Median(rows[1][1].gbps), Median(rows[2][1].gbps),
+                 failed.empty() ? "" : (" " + failed).c_str());
+    for (int k = 0; k < kSides; ++k) {
       for (Row& r : rows[k]) {
         if (!failed.empty()) r.note = failed, r.gbps.clear();
         bench.AddRow(std::move(r));
@@ -1042,7 +1050,9 @@ struct AuthCost {
   uint64_t value_bytes = 0;
   int calls_per_round = 1;
   double plain_gbps = 0, auth_gbps = 0;
+  double sent_gbps = 0;  // the token sent to the shard that does not check it; 0: not measured
   double cost() const { return plain_gbps / auth_gbps - 1; }
+  double sent_cost() const { return sent_gbps > 0 ? plain_gbps / sent_gbps - 1 : 0; }
   double plain_us() const { return 1e-3 * static_cast<double>(value_bytes) * clients / plain_gbps; }
   double auth_us() const { return 1e-3 * static_cast<double>(value_bytes) * clients / auth_gbps; }
 };
@@ -1059,8 +1069,15 @@ std::vector<AuthCost> AuthCosts(const Bench& bench) {
       if (p.system == plain && p.op == a.op && p.clients == a.clients &&
           p.value_bytes == a.value_bytes && !p.gbps.empty()) {
         const uint64_t bytes = a.value_bytes != 0 ? a.value_bytes : bench.size();
-        out.push_back(
-            {plain, a.op, a.clients, bytes, a.calls_per_round, Median(p.gbps), Median(a.gbps)});
+        AuthCost cost{plain,          a.op,          a.clients, bytes, a.calls_per_round,
+                      Median(p.gbps), Median(a.gbps)};
+        for (const Row& u : bench.rows()) {
+          if (u.system == a.system + ", unchecked" && u.op == a.op && u.clients == a.clients &&
+              u.value_bytes == a.value_bytes && !u.gbps.empty()) {
+            cost.sent_gbps = Median(u.gbps);
+          }
+        }
+        out.push_back(cost);
       }
     }
   }
@@ -1072,13 +1089,14 @@ void PrintAuthCosts(const Bench& bench) {
   if (costs.empty()) return;
   std::printf(
       "\nBearer-token authentication (--auth_tokens_file, a worker token on every call), same "
-      "values,\nalternating repetitions; us/call: one client's time per call\n");
-  std::printf("%-36s %-4s %7s %9s %9s %10s %10s %8s\n", "system", "op", "clients", "GB/s",
-              "w/ token", "us/call", "w/ token", "cost");
+      "values,\nrotating repetitions; us/call: one client's time per call; unchecked: the token "
+      "sent to\nthe shard without --auth_tokens_file (the client's and the header's share)\n");
+  std::printf("%-36s %-4s %7s %9s %9s %10s %10s %8s %10s\n", "system", "op", "clients", "GB/s",
+              "w/ token", "us/call", "w/ token", "cost", "unchecked");
   for (const AuthCost& c : costs) {
-    std::printf("%-36s %-4s %7d %9.4f %9.4f %10.1f %10.1f %7.1f%%\n", c.system.c_str(),
+    std::printf("%-36s %-4s %7d %9.4f %9.4f %10.1f %10.1f %7.1f%% %9.1f%%\n", c.system.c_str(),
                 c.op.c_str(), c.clients, c.plain_gbps, c.auth_gbps, c.plain_us(), c.auth_us(),
-                100 * c.cost());
+                100 * c.cost(), 100 * c.sent_cost());
   }
 }
 
@@ -1131,6 +1149,10 @@ std::string ToJson(const Bench& bench, const std::map<std::string, std::string>&
     e["us_per_call"] = c.plain_us();
     e["auth_us_per_call"] = c.auth_us();
     e["cost_fraction"] = c.cost();
+    if (c.sent_gbps > 0) {
+      e["unchecked_gbps"] = c.sent_gbps;
+      e["unchecked_cost_fraction"] = c.sent_cost();
+    }
   }
   return JsonDump(j) + "\n";
 }
