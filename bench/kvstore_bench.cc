@@ -7,14 +7,19 @@
 //     and without --sync_commits,
 //   * the same gRPC service with an in-memory engine in this process (gRPC framing, copies and
 //     checksums without storage),
-//   * a Debian redis-server (no persistence) through hiredis SET/GET.
+//   * a Debian redis-server (no persistence) through hiredis SET/GET,
+//   * with --auth: bearer-token authentication's cost (issue 28), two lazyrag-kvstore processes
+//     (gRPC streams, --sync_commits=false), one started with --auth_tokens_file and called with a
+//     worker token, one without (and the token sent to that one, unchecked: the client's share),
+//     for --size_mib values and for --auth_small_kib values (many calls per round, where the
+//     per-call cost shows), printed as a cost table.
 // Every value is --size_mib MiB of pseudo-random bytes; N concurrent clients each put and get
 // their own key; GB/s = N * size / wall time / 1e9, median over the repetitions. Every value
 // read back is compared with what was written (outside the timed region).
 //
 //   kvstore_bench [--kvstore_binary PATH] [--redis_server PATH] [--out FILE] [--size_mib 256]
 //                 [--clients 1,4] [--reps 5] [--reps_multi 3] [--breakdown] [--tmp_dir DIR]
-//                 [--commit SHA]
+//                 [--commit SHA] [--mac] [--auth] [--auth_small_kib 4] [--auth_small_calls 200]
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -47,8 +52,10 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/auth.h"
 #include "common/crc32c.h"
 #include "common/json.h"
 #include "common/testing/child_process.h"
@@ -83,6 +90,14 @@ ABSL_FLAG(bool, mac, true,
           " (op get+mac: after the CRC-32C check; get,mac: instead of it), beside get, in the"
           " same repetitions");
 
+ABSL_FLAG(bool, auth, true,
+          "also time puts and gets against a lazyrag-kvstore with --auth_tokens_file (the client "
+          "sending a worker token) beside one without, same values, alternating repetitions");
+ABSL_FLAG(int, auth_small_kib, 4,
+          "the small value of the authentication rows, KiB (0: only the --size_mib value)");
+ABSL_FLAG(int, auth_small_calls, 200,
+          "calls per client per round of the small-value authentication rows");
+
 namespace lazyrag::kvstore {
 namespace {
 
@@ -106,6 +121,8 @@ struct Row {
   int clients = 0;
   std::vector<double> gbps;  // one per repetition
   std::string note;          // why it is missing, when it is
+  uint64_t value_bytes = 0;  // 0: the bench's size; else this row's (the authentication rows)
+  int calls_per_round = 1;   // calls each client made per timed round
 };
 
 double Median(std::vector<double> v) {
@@ -156,6 +173,7 @@ class Bench {
   const std::vector<int>& client_counts() const { return client_counts_; }
   int Reps(int clients) const { return clients == 1 ? reps_ : reps_multi_; }
   const std::vector<Row>& rows() const { return rows_; }
+  void AddRow(Row row) { rows_.push_back(std::move(row)); }
 
   // Each repetition: one round of puts (every client its own key), then, when `get` is set, one
   // round of gets of those keys, checked against what was put.
@@ -227,7 +245,6 @@ class Bench {
     return static_cast<double>(size_) * clients / seconds / 1e9;
   }
 
- private:
   static std::string RandomBytes(uint64_t size, uint64_t seed) {
     std::string out(size, '\0');
     uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
@@ -240,6 +257,7 @@ class Bench {
     return out;
   }
 
+ private:
   const uint64_t size_;
   const std::vector<int> client_counts_;
   const int reps_;
@@ -278,11 +296,15 @@ std::string FindExecutable(const std::string& name) {
 class KvStoreChild {
  public:
   // Waits (up to 30 s) for its "lazyrag-kvstore ready grpc=HOST:PORT" line.
-  absl::Status Start(const std::string& binary, const std::string& dir, bool sync_commits) {
+  // `extra`: more flags (--auth_tokens_file).
+  absl::Status Start(const std::string& binary, const std::string& dir, bool sync_commits,
+                     const std::vector<std::string>& extra = {}) {
     std::filesystem::create_directories(dir);
-    process_ = std::make_unique<ChildProcess>(std::vector<std::string>{
+    std::vector<std::string> argv = {
         binary, "--listen=127.0.0.1:0", "--data_dir=" + dir + "/db", "--metrics_port=-1",
-        std::string("--sync_commits=") + (sync_commits ? "true" : "false")});
+        std::string("--sync_commits=") + (sync_commits ? "true" : "false")};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    process_ = std::make_unique<ChildProcess>(std::move(argv));
     process_->SetOutputFiles("", dir + "/stderr.txt");
     if (absl::Status started = process_->Start(); !started.ok()) return started;
     absl::StatusOr<std::string> line = process_->WaitForLine("", absl::Seconds(30));
@@ -547,6 +569,188 @@ void MeasureKvStoreProcess(Bench& bench, const std::string& binary, const std::s
   server.Stop();
 }
 
+// Bearer-token authentication's cost (issue 28) for values of `value_bytes`: two lazyrag-kvstore
+// processes on loopback (gRPC streams, --sync_commits=false, so that neither the disk nor an
+// fsync hides a per-call cost), one started with --auth_tokens_file and called with a worker
+// token (KvClientOptions::auth_token: the "authorization" metadata on every call, the shard's
+// SHA-256 and constant-time compare against every entry), one without. Three kinds of client:
+// without a token to the shard without authentication (`system`), with the worker token to the
+// shard that checks it (`system` + " + token") and with the token to the shard that does not
+// (`system` + " + token, unchecked": the client's and the header's share alone). Each repetition
+// puts then gets every client's value `calls` times with each kind, the order rotating between
+// repetitions, so all see the same machine load. Ops put and get.
+void MeasureAuth(Bench& bench, const std::string& binary, const std::string& dir,
+                 uint64_t value_bytes, int calls, const std::string& system) {
+  const std::string auth_system = system + " + token";
+  const std::string sent_system = system + " + token, unchecked";
+  auto skip = [&](const std::string& why) {
+    for (const std::string& sys : {system, auth_system, sent_system}) {
+      for (const char* op : {"put", "get"}) {
+        for (int n : bench.client_counts()) {
+          bench.AddRow({sys, op, n, {}, why, value_bytes, calls});
+        }
+      }
+    }
+  };
+  if (binary.empty() || access(binary.c_str(), X_OK) != 0) {
+    return skip("no lazyrag-kvstore binary (--kvstore_binary)");
+  }
+  std::filesystem::create_directories(dir);
+  // A token file like a cluster's: a few client tokens and the workers' token, last.
+  const std::string worker_token = "kvstore-bench-worker-token-0123456789abcdef";
+  {
+    std::ofstream f(dir + "/tokens");
+    for (int i = 0; i < 8; ++i)
+      f << "kvstore-bench-client-token-" << i << "-0123456789 t" << i << " client\n";
+    f << worker_token << " cluster worker\n";
+  }
+  KvStoreChild plain_server, auth_server;
+  if (absl::Status s = plain_server.Start(binary, dir + "/plain", false); !s.ok()) {
+    return skip(std::string(s.message()));
+  }
+  if (absl::Status s = auth_server.Start(binary, dir + "/auth", false,
+                                         {"--auth_tokens_file=" + dir + "/tokens"});
+      !s.ok()) {
+    plain_server.Stop();
+    return skip(std::string(s.message()));
+  }
+  const int max_clients = bench.client_counts().back();
+  std::vector<std::string> owned;  // the small values; the bench's own for its size
+  for (int c = 0; c < max_clients && value_bytes != bench.size(); ++c) {
+    owned.push_back(Bench::RandomBytes(value_bytes, c + 101));
+  }
+  std::vector<std::string_view> sources;
+  for (int c = 0; c < max_clients; ++c) {
+    sources.push_back(owned.empty() ? std::string_view(bench.source(c)) : owned[c]);
+  }
+  std::vector<std::string> buffers(max_clients, std::string(value_bytes, '\1'));  // every side's
+  struct Side {
+    std::string system;
+    std::vector<std::unique_ptr<KvClient>> clients;
+  };
+  constexpr int kSides = 3;
+  Side sides[kSides] = {{system, {}}, {auth_system, {}}, {sent_system, {}}};
+  for (int k = 0; k < kSides; ++k) {
+    for (int c = 0; c < max_clients; ++c) {
+      KvClientOptions options;
+      options.shards = {k == 1 ? auth_server.address() : plain_server.address()};
+      options.call_timeout = absl::Seconds(600);
+      options.local_fast_path = false;
+      if (k != 0) options.auth_token = BearerToken::Fixed(worker_token);
+      absl::StatusOr<std::unique_ptr<KvClient>> client = KvClient::Create(options);
+      if (!client.ok()) {
+        plain_server.Stop();
+        auth_server.Stop();
+        return skip("client: " + std::string(client.status().message()));
+      }
+      sides[k].clients.push_back(*std::move(client));
+    }
+  }
+  const ValueHeader header;
+  auto key = [](int c) { return Key::Document("bench-model", "bench-auth", DocumentId(c)); };
+  for (int n : bench.client_counts()) {
+    std::fprintf(stderr, "  %s, %llu-byte values x%d calls, %d client(s) ...", system.c_str(),
+                 static_cast<unsigned long long>(value_bytes), calls, n);
+    Row rows[kSides][2];  // [side][put, get]
+    for (int k = 0; k < kSides; ++k) {
+      rows[k][0] = {sides[k].system, "put", n, {}, "", value_bytes, calls};
+      rows[k][1] = {sides[k].system, "get", n, {}, "", value_bytes, calls};
+    }
+    const double bytes_per_round = static_cast<double>(value_bytes) * n * calls;
+    std::string failed;
+    for (int rep = 0; rep < bench.Reps(n) && failed.empty(); ++rep) {
+      for (int j = 0; j < kSides && failed.empty(); ++j) {
+        const int k = (j + rep) % kSides;
+        Side& side = sides[k];
+        absl::StatusOr<double> seconds = TimeRound(n, [&](int c) -> absl::Status {
+          for (int i = 0; i < calls; ++i) {
+            absl::Status s = side.clients[c]->Put(key(c), header, sources[c]);
+            if (!s.ok()) return s;
+          }
+          return absl::OkStatus();
+        });
+        if (!seconds.ok()) {
+          failed = "put failed: " + std::string(seconds.status().message());
+          break;
+        }
+        rows[k][0].gbps.push_back(bytes_per_round / *seconds / 1e9);
+        uint64_t got_bytes = 0;
+        seconds = TimeRound(n, [&](int c) -> absl::Status {
+          for (int i = 0; i < calls; ++i) {
+            absl::StatusOr<ValueInfo> info = side.clients[c]->GetInto(
+                key(c),
+                [&](const ValueHeader&,
+                    uint64_t bytes) -> absl::StatusOr<std::vector<MutableBytes>> {
+                  if (bytes > buffers[c].size()) {
+                    return absl::InternalError("value larger than expected");
+                  }
+                  return std::vector<MutableBytes>{{buffers[c].data(), bytes}};
+                });
+            if (!info.ok()) return info.status();
+            if (c == 0) got_bytes = info->range_size;
+          }
+          return absl::OkStatus();
+        });
+        if (!seconds.ok()) {
+          failed = "get failed: " + std::string(seconds.status().message());
+          break;
+        }
+        for (int c = 0; c < n; ++c) {
+          if (std::string_view(buffers[c]) != sources[c] || got_bytes != value_bytes) {
+            failed = "get returned different bytes";
+          }
+        }
+        if (failed.empty()) rows[k][1].gbps.push_back(bytes_per_round / *seconds / 1e9);
+      }
+    }
+    std::fprintf(stderr,
+                 " put %.4f/%.4f/%.4f GB/s, get %.4f/%.4f/%.4f GB/s (without/with/unchecked "
+                 "token)%s\n",
+                 Median(rows[0][0].gbps), Median(rows[1][0].gbps), Median(rows[2][0].gbps),
+                 Median(rows[0][1].gbps), Median(rows[1][1].gbps), Median(rows[2][1].gbps),
+                 failed.empty() ? "" : (" " + failed).c_str());
+    for (int k = 0; k < kSides; ++k) {
+      for (Row& r : rows[k]) {
+        if (!failed.empty()) r.note = failed, r.gbps.clear();
+        bench.AddRow(std::move(r));
+      }
+    }
+  }
+  plain_server.Stop();
+  auth_server.Stop();
+  std::filesystem::remove_all(dir);
+}
+
+// The shard's own work per authenticated call, in-process: TokenStore::Authenticate of the worker
+// token against the token file MeasureAuth writes (SHA-256 of the token, a constant-time compare
+// with each of its 9 entries, the stat at most once a second). Nanoseconds per call, median of
+// 5 rounds of 100000 calls; -1 when the store cannot be opened.
+double MeasureAuthenticateNs(const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  const std::string worker_token = "kvstore-bench-worker-token-0123456789abcdef";
+  {
+    std::ofstream f(dir + "/tokens");
+    for (int i = 0; i < 8; ++i) {
+      f << "kvstore-bench-client-token-" << i << "-0123456789 t" << i << " client\n";
+    }
+    f << worker_token << " cluster worker\n";
+  }
+  absl::StatusOr<std::unique_ptr<TokenStore>> store = TokenStore::Open(dir + "/tokens");
+  if (!store.ok()) return -1;
+  constexpr int kCalls = 100000;
+  std::vector<double> ns;
+  for (int round = 0; round < 5; ++round) {
+    int ok = 0;
+    const auto start = Clock::now();
+    for (int i = 0; i < kCalls; ++i) ok += (*store)->Authenticate(worker_token, Role::kWorker).ok();
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    if (ok != kCalls) return -1;
+    ns.push_back(seconds * 1e9 / kCalls);
+  }
+  std::filesystem::remove_all(dir);
+  return Median(ns);
+}
+
 // A KvEngine that keeps values in memory: lets the service be measured without storage.
 class MemoryEngine final : public KvEngine {
  public:
@@ -769,6 +973,8 @@ void PrintTable(const Bench& bench) {
   std::vector<std::pair<std::string, std::string>> order;
   std::map<std::pair<std::string, std::string>, std::map<int, const Row*>> cells;
   for (const Row& r : bench.rows()) {
+    // Small-value rows (authentication) are in their own table: GB/s says little there.
+    if (r.value_bytes != 0 && r.value_bytes != bench.size()) continue;
     auto k = std::make_pair(r.system, r.op);
     if (cells.find(k) == cells.end()) order.push_back(k);
     cells[k][r.clients] = &r;
@@ -834,6 +1040,66 @@ void PrintMacCosts(const Bench& bench) {
   }
 }
 
+// Each "... + token" row against the same op, clients and value size without: what the
+// bearer token adds, (t_auth - t_plain) / t_plain = plain_gbps / auth_gbps - 1 (medians), and the
+// same as time per call of one client (value_bytes * clients / GB/s).
+struct AuthCost {
+  std::string system;  // the row without the token
+  std::string op;      // put or get
+  int clients = 0;
+  uint64_t value_bytes = 0;
+  int calls_per_round = 1;
+  double plain_gbps = 0, auth_gbps = 0;
+  double sent_gbps = 0;  // the token sent to the shard that does not check it; 0: not measured
+  double cost() const { return plain_gbps / auth_gbps - 1; }
+  double sent_cost() const { return sent_gbps > 0 ? plain_gbps / sent_gbps - 1 : 0; }
+  double plain_us() const { return 1e-3 * static_cast<double>(value_bytes) * clients / plain_gbps; }
+  double auth_us() const { return 1e-3 * static_cast<double>(value_bytes) * clients / auth_gbps; }
+};
+std::vector<AuthCost> AuthCosts(const Bench& bench) {
+  constexpr std::string_view kSuffix = " + token";
+  std::vector<AuthCost> out;
+  for (const Row& a : bench.rows()) {
+    if (a.gbps.empty() || a.system.size() <= kSuffix.size() ||
+        a.system.compare(a.system.size() - kSuffix.size(), kSuffix.size(), kSuffix) != 0) {
+      continue;
+    }
+    const std::string plain = a.system.substr(0, a.system.size() - kSuffix.size());
+    for (const Row& p : bench.rows()) {
+      if (p.system == plain && p.op == a.op && p.clients == a.clients &&
+          p.value_bytes == a.value_bytes && !p.gbps.empty()) {
+        const uint64_t bytes = a.value_bytes != 0 ? a.value_bytes : bench.size();
+        AuthCost cost{plain,          a.op,          a.clients, bytes, a.calls_per_round,
+                      Median(p.gbps), Median(a.gbps)};
+        for (const Row& u : bench.rows()) {
+          if (u.system == a.system + ", unchecked" && u.op == a.op && u.clients == a.clients &&
+              u.value_bytes == a.value_bytes && !u.gbps.empty()) {
+            cost.sent_gbps = Median(u.gbps);
+          }
+        }
+        out.push_back(cost);
+      }
+    }
+  }
+  return out;
+}
+
+void PrintAuthCosts(const Bench& bench) {
+  const std::vector<AuthCost> costs = AuthCosts(bench);
+  if (costs.empty()) return;
+  std::printf(
+      "\nBearer-token authentication (--auth_tokens_file, a worker token on every call), same "
+      "values,\nrotating repetitions; us/call: one client's time per call; unchecked: the token "
+      "sent to\nthe shard without --auth_tokens_file (the client's and the header's share)\n");
+  std::printf("%-36s %-4s %7s %9s %9s %10s %10s %8s %10s\n", "system", "op", "clients", "GB/s",
+              "w/ token", "us/call", "w/ token", "cost", "unchecked");
+  for (const AuthCost& c : costs) {
+    std::printf("%-36s %-4s %7d %9.4f %9.4f %10.1f %10.1f %7.1f%% %9.1f%%\n", c.system.c_str(),
+                c.op.c_str(), c.clients, c.plain_gbps, c.auth_gbps, c.plain_us(), c.auth_us(),
+                100 * c.cost(), 100 * c.sent_cost());
+  }
+}
+
 std::string ToJson(const Bench& bench, const std::map<std::string, std::string>& info,
                    double total_seconds) {
   Json j;
@@ -850,6 +1116,8 @@ std::string ToJson(const Bench& bench, const std::map<std::string, std::string>&
     j2["system"] = r.system;
     j2["op"] = r.op;
     j2["clients"] = r.clients;
+    if (r.value_bytes != 0) j2["value_bytes"] = static_cast<int64_t>(r.value_bytes);
+    if (r.calls_per_round != 1) j2["calls_per_round"] = r.calls_per_round;
     if (r.gbps.empty()) {
       j2["skipped"] = r.note;
     } else {
@@ -867,6 +1135,24 @@ std::string ToJson(const Bench& bench, const std::map<std::string, std::string>&
     e["get_gbps"] = c.get_gbps;
     e["get_mac_gbps"] = c.mac_gbps;
     e["cost_fraction"] = c.cost();
+  }
+  Json& auth = j["auth_cost"] = Json::array();
+  for (const AuthCost& c : AuthCosts(bench)) {
+    Json& e = auth.emplace_back(Json::object());
+    e["system"] = c.system;
+    e["op"] = c.op;
+    e["clients"] = c.clients;
+    e["value_bytes"] = static_cast<int64_t>(c.value_bytes);
+    e["calls_per_round"] = c.calls_per_round;
+    e["gbps"] = c.plain_gbps;
+    e["auth_gbps"] = c.auth_gbps;
+    e["us_per_call"] = c.plain_us();
+    e["auth_us_per_call"] = c.auth_us();
+    e["cost_fraction"] = c.cost();
+    if (c.sent_gbps > 0) {
+      e["unchecked_gbps"] = c.sent_gbps;
+      e["unchecked_cost_fraction"] = c.sent_cost();
+    }
   }
   return JsonDump(j) + "\n";
 }
@@ -939,6 +1225,18 @@ int Main() {
       }
       MeasureMemoryService(bench);
     }
+    if (absl::GetFlag(FLAGS_auth)) {
+      const double ns = MeasureAuthenticateNs(tmp + "/authenticate");
+      info["authenticate_ns_per_call"] = absl::StrCat(static_cast<int64_t>(ns + 0.5));
+      std::fprintf(stderr, "  TokenStore::Authenticate in-process: %.0f ns a call\n", ns);
+      MeasureAuth(bench, binary, tmp + "/kvstore-auth", size, 1,
+                  absl::StrCat("kvstore gRPC (no sync), ", size >> 20, " MiB"));
+      if (const int kib = absl::GetFlag(FLAGS_auth_small_kib); kib > 0) {
+        const int calls = std::max(1, absl::GetFlag(FLAGS_auth_small_calls));
+        MeasureAuth(bench, binary, tmp + "/kvstore-auth-small", uint64_t(kib) << 10, calls,
+                    absl::StrCat("kvstore gRPC (no sync), ", kib, " KiB x", calls));
+      }
+    }
     MeasureRedis(bench, absl::GetFlag(FLAGS_redis_server), tmp + "/redis", &redis_version);
     std::filesystem::remove_all(tmp);
 
@@ -947,6 +1245,11 @@ int Main() {
     info["load_average_end"] = ReadFile("/proc/loadavg").substr(0, 14);
     PrintTable(bench);
     PrintMacCosts(bench);
+    PrintAuthCosts(bench);
+    if (info.count("authenticate_ns_per_call") != 0) {
+      std::printf("the shard's TokenStore::Authenticate alone, in-process: %s ns a call\n",
+                  info["authenticate_ns_per_call"].c_str());
+    }
     std::printf("total %.0f s; load average at start %s, at end %s\n", total,
                 info["load_average_start"].c_str(), info["load_average_end"].c_str());
     const std::string out = absl::GetFlag(FLAGS_out);

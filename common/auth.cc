@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 
 namespace lazyrag {
 namespace {
@@ -65,6 +66,41 @@ Stamp StampOf(const std::string& path) {
 
 const char* RoleName(Role role) { return role == Role::kWorker ? "worker" : "client"; }
 
+namespace {
+constexpr char kFailuresName[] = "lazyrag_auth_failures_total";
+constexpr char kFailuresHelp[] =
+    "Calls refused by authentication (gRPC and HTTP), by reason: unauthenticated (no or an "
+    "unknown bearer token) or permission_denied (a client token on a worker-only service)";
+constexpr char kReloadsName[] = "lazyrag_auth_token_reloads_total";
+constexpr char kReloadsHelp[] =
+    "Rereads of --auth_tokens_file after it changed: ok, or error (unreadable or malformed; the "
+    "previous tokens stay)";
+}  // namespace
+
+AuthMetrics::AuthMetrics(metrics::Registry* registry)
+    : unauthenticated_(
+          registry->AddCounter(kFailuresName, kFailuresHelp).Add({{"reason", "unauthenticated"}})),
+      permission_denied_(registry->AddCounter(kFailuresName, kFailuresHelp)
+                             .Add({{"reason", "permission_denied"}})),
+      reloads_ok_(registry->AddCounter(kReloadsName, kReloadsHelp).Add({{"result", "ok"}})),
+      reloads_failed_(registry->AddCounter(kReloadsName, kReloadsHelp).Add({{"result", "error"}})) {
+}
+
+void AuthMetrics::CountRefusal(const absl::Status& refusal) {
+  if (absl::IsUnauthenticated(refusal)) {
+    unauthenticated_.Increment();
+  } else if (absl::IsPermissionDenied(refusal)) {
+    permission_denied_.Increment();
+  }
+}
+
+void AuthMetrics::CountReload(bool ok) { (ok ? reloads_ok_ : reloads_failed_).Increment(); }
+
+double AuthMetrics::unauthenticated() const { return unauthenticated_.Value(); }
+double AuthMetrics::permission_denied() const { return permission_denied_.Value(); }
+double AuthMetrics::reloads_ok() const { return reloads_ok_.Value(); }
+double AuthMetrics::reloads_failed() const { return reloads_failed_.Value(); }
+
 absl::StatusOr<std::vector<TokenEntry>> ParseTokensFile(std::string_view text,
                                                         std::string_view source) {
   std::vector<TokenEntry> out;
@@ -110,9 +146,9 @@ absl::StatusOr<std::vector<TokenEntry>> ParseTokensFile(std::string_view text,
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<TokenStore>> TokenStore::Open(std::string path,
-                                                             absl::Duration poll) {
-  std::unique_ptr<TokenStore> store(new TokenStore(std::move(path), poll));
+absl::StatusOr<std::unique_ptr<TokenStore>> TokenStore::Open(std::string path, absl::Duration poll,
+                                                             AuthMetrics* metrics) {
+  std::unique_ptr<TokenStore> store(new TokenStore(std::move(path), poll, metrics));
   absl::MutexLock lock(&store->mu_);
   if (absl::Status st = store->Load(); !st.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--auth_tokens_file ", st.message()));
@@ -142,9 +178,11 @@ void TokenStore::MaybeReload() {
   if (absl::Status st = Load(); !st.ok()) {
     LOG_WARNING << "auth tokens file not reloaded, keeping the previous tokens: " << st;
     stamp_ = {s.mtime_ns, s.size, s.inode};  // warn once per change
+    if (metrics_ != nullptr) metrics_->CountReload(false);
     return;
   }
   ++reloads_;
+  if (metrics_ != nullptr) metrics_->CountReload(true);
   LOG_INFO << "auth tokens file reloaded: " << entries_.size() << " tokens";
 }
 
@@ -163,6 +201,13 @@ int TokenStore::reloads() const {
 
 absl::StatusOr<Identity> TokenStore::Authenticate(std::optional<std::string_view> bearer_token,
                                                   Role required) {
+  absl::StatusOr<Identity> id = Lookup(bearer_token, required);
+  if (!id.ok() && metrics_ != nullptr) metrics_->CountRefusal(id.status());
+  return id;
+}
+
+absl::StatusOr<Identity> TokenStore::Lookup(std::optional<std::string_view> bearer_token,
+                                            Role required) {
   if (!bearer_token.has_value() || bearer_token->empty()) {
     return absl::UnauthenticatedError("missing bearer token (Authorization: Bearer TOKEN)");
   }

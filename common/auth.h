@@ -30,6 +30,10 @@
 #include "common/sha256.h"
 
 namespace lazyrag {
+namespace metrics {
+class Counter;
+class Registry;
+}  // namespace metrics
 
 enum class Role { kClient, kWorker };
 const char* RoleName(Role role);
@@ -53,6 +57,31 @@ struct TokenEntry {
   Role role = Role::kClient;
 };
 
+// A server's refused calls and token-file reloads, as counters on its metrics registry:
+//   lazyrag_auth_failures_total{reason="unauthenticated"|"permission_denied"}
+//   lazyrag_auth_token_reloads_total{result="ok"|"error"}
+// Every series exists at 0 from construction, whether the server has a token file or not, so
+// a dashboard's rate() reads 0 rather than nothing. Thread-safe; `registry` must outlive this.
+class AuthMetrics {
+ public:
+  explicit AuthMetrics(metrics::Registry* registry);
+  // Counts `refusal` by its code (UNAUTHENTICATED, PERMISSION_DENIED); other codes, OK
+  // included, are not refusals and are ignored.
+  void CountRefusal(const absl::Status& refusal);
+  void CountReload(bool ok);
+
+  double unauthenticated() const;
+  double permission_denied() const;
+  double reloads_ok() const;
+  double reloads_failed() const;
+
+ private:
+  metrics::Counter& unauthenticated_;
+  metrics::Counter& permission_denied_;
+  metrics::Counter& reloads_ok_;
+  metrics::Counter& reloads_failed_;
+};
+
 // Parses the token file's text (format above). `source` names it in error messages.
 absl::StatusOr<std::vector<TokenEntry>> ParseTokensFile(std::string_view text,
                                                         std::string_view source);
@@ -64,8 +93,11 @@ absl::StatusOr<std::vector<TokenEntry>> ParseTokensFile(std::string_view text,
 class TokenStore {
  public:
   // INVALID_ARGUMENT when the file cannot be read or is malformed (the server does not start).
+  // `metrics` (null: none), which must outlive the store, counts every refusal of
+  // Authenticate and every reload after Open.
   static absl::StatusOr<std::unique_ptr<TokenStore>> Open(std::string path,
-                                                          absl::Duration poll = absl::Seconds(1));
+                                                          absl::Duration poll = absl::Seconds(1),
+                                                          AuthMetrics* metrics = nullptr);
 
   // The identity of `bearer_token` (the token of an "Authorization: Bearer" header; nullopt
   // when there was none). UNAUTHENTICATED when it is missing or unknown; PERMISSION_DENIED when
@@ -85,12 +117,15 @@ class TokenStore {
     uint64_t inode = 0;
     bool operator==(const FileStamp&) const = default;
   };
-  TokenStore(std::string path, absl::Duration poll) : path_(std::move(path)), poll_(poll) {}
+  TokenStore(std::string path, absl::Duration poll, AuthMetrics* metrics)
+      : path_(std::move(path)), poll_(poll), metrics_(metrics) {}
   absl::Status Load() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Identity> Lookup(std::optional<std::string_view> bearer_token, Role required);
   void MaybeReload();
 
   const std::string path_;
   const absl::Duration poll_;
+  AuthMetrics* const metrics_;  // null: not counted
   mutable absl::Mutex mu_;
   std::vector<TokenEntry> entries_ ABSL_GUARDED_BY(mu_);
   FileStamp stamp_ ABSL_GUARDED_BY(mu_);

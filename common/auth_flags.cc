@@ -30,9 +30,10 @@ AuthFiles AuthFilesFromFlags() {
   return a;
 }
 
-absl::StatusOr<std::unique_ptr<TokenStore>> OpenTokenStore(const std::string& file) {
+absl::StatusOr<std::unique_ptr<TokenStore>> OpenTokenStore(const std::string& file,
+                                                           AuthMetrics* metrics) {
   if (file.empty()) return std::unique_ptr<TokenStore>();
-  return TokenStore::Open(file);
+  return TokenStore::Open(file, absl::Seconds(1), metrics);
 }
 
 absl::StatusOr<std::shared_ptr<BearerToken>> OpenBearerToken(const std::string& file) {

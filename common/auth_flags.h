@@ -20,8 +20,10 @@ struct AuthFiles {
 
 AuthFiles AuthFilesFromFlags();
 
-// TokenStore::Open of `file`, or null when `file` is empty.
-absl::StatusOr<std::unique_ptr<TokenStore>> OpenTokenStore(const std::string& file);
+// TokenStore::Open of `file` (refusals and reloads counted in `metrics`, if not null), or null
+// when `file` is empty.
+absl::StatusOr<std::unique_ptr<TokenStore>> OpenTokenStore(const std::string& file,
+                                                           AuthMetrics* metrics = nullptr);
 // BearerToken::FromFile of `file`, or null when `file` is empty.
 absl::StatusOr<std::shared_ptr<BearerToken>> OpenBearerToken(const std::string& file);
 

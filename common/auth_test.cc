@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/metrics.h"
 
 namespace lazyrag {
 namespace {
@@ -103,6 +104,64 @@ TEST(TokenStore, ReloadsWhenTheFileChangesAndKeepsTokensOnABadReload) {
   (*store)->ReloadIfChanged();
   EXPECT_EQ((*store)->reloads(), 1);
   EXPECT_TRUE((*store)->Authenticate(kWorkerToken, Role::kWorker).ok());
+}
+
+bool Exports(const metrics::Registry& registry, const std::string& sample_line) {
+  return registry.Serialize().find(sample_line + "\n") != std::string::npos;
+}
+
+TEST(AuthMetrics, EverySeriesExistsAtZeroBeforeAnyCall) {
+  metrics::Registry registry;
+  AuthMetrics m(&registry);
+  EXPECT_TRUE(Exports(registry, "lazyrag_auth_failures_total{reason=\"unauthenticated\"} 0"))
+      << registry.Serialize();
+  EXPECT_TRUE(Exports(registry, "lazyrag_auth_failures_total{reason=\"permission_denied\"} 0"));
+  EXPECT_TRUE(Exports(registry, "lazyrag_auth_token_reloads_total{result=\"ok\"} 0"));
+  EXPECT_TRUE(Exports(registry, "lazyrag_auth_token_reloads_total{result=\"error\"} 0"));
+  // Codes that are not refusals are not counted.
+  m.CountRefusal(absl::OkStatus());
+  m.CountRefusal(absl::InvalidArgumentError("x"));
+  EXPECT_EQ(m.unauthenticated(), 0);
+  EXPECT_EQ(m.permission_denied(), 0);
+}
+
+TEST(TokenStore, CountsEveryRefusalByReasonAndEveryReload) {
+  const std::string path = TempPath("counted");
+  WriteFile(path, absl::StrCat(kClientToken, " acme client\n", kWorkerToken, " cluster worker\n"));
+  metrics::Registry registry;
+  AuthMetrics m(&registry);
+  auto store = TokenStore::Open(path, absl::ZeroDuration(), &m);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(m.reloads_ok(), 0);  // the first read is not a reload
+
+  ASSERT_TRUE((*store)->Authenticate(kClientToken, Role::kClient).ok());
+  ASSERT_TRUE((*store)->Authenticate(kWorkerToken, Role::kWorker).ok());
+  EXPECT_EQ(m.unauthenticated(), 0);
+  EXPECT_EQ(m.permission_denied(), 0);
+
+  // Missing, empty and unknown tokens; a client's token on a worker-only service.
+  EXPECT_FALSE((*store)->Authenticate(std::nullopt, Role::kClient).ok());
+  EXPECT_FALSE((*store)->Authenticate("", Role::kWorker).ok());
+  EXPECT_FALSE((*store)->Authenticate("client-token-012345678", Role::kClient).ok());
+  EXPECT_EQ((*store)->Authenticate(kClientToken, Role::kWorker).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(m.unauthenticated(), 3);
+  EXPECT_EQ(m.permission_denied(), 1);
+  EXPECT_TRUE(Exports(registry, "lazyrag_auth_failures_total{reason=\"unauthenticated\"} 3"))
+      << registry.Serialize();
+  EXPECT_TRUE(Exports(registry, "lazyrag_auth_failures_total{reason=\"permission_denied\"} 1"));
+
+  WriteFile(path, absl::StrCat(kWorkerToken, " cluster worker\n"));
+  (*store)->ReloadIfChanged();
+  EXPECT_EQ(m.reloads_ok(), 1);
+  WriteFile(path, "not a token file\n");
+  (*store)->ReloadIfChanged();
+  EXPECT_EQ(m.reloads_ok(), 1);
+  EXPECT_EQ(m.reloads_failed(), 1);
+  EXPECT_TRUE(Exports(registry, "lazyrag_auth_token_reloads_total{result=\"error\"} 1"));
+  // The kept tokens: the rotated-out client is refused and counted.
+  EXPECT_FALSE((*store)->Authenticate(kClientToken, Role::kClient).ok());
+  EXPECT_EQ(m.unauthenticated(), 4);
 }
 
 TEST(BearerTokenOf, ParsesTheBearerScheme) {

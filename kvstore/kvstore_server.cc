@@ -67,7 +67,7 @@ absl::Status KvStoreServer::Start() {
     ASSIGN_OR_RETURN(std::string token, WriteLocalToken(engine_->local_dir()));
     handler_->EnableLocalClients(engine_->local_dir(), std::move(token));
   }
-  ASSIGN_OR_RETURN(tokens_, OpenTokenStore(options_.auth_tokens_file));
+  ASSIGN_OR_RETURN(tokens_, OpenTokenStore(options_.auth_tokens_file, &auth_metrics_));
   service_ = std::make_unique<KvStoreService>(handler_.get(), tokens_.get());
 
   GrpcServerOptions grpc_options;

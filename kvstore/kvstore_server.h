@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/auth.h"
 #include "common/metrics.h"
 #include "common/tls.h"
 #include "kvstore/kv_engine.h"
@@ -82,6 +83,7 @@ class KvStoreServer {
   EngineFactory engine_factory_;
   metrics::Registry registry_;
   std::unique_ptr<KvStoreMetrics> metrics_;
+  AuthMetrics auth_metrics_{&registry_};  // before tokens_, which counts into it
   std::unique_ptr<KvEngine> engine_;
   std::unique_ptr<KvStoreHandler> handler_;
   std::unique_ptr<TokenStore> tokens_;

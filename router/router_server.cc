@@ -23,7 +23,7 @@ absl::Status RouterServer::Start() {
   WorkerPoolOptions pool_options = options_.pool;
   pool_options.tls = options_.tls;
   RETURN_IF_ERROR(ValidateNamespacePolicy(options_.auth.namespaces));
-  ASSIGN_OR_RETURN(tokens_, OpenTokenStore(options_.auth.tokens_file));
+  ASSIGN_OR_RETURN(tokens_, OpenTokenStore(options_.auth.tokens_file, &auth_metrics_));
   ASSIGN_OR_RETURN(pool_options.auth_token, OpenBearerToken(options_.auth.token_file));
   RequestRouterOptions request_options = options_.requests;
   request_options.namespaces = options_.auth.namespaces;

@@ -78,6 +78,7 @@ class RouterServer {
  private:
   const RouterServerOptions options_;
   metrics::Registry registry_;
+  AuthMetrics auth_metrics_{&registry_};  // before tokens_, which counts into it
   std::unique_ptr<TokenStore> tokens_;
   std::unique_ptr<http::CallerAuthenticator> authenticator_;
   std::unique_ptr<RouterMetrics> metrics_;

@@ -5,8 +5,8 @@ The dashboard is generated so that its panels stay uniform; edit this file, run 
 both. Every query uses only DESIGN.md section 7 metric names plus the documented extras of
 tests/deploy/promexprs.py (the kvstore's own lazyrag_kvstore_capacity_bytes, the worker's
 host-tier lazyrag_host_cache_* metrics, lazyrag_queue_time_seconds, the router's
-lazyrag_router_workers and time to first token, lazyrag_build_info and the process_* metrics
-every server exports); tests/deploy checks that and evaluates every query against a live
+lazyrag_router_workers and time to first token, lazyrag_build_info, the process_* metrics
+and the lazyrag_auth_* counters every server exports); tests/deploy checks that and evaluates every query against a live
 Prometheus, asserting each value lies in its true range (percentunit panels in [0, 1]).
 Queries may use Grafana's $__rate_interval and the template variables $model and $instance
 (the live test puts a fixed window and ".*" in their places).
@@ -292,6 +292,16 @@ def build():
     d.panel("Builds", "Processes per version and commit (lazyrag_build_info).",
             [(f"count by (job, version, commit) ({sel('lazyrag_build_info')})",
               "{{job}} {{version}} {{commit}}")], "short")
+
+    d.row("Authentication")
+    d.panel("Refused calls and token reloads",
+            "Calls per second each kind of server refused (gRPC and HTTP, --auth_tokens_file): "
+            "unauthenticated (no or an unknown bearer token), permission_denied (a client's "
+            "token on a worker-only service: kvstore, peer calls). And rereads of the token "
+            "file after it changed, ok or error (malformed: the previous tokens stay).",
+            [(rate("lazyrag_auth_failures_total", "job, reason"), "{{job}} {{reason}}"),
+             (rate("lazyrag_auth_token_reloads_total", "job, result"),
+              "{{job}} reload {{result}}")], "short", w=12)
 
     return {
         "title": "lazyrag",

@@ -56,7 +56,11 @@ ROUTER_EXTRAS = {"lazyrag_router_workers", "lazyrag_router_time_to_first_token_s
 COMMON_EXTRAS = {"lazyrag_build_info", "process_resident_memory_bytes",
                  "process_virtual_memory_bytes", "process_cpu_seconds_total", "process_open_fds",
                  "process_max_fds", "process_start_time_seconds"}
-EXTRA_LABELS = {"where", "direction", "state", "outcome", "version", "commit"}
+# Every server's refused calls and token-file rereads (common/auth.h: AuthMetrics), at 0 also
+# without --auth_tokens_file.
+COMMON_EXTRAS |= {"lazyrag_auth_failures_total", "lazyrag_auth_token_reloads_total"}
+EXTRA_LABELS = {"where", "direction", "state", "outcome", "version", "commit", "reason",
+                "result"}
 # Values the servers export for the labels expressions match on; a matcher on another value
 # (a typo, a renamed tier) is an error. tier: the KV pool's tier is named by its device
 # ("gpu" on cuda, "cpu" on cpu), then the host tier, another worker of the host, the kvstore.
@@ -67,6 +71,7 @@ ALLOWED_VALUES = {
                 "deadline_exceeded", "unavailable", "internal",  # worker
                 "ok", "retried", "failed", "error"},  # router
     "worker": {"none"},
+    "reason": {"unauthenticated", "permission_denied"},  # lazyrag_auth_failures_total
     "job": {"lazyrag-kvstore", "lazyrag-worker", "lazyrag-router"},
 }
 # Labels Prometheus adds or that histograms have.

@@ -5,6 +5,8 @@
 //   * a document id resolves only in the namespace that made it (another tenant: NOT_FOUND);
 //     Stats lists a client's own documents only, on the worker and through the router.
 //   * the token file is reread when it changes.
+//   * every refused call is counted on the refusing server's /metrics
+//     (lazyrag_auth_failures_total{reason}), gRPC and HTTP, on the kvstore, worker and router.
 //   * a stored value whose MAC fails (bytes changed, CRCs recomputed) is a miss: recomputed, the
 //     answer unchanged, counted, and the write-back replaces it.
 #include <grpcpp/grpcpp.h>
@@ -42,6 +44,14 @@ constexpr char kAcme[] = "acme-client-token-000001";
 constexpr char kGlobex[] = "globex-client-token-0001";
 constexpr char kWorker[] = "cluster-worker-token-001";
 constexpr char kModel[] = "--model=synthetic:tiny";
+constexpr char kUnauthenticated[] = "lazyrag_auth_failures_total{reason=\"unauthenticated\"}";
+constexpr char kPermissionDenied[] = "lazyrag_auth_failures_total{reason=\"permission_denied\"}";
+
+// The sample `name` on the /metrics of a process listening there; -2 when it cannot be read.
+double MetricAt(int metrics_port, const std::string& name) {
+  auto m = kvstore::testing::FetchMetrics(metrics_port);
+  return m.ok() ? kvstore::testing::MetricValue(*m, name) : -2;
+}
 
 void WriteFile(const std::string& path, const std::string& text) {
   // Beside, then renamed over: a reader sees the old file or the new one, as with a Secret.
@@ -64,7 +74,7 @@ class AuthProcessTest : public ::testing::Test {
   }
 
   absl::Status StartKvstore() {
-    return kv_.Start({LAZYRAG_KVSTORE_BINARY, "--listen=127.0.0.1:0", "--metrics_port=-1",
+    return kv_.Start({LAZYRAG_KVSTORE_BINARY, "--listen=127.0.0.1:0", "--metrics_port=0",
                       "--sync_commits=false", "--data_dir=" + dir_.path() + "/kv",
                       "--auth_tokens_file=" + tokens_});
   }
@@ -130,6 +140,8 @@ bool Lists(const v1::StatsResponse& s, const std::string& id) {
 
 TEST_F(AuthProcessTest, KvstoreAndPeersTakeOnlyWorkerIdentities) {
   ASSERT_TRUE(StartKvstore().ok());
+  EXPECT_EQ(MetricAt(kv_.metrics_port(), kUnauthenticated), 0);
+  EXPECT_EQ(MetricAt(kv_.metrics_port(), kPermissionDenied), 0);
   auto stat = [&](const std::string& token) {
     auto stub = v1::KvStore::NewStub(Channel(kv_.address(), token));
     grpc::ClientContext ctx;
@@ -144,6 +156,9 @@ TEST_F(AuthProcessTest, KvstoreAndPeersTakeOnlyWorkerIdentities) {
   EXPECT_EQ(stat(kAcme).error_code(), grpc::StatusCode::PERMISSION_DENIED);
   grpc::Status worker_stat = stat(kWorker);
   EXPECT_TRUE(worker_stat.ok()) << worker_stat.error_message();
+  // No token and an unknown one; a client's token.
+  EXPECT_EQ(MetricAt(kv_.metrics_port(), kUnauthenticated), 2);
+  EXPECT_EQ(MetricAt(kv_.metrics_port(), kPermissionDenied), 1);
 
   auto worker = NewWorker();
   ASSERT_TRUE(worker->Start().ok());
@@ -180,6 +195,12 @@ TEST_F(AuthProcessTest, KvstoreAndPeersTakeOnlyWorkerIdentities) {
   for (int i = 0; i < 100 && worker->Metric(put_ok) < 1; ++i)
     absl::SleepFor(absl::Milliseconds(50));
   EXPECT_GE(worker->Metric(put_ok), 1) << worker->Metrics();
+  // The worker refused GetPool, GetDocument and Generate without a token, GetPool with a
+  // client's; the kvstore refused none of the worker's own calls.
+  EXPECT_EQ(worker->Metric(kUnauthenticated), 3) << worker->Metrics();
+  EXPECT_EQ(worker->Metric(kPermissionDenied), 1);
+  EXPECT_EQ(MetricAt(kv_.metrics_port(), kUnauthenticated), 2);
+  EXPECT_EQ(MetricAt(kv_.metrics_port(), kPermissionDenied), 1);
 }
 
 TEST_F(AuthProcessTest, TenantsSeeOnlyTheirOwnDocuments) {
@@ -188,7 +209,7 @@ TEST_F(AuthProcessTest, TenantsSeeOnlyTheirOwnDocuments) {
   ASSERT_TRUE(worker->Start().ok());
   ReadyProcess router;
   ASSERT_TRUE(router
-                  .Start({LAZYRAG_ROUTER_BINARY, "--listen=127.0.0.1:0", "--metrics_port=-1",
+                  .Start({LAZYRAG_ROUTER_BINARY, "--listen=127.0.0.1:0", "--metrics_port=0",
                           "--workers=" + worker->address(), "--auth_tokens_file=" + tokens_,
                           "--auth_token_file=" + own_token_, "--public_namespaces=shared"})
                   .ok());
@@ -230,6 +251,10 @@ TEST_F(AuthProcessTest, TenantsSeeOnlyTheirOwnDocuments) {
   ASSERT_EQ(StatsCode(*Inference(worker->address(), kWorker), &all), grpc::StatusCode::OK);
   EXPECT_TRUE(Lists(all, id));
   EXPECT_TRUE(Lists(all, globex.last.document_ids(0)));
+  // One Stats call without a token each; the router's own calls to the worker carry its token.
+  EXPECT_EQ(MetricAt(router.metrics_port(), kUnauthenticated), 1);
+  EXPECT_EQ(MetricAt(router.metrics_port(), kPermissionDenied), 0);
+  EXPECT_EQ(worker->Metric(kUnauthenticated), 1) << worker->Metrics();
 
   // A public namespace is shared: one tenant's id resolves for another there.
   Reply shared = Generate(*Inference(router.address(), kAcme), TextRequest(text, "shared"));
@@ -257,6 +282,7 @@ TEST_F(AuthProcessTest, HttpNeedsAToken) {
                 body, "application/json");
   ASSERT_TRUE(bad);
   EXPECT_EQ(bad->status, 401) << bad->body;
+  EXPECT_EQ(worker->Metric(kUnauthenticated), 2) << worker->Metrics();
   httplib::Result good =
       http.Post("/v1/chat/completions", {{"Authorization", absl::StrCat("Bearer ", kAcme)}}, body,
                 "application/json");
@@ -281,10 +307,13 @@ TEST_F(AuthProcessTest, TokenFileIsReloadedWhenItChanges) {
   }
   EXPECT_EQ(code, grpc::StatusCode::OK);
   EXPECT_EQ(StatsCode(*acme), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(worker->Metric("lazyrag_auth_token_reloads_total{result=\"ok\"}"), 1);
   // A broken edit keeps the tokens it had.
   WriteFile(tokens_, "this is not a token file\n");
   absl::SleepFor(absl::Milliseconds(1500));
   EXPECT_EQ(StatsCode(*initech), grpc::StatusCode::OK);
+  EXPECT_EQ(worker->Metric("lazyrag_auth_token_reloads_total{result=\"error\"}"), 1);
+  EXPECT_EQ(worker->Metric("lazyrag_auth_token_reloads_total{result=\"ok\"}"), 1);
 }
 
 TEST_F(AuthProcessTest, PoisonedValueIsMissedRecomputedAndReplaced) {

@@ -25,7 +25,7 @@ absl::Status WorkerServer::Start() {
   if (!credentials_or.ok()) return credentials_or.status();
   std::shared_ptr<grpc::ServerCredentials> credentials = std::move(*credentials_or);
   RETURN_IF_ERROR(ValidateNamespacePolicy(options_.auth.namespaces));
-  ASSIGN_OR_RETURN(tokens_, OpenTokenStore(options_.auth.tokens_file));
+  ASSIGN_OR_RETURN(tokens_, OpenTokenStore(options_.auth.tokens_file, &auth_metrics_));
   ASSIGN_OR_RETURN(std::shared_ptr<BearerToken> own_token,
                    OpenBearerToken(options_.auth.token_file));
   RuntimeOptions ro = options_.runtime;

@@ -104,6 +104,7 @@ class WorkerServer {
  private:
   const WorkerServerOptions options_;
   metrics::Registry registry_;
+  AuthMetrics auth_metrics_{&registry_};  // before tokens_, which counts into it
   std::unique_ptr<TokenStore> tokens_;
   std::unique_ptr<http::CallerAuthenticator> authenticator_;
   std::unique_ptr<Runtime> runtime_;
