@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "bench/bench_check.h"
+#include "bench/bench_cuda.cuh"
 #include "bench/dev/small_gemm/small_gemm.cuh"  // the variants
 #include "bench/dev/small_gemm/small_gemm.h"
 #include "worker/kernels/model_kernels.h"
@@ -32,100 +33,17 @@
 namespace lazyrag::kernels {
 namespace {
 
+using bench_cuda::DeviceAlloc;
+using bench_cuda::FillRandom;
+using bench_cuda::ReadKernel;
+using bench_cuda::TimeMedianMs;
+
 // The HBM read bandwidth issue 29 judges against, TB/s.
 constexpr double kIssueReadTbs = 4.52;
-
-__global__ void FillRandomBf16(uint16_t* x, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ (seed + uint32_t(i >> 32) * 40503u);
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    const float f = (float(h & 0xffffu) / 65535.f) * 2.f - 1.f;  // [-1, 1]
-    x[i] = __bfloat16_as_ushort(__float2bfloat16_rn(f));
-  }
-}
-
-// Read-only bandwidth: 16-byte loads, 4 in flight per thread, folded into a word that is stored
-// only when it equals a value the data never produces (so the loads are not dead code).
-__global__ void __launch_bounds__(256)
-    ReadKernel(const uint4* __restrict__ src, size_t n, uint32_t* sink) {
-  const size_t stride = size_t(gridDim.x) * blockDim.x;
-  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
-  uint32_t x = 0;
-  for (; i + 3 * stride < n; i += 4 * stride) {
-    const uint4 a = src[i], b = src[i + stride], c = src[i + 2 * stride], d = src[i + 3 * stride];
-    x ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^
-         d.w;
-  }
-  for (; i < n; i += stride) x ^= src[i].x ^ src[i].y ^ src[i].z ^ src[i].w;
-  if (x == 0x9e3779b9u) sink[0] = x;
-}
-
-template <typename T>
-T* DeviceAlloc(size_t n) {
-  void* p = nullptr;
-  BENCH_CUDA(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
-  return static_cast<T*>(p);
-}
-
-void FillRandom(uint16_t* x, size_t n, uint32_t seed) {
-  FillRandomBf16<<<1024, 256>>>(x, n, seed);
-  BENCH_CUDA(cudaGetLastError());
-}
 
 double Median(std::vector<double> ms) {
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
-}
-
-// Median time of one call of fn(i, stream) in milliseconds: kGroup calls (i = 0..kGroup-1) in
-// one CUDA graph, replayed between events, so host launch overhead is not timed.
-constexpr int kGroup = 20;
-template <typename Fn>
-double TimeMedianMs(int iters, Fn&& fn) {
-  cudaStream_t stream;
-  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  fn(0, stream);  // first call outside the capture (one-time setup: occupancy queries)
-  BENCH_CUDA(cudaStreamSynchronize(stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kGroup; ++i) fn(i, stream);
-  BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
-  BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  std::vector<cudaEvent_t> ev(2 * iters);
-  for (auto& e : ev) BENCH_CUDA(cudaEventCreate(&e));
-  // Warm-up: 5 replays, then more until about 30 ms of replays have run (clocks up).
-  constexpr int kWarmup = 5;
-  constexpr float kWarmupMs = 30.f;
-  BENCH_CUDA(cudaEventRecord(ev[0], stream));
-  for (int i = 0; i < kWarmup; ++i) BENCH_CUDA(cudaGraphLaunch(exec, stream));
-  BENCH_CUDA(cudaEventRecord(ev[1], stream));
-  BENCH_CUDA(cudaStreamSynchronize(stream));
-  float warm_ms = 0;
-  BENCH_CUDA(cudaEventElapsedTime(&warm_ms, ev[0], ev[1]));
-  const float per_replay = std::max(warm_ms / kWarmup, 1e-3f);
-  const int more = std::min(20000, int(std::max(0.f, kWarmupMs - warm_ms) / per_replay));
-  for (int i = 0; i < more; ++i) BENCH_CUDA(cudaGraphLaunch(exec, stream));
-  for (int i = 0; i < iters; ++i) {
-    BENCH_CUDA(cudaEventRecord(ev[2 * i], stream));
-    BENCH_CUDA(cudaGraphLaunch(exec, stream));
-    BENCH_CUDA(cudaEventRecord(ev[2 * i + 1], stream));
-  }
-  BENCH_CUDA(cudaStreamSynchronize(stream));
-  std::vector<double> ms(iters);
-  for (int i = 0; i < iters; ++i) {
-    float t = 0;
-    BENCH_CUDA(cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]));
-    ms[i] = t / kGroup;
-  }
-  for (auto& e : ev) BENCH_CUDA(cudaEventDestroy(e));
-  BENCH_CUDA(cudaGraphExecDestroy(exec));
-  BENCH_CUDA(cudaGraphDestroy(graph));
-  BENCH_CUDA(cudaStreamDestroy(stream));
-  return Median(ms);
 }
 
 // The read ceiling in TB/s: ReadKernel over 2 GiB, median of `iters` eager calls after warm-up.
@@ -246,7 +164,7 @@ std::vector<Result> GemmRows(int iters, size_t l2_bytes) {
       const double bytes =
           double(w_elems) * 2 + double(rows) * sh.k * 2 + double(rows) * out_cols * (fp32 ? 4 : 2);
       const double flops = 2.0 * rows * double(w_elems);
-      const double cublas_ms = TimeMedianMs(iters, [&](int i, cudaStream_t st) {
+      const double cublas_ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
         const float one = 1.f, zero = 0.f;
         cublasSetStream(cublas, st);
         void* out = swiglu ? static_cast<void*>(gate_up) : y;
@@ -265,7 +183,7 @@ std::vector<Result> GemmRows(int iters, size_t l2_bytes) {
       results.push_back({sh.name, swiglu ? "cublas+swiglu" : "cublas", rows, sh.n, sh.k, cublas_ms,
                          bytes, flops});
       for (const auto& v : variants) {
-        const double ms = TimeMedianMs(iters, [&](int i, cudaStream_t st) {
+        const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
           SmallGemmParams p;
           p.x = x;
           p.w = w + size_t(i % copies) * w_elems;
