@@ -29,7 +29,8 @@
 
 namespace lazyrag::cuda_backend {
 
-// Pinned, mapped host memory (cudaHostAlloc): kernels address it directly.
+// Pinned host memory (cudaHostAlloc, portable and mapped): the copy engines move it at the
+// bus's speed, and with unified addressing the host pointer is also its device address.
 absl::StatusOr<std::unique_ptr<HostMemory>> AllocatePinnedHostMemory(int64_t bytes);
 
 // One contiguous piece of a run's transport form (cuda_model::KvTransportParams): `elems`
