@@ -479,6 +479,20 @@ absl::StatusOr<ModelConfig> SyntheticConfig(const std::string& name) {
     c.rms_norm_eps = 1e-5f;
     c.max_position = 8192;
     c.tie_word_embeddings = true;
+  } else if (name == "wide") {
+    // Small enough for the CPU reference, wide enough (k >= 2048) that a one-token CUDA step
+    // takes the GEMV and its fused epilogues on every projection (worker/kernels/gemv.h).
+    c.vocab_size = 259;
+    c.hidden_size = 2048;
+    c.intermediate_size = 5632;
+    c.num_layers = 2;
+    c.num_heads = 16;
+    c.num_kv_heads = 4;
+    c.head_dim = 128;
+    c.rope_theta = 500000.0f;
+    c.rms_norm_eps = 1e-5f;
+    c.max_position = 8192;
+    c.tie_word_embeddings = true;
   } else if (name == "llama3-8b" || name == "llama3-70b") {
     // Llama-3.1 shapes. The 70B's bf16 weights (141 GB = 131 GiB) fit one H200 but leave no
     // room for a useful KV pool: tensor parallelism over 2 GPUs serves it.
@@ -500,8 +514,9 @@ absl::StatusOr<ModelConfig> SyntheticConfig(const std::string& name) {
     c.max_position = 131072;
     c.tie_word_embeddings = false;
   } else {
-    return absl::NotFoundError(absl::StrCat(
-        "unknown synthetic model '", name, "' (known: tiny, smollm2-135m, llama3-8b, llama3-70b)"));
+    return absl::NotFoundError(
+        absl::StrCat("unknown synthetic model '", name,
+                     "' (known: tiny, smollm2-135m, wide, llama3-8b, llama3-70b)"));
   }
   RETURN_IF_ERROR(c.Validate());
   return c;

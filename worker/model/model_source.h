@@ -48,7 +48,7 @@ struct LoadedModel {
 absl::StatusOr<LoadedModel> LoadModel(const std::string& path_or_name,
                                       const LoadOptions& options = {});
 
-// Synthetic configs by name ("tiny", "smollm2-135m", "llama3-8b", "llama3-70b"); NOT_FOUND
+// Synthetic configs by name ("tiny", "smollm2-135m", "wide", "llama3-8b", "llama3-70b"); NOT_FOUND
 // otherwise.
 absl::StatusOr<ModelConfig> SyntheticConfig(const std::string& name);
 

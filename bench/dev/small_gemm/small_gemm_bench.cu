@@ -35,50 +35,11 @@ namespace {
 
 using bench_cuda::DeviceAlloc;
 using bench_cuda::FillRandom;
-using bench_cuda::ReadKernel;
+using bench_cuda::MeasureReadTbs;
 using bench_cuda::TimeMedianMs;
 
 // The HBM read bandwidth issue 29 judges against, TB/s.
 constexpr double kIssueReadTbs = 4.52;
-
-double Median(std::vector<double> ms) {
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
-// The read ceiling in TB/s: ReadKernel over 2 GiB, median of `iters` eager calls after warm-up.
-double MeasureReadTbs(int iters, int sms) {
-  const size_t bytes = size_t(2) << 30;
-  uint16_t* src = DeviceAlloc<uint16_t>(bytes / 2);
-  uint32_t* sink = DeviceAlloc<uint32_t>(1);
-  FillRandom(src, bytes / 2, 7);
-  cudaStream_t stream;
-  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const auto read = [&] {
-    ReadKernel<<<sms * 8, 256, 0, stream>>>(reinterpret_cast<const uint4*>(src), bytes / 16, sink);
-    BENCH_CUDA(cudaGetLastError());
-  };
-  for (int i = 0; i < 20; ++i) read();
-  cudaEvent_t start, stop;
-  BENCH_CUDA(cudaEventCreate(&start));
-  BENCH_CUDA(cudaEventCreate(&stop));
-  std::vector<double> ms;
-  for (int i = 0; i < iters; ++i) {
-    BENCH_CUDA(cudaEventRecord(start, stream));
-    read();
-    BENCH_CUDA(cudaEventRecord(stop, stream));
-    BENCH_CUDA(cudaEventSynchronize(stop));
-    float t = 0;
-    BENCH_CUDA(cudaEventElapsedTime(&t, start, stop));
-    ms.push_back(t);
-  }
-  BENCH_CUDA(cudaEventDestroy(start));
-  BENCH_CUDA(cudaEventDestroy(stop));
-  BENCH_CUDA(cudaStreamDestroy(stream));
-  BENCH_CUDA(cudaFree(src));
-  BENCH_CUDA(cudaFree(sink));
-  return double(bytes) / (Median(ms) * 1e-3) / 1e12;
-}
 
 // A SmallGemm variant (small_gemm.cuh) beside the launcher's configuration: kWarps warps per
 // block, the 256-byte L2 prefetch hint or not, min blocks per SM for buckets 8-32 and 64.

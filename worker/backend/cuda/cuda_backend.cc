@@ -18,6 +18,7 @@
 #include "worker/backend/cuda/cuda_weights.h"
 #include "worker/backend/cuda/device_buffers.h"
 #include "worker/backend/cuda/host_transfers.h"
+#include "worker/backend/cuda/projections.h"
 #include "worker/backend/cuda/step_graphs.h"
 #include "worker/backend/cuda/step_plan.h"
 #include "worker/kernels/cuda_check.h"
@@ -41,7 +42,6 @@ using cuda_backend::StepGraphs;
 using cuda_backend::StepPlan;
 using cuda_backend::UploadPlan;
 
-constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;  // NVIDIA's advice for Hopper
 // Steps that may run from a CUDA graph round their KV bound up to a multiple of this.
 constexpr int kGraphKvBucket = 256;
 
@@ -122,10 +122,6 @@ class CudaBackend final : public Backend {
   // Runs `s` through the step graphs when it is small enough, else eagerly. See
   // CudaBackendOptions::cuda_graphs.
   absl::Status RunStep(const DeviceStep& s, int num_segments) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // y[rows, n] = x[rows, k] * w[n, k]^T, bf16 inputs, fp32 accumulation, y of y_type.
-  absl::Status Gemm(const uint16_t* x, const uint16_t* w, void* y, cudaDataType y_type, int rows,
-                    int n, int k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
   const ModelConfig config_;
   const CudaBackendOptions options_;
   bool tensor_core_attention_ = false;  // head_dim 64/128 and group <= 16
@@ -133,7 +129,6 @@ class CudaBackend final : public Backend {
 
   absl::Mutex mu_;
   cudaStream_t stream_ = nullptr;
-  cublasHandle_t cublas_ = nullptr;
   NcclAllReduce all_reduce_;
   // options_.time_steps: events around each step's device work, and the recorded steps.
   cudaEvent_t step_begin_ = nullptr, step_end_ = nullptr;
@@ -141,7 +136,7 @@ class CudaBackend final : public Backend {
 
   CudaWeights weights_;
   DeviceBuffer inv_freq_;  // [head_dim / 2] fp32
-  DeviceBuffer cublas_workspace_;
+  cuda_backend::Projections projections_ ABSL_GUARDED_BY(mu_);
   DeviceBuffer attention_workspace_;
   CudaKvPool pool_;
   cuda_backend::HostTransfers host_ ABSL_GUARDED_BY(mu_);
@@ -163,7 +158,6 @@ CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   graphs_.DestroyAll();
   pool_.ClosePeerPools();
-  if (cublas_ != nullptr) cublasDestroy(cublas_);
   if (step_begin_ != nullptr) cudaEventDestroy(step_begin_);
   if (step_end_ != nullptr) cudaEventDestroy(step_end_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -217,11 +211,10 @@ absl::Status CudaBackend::Init(const LoadedModel& model) {
     LAZYRAG_RETURN_IF_CUDA_ERROR(cudaEventCreate(&step_begin_));
     LAZYRAG_RETURN_IF_CUDA_ERROR(cudaEventCreate(&step_end_));
   }
-  LAZYRAG_RETURN_IF_CUBLAS_ERROR(cublasCreate(&cublas_));
-  LAZYRAG_RETURN_IF_CUBLAS_ERROR(cublasSetStream(cublas_, stream_));
-  RETURN_IF_ERROR(cublas_workspace_.Allocate(kCublasWorkspaceBytes));
-  LAZYRAG_RETURN_IF_CUBLAS_ERROR(
-      cublasSetWorkspace(cublas_, cublas_workspace_.data(), cublas_workspace_.size()));
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(projections_.Init(c, tensor_parallel(), stream_));
+  }
 
   const std::vector<float> inv = RopeInvFreq(c);
   RETURN_IF_ERROR(inv_freq_.Allocate(inv.size() * sizeof(float)));
@@ -262,17 +255,6 @@ absl::Status CudaBackend::ReserveActivations(int tokens, int rows) {
   if (activations_.Fits(tokens, rows)) return absl::OkStatus();
   graphs_.Clear(stream_);  // they address the old activations
   return activations_.Reserve(tokens, rows);
-}
-
-absl::Status CudaBackend::Gemm(const uint16_t* x, const uint16_t* w, void* y, cudaDataType y_type,
-                               int rows, int n, int k) {
-  if (rows == 0) return absl::OkStatus();
-  const float alpha = 1.0f, beta = 0.0f;
-  // Column-major view: y^T[n, rows] = w[n, k] (stored as k x n, transposed) * x^T[k, rows].
-  LAZYRAG_RETURN_IF_CUBLAS_ERROR(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, k, &alpha,
-                                              w, CUDA_R_16BF, k, x, CUDA_R_16BF, k, &beta, y,
-                                              y_type, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::ForwardImpl(const ForwardBatch& batch, std::vector<float>* logits,
@@ -370,24 +352,38 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
   // it to the fp32 residual a.x (measured faster than cuBLAS's fp32 beta = 1 outputs; see
   // bench/README.md). Tensor parallelism: every rank holds the same residual; the bf16 partials
   // in a.delta are summed over the ranks and every rank's next RMSNorm adds them to its own.
-  for (int l = 0; l < c.num_layers; ++l) {
-    const LayerWeightsDevice& L = weights_.layer(l);
+  // One token (decode at batch 1): the QKV split and each residual add + RMSNorm run inside
+  // the projection before them (Projections::FusesOneRow).
+  const bool fused = T == 1 && projections_.FusesOneRow();
+  // The residual add + RMSNorm of every token's a.x + a.delta into a.h, weighted by `weight`.
+  const auto add_norm = [&](const float* weight) {
     cuda_model::RmsNormParams norm;
-    norm.weight = L.attn_norm;
+    norm.x = a.x;
+    norm.x_out = a.x;
+    norm.residual = a.delta;
+    norm.weight = weight;
     norm.out = a.h;
     norm.num_rows = T;
     norm.dim = d;
     norm.eps = c.rms_norm_eps;
-    norm.x_out = a.x;
+    return norm;
+  };
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeightsDevice& L = weights_.layer(l);
     if (l == 0) {  // embedding gather fused into the first norm
+      cuda_model::RmsNormParams norm;
       norm.embedding = weights_.embedding();
       norm.tokens = s.tokens;
-    } else {
-      norm.x = a.x;
-      norm.residual = a.delta;
+      norm.x_out = a.x;
+      norm.weight = L.attn_norm;
+      norm.out = a.h;
+      norm.num_rows = T;
+      norm.dim = d;
+      norm.eps = c.rms_norm_eps;
+      RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(norm, stream_));
+    } else if (!fused) {  // fused: the previous layer's down projection ran it
+      RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(add_norm(L.attn_norm), stream_));
     }
-    RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(norm, stream_));
-    RETURN_IF_ERROR(Gemm(a.h, L.wqkv, a.qkv, CUDA_R_32F, T, qd + 2 * kvd, d));
     cuda_model::QkvScatterParams scatter;
     scatter.qkv = a.qkv;
     scatter.rope = a.rope;
@@ -399,7 +395,12 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
     scatter.num_heads = c.num_heads;
     scatter.num_kv_heads = c.num_kv_heads;
     scatter.head_dim = c.head_dim;
-    RETURN_IF_ERROR(cuda_model::LaunchQkvScatter(scatter, stream_));
+    if (fused) {
+      RETURN_IF_ERROR(projections_.QkvScatterOneRow(a.h, L.wqkv, scatter, qd + 2 * kvd, d));
+    } else {
+      RETURN_IF_ERROR(projections_.Gemm(a.h, L.wqkv, a.qkv, CUDA_R_32F, T, qd + 2 * kvd, d));
+      RETURN_IF_ERROR(cuda_model::LaunchQkvScatter(scatter, stream_));
+    }
     if (tensor_core_attention_) {
       kernels::LazyAttentionParams ap;
       ap.shape = shape_;
@@ -435,22 +436,22 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
       ap.view = s.view;
       RETURN_IF_ERROR(cuda_model::LaunchFallbackAttention(ap, stream_));
     }
-    RETURN_IF_ERROR(Gemm(a.attn, L.wo, a.delta, CUDA_R_16BF, T, d, qd));
-    RETURN_IF_ERROR(all_reduce_.SumBf16(a.delta, int64_t(T) * d, stream_));
-    cuda_model::RmsNormParams ffn_norm;
-    ffn_norm.x = a.x;
-    ffn_norm.x_out = a.x;
-    ffn_norm.residual = a.delta;
-    ffn_norm.weight = L.ffn_norm;
-    ffn_norm.out = a.h;
-    ffn_norm.num_rows = T;
-    ffn_norm.dim = d;
-    ffn_norm.eps = c.rms_norm_eps;
-    RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(ffn_norm, stream_));
-    RETURN_IF_ERROR(Gemm(a.h, L.w_gate_up, a.gate_up, CUDA_R_16BF, T, 2 * ff, d));
-    RETURN_IF_ERROR(cuda_model::LaunchSwiGlu({a.gate_up, a.act, T, ff}, stream_));
-    RETURN_IF_ERROR(Gemm(a.act, L.w_down, a.delta, CUDA_R_16BF, T, d, ff));
-    RETURN_IF_ERROR(all_reduce_.SumBf16(a.delta, int64_t(T) * d, stream_));
+    if (fused) {
+      RETURN_IF_ERROR(
+          projections_.ProjectThenNormOneRow(a.attn, L.wo, a.delta, d, qd, add_norm(L.ffn_norm)));
+    } else {
+      RETURN_IF_ERROR(projections_.Gemm(a.attn, L.wo, a.delta, CUDA_R_16BF, T, d, qd));
+      RETURN_IF_ERROR(all_reduce_.SumBf16(a.delta, int64_t(T) * d, stream_));
+      RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(add_norm(L.ffn_norm), stream_));
+    }
+    RETURN_IF_ERROR(projections_.GateUpSwiGlu(a.h, L.w_gate_up, a.gate_up, a.act, T, ff, d));
+    if (fused && l + 1 < c.num_layers) {
+      RETURN_IF_ERROR(projections_.ProjectThenNormOneRow(
+          a.act, L.w_down, a.delta, d, ff, add_norm(weights_.layer(l + 1).attn_norm)));
+    } else {
+      RETURN_IF_ERROR(projections_.Gemm(a.act, L.w_down, a.delta, CUDA_R_16BF, T, d, ff));
+      RETURN_IF_ERROR(all_reduce_.SumBf16(a.delta, int64_t(T) * d, stream_));
+    }
   }
   if (R == 0) return absl::OkStatus();
   cuda_model::RmsNormParams final_norm;
@@ -463,7 +464,8 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
   final_norm.dim = d;
   final_norm.eps = c.rms_norm_eps;
   RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(final_norm, stream_));
-  RETURN_IF_ERROR(Gemm(a.h_rows, weights_.lm_head(), a.logits, CUDA_R_32F, R, c.vocab_size, d));
+  RETURN_IF_ERROR(
+      projections_.Gemm(a.h_rows, weights_.lm_head(), a.logits, CUDA_R_32F, R, c.vocab_size, d));
   return absl::OkStatus();
 }
 

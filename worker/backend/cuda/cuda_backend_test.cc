@@ -25,6 +25,7 @@
 #include "common/kv_checksum.h"
 #include "gtest/gtest.h"
 #include "worker/backend/cpu/cpu_backend.h"
+#include "worker/backend/cuda/projections.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_test_util.h"
 #include "worker/kernels/model_kernels.h"
@@ -271,6 +272,41 @@ TEST(CudaBackendTest, SmolLm2ShapeMatchesCpuAllModes) {
   }
 }
 
+// One-token steps of the wide shape take the GEMV with the fused QKV split and norms on every
+// projection (FULL and LAZY decode steps, MATERIALIZE's too), prefill chunks take cuBLAS and
+// the unfused kernels: both against the CPU, LAZY against MATERIALIZE.
+TEST(CudaBackendTest, WideShapeOneRowFusionMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  ASSERT_TRUE(cuda_backend::OneRowFusionApplies(*SyntheticConfig("wide"), false));
+  EnginePair e = MakePair("synthetic:wide@6", 16, 128);
+  ASSERT_TRUE(e.cpu && e.gpu);
+  std::mt19937 rng(23);
+  const int vocab = e.cpu->config().vocab_size;
+  TokenPrompt full;
+  full.suffix = RandomTokens(rng, 150, vocab);
+  ExpectRunsMatch(RunMode(*e.gpu, full, AttentionMode::kFull, 6),
+                  RunMode(*e.cpu, full, AttentionMode::kFull, 6), kLogitTolerance, "wide FULL");
+  TokenPrompt rag = RagPrompt(rng, vocab, {37, 120, 64}, 1);  // a one-token query: T = 1 too
+  const ModeRun gpu_lazy = RunMode(*e.gpu, rag, AttentionMode::kLazy, 5);
+  ExpectRunsMatch(gpu_lazy, RunMode(*e.cpu, rag, AttentionMode::kLazy, 5), kLogitTolerance,
+                  "wide LAZY");
+  const ModeRun gpu_mat = RunMode(*e.gpu, rag, AttentionMode::kMaterialize, 5);
+  ExpectRunsMatch(gpu_mat, RunMode(*e.cpu, rag, AttentionMode::kMaterialize, 5), kLogitTolerance,
+                  "wide MATERIALIZE");
+  ExpectRunsMatch(gpu_lazy, gpu_mat, kLazyMaterializeTolerance, "wide GPU LAZY vs MATERIALIZE");
+}
+
+// Which shapes fuse at one row (host only: no device needed).
+TEST(CudaBackendTest, OneRowFusionAppliesToWideProjectionsOnly) {
+  EXPECT_TRUE(cuda_backend::OneRowFusionApplies(*SyntheticConfig("wide"), false));
+  EXPECT_TRUE(cuda_backend::OneRowFusionApplies(*SyntheticConfig("llama3-8b"), false));
+  EXPECT_FALSE(cuda_backend::OneRowFusionApplies(*SyntheticConfig("llama3-8b"), true))
+      << "never across a tensor-parallel all-reduce";
+  EXPECT_FALSE(cuda_backend::OneRowFusionApplies(*SyntheticConfig("smollm2-135m"), false))
+      << "k = 576: cuBLAS";
+  EXPECT_FALSE(cuda_backend::OneRowFusionApplies(*SyntheticConfig("tiny"), false));
+}
+
 // Issue 25's quality settings on the GPU: first-tokens recompute (segments that skip their
 // first keys; MATERIALIZE copies from a source offset) and document temperature / scale,
 // LAZY and MATERIALIZE against the CPU and against each other.
@@ -321,9 +357,8 @@ TEST(CudaBackendTest, QualitySettingsMatchCpu) {
 // 1024-token KV bucket), so steps run eagerly, are captured, then replayed; LAZY and
 // MATERIALIZE alternate (MATERIALIZE's copies grow the upload buffer, which drops the graphs).
 // Replays must give the eager logits bit for bit (both round the KV bound the same way).
-TEST(CudaBackendTest, CudaGraphReplaysMatchEagerSteps) {
-  SKIP_WITHOUT_DEVICE();
-  LoadedModel m = LoadWithHostWeights("synthetic:smollm2-135m@5");
+void ExpectGraphReplaysMatchEagerSteps(const std::string& name) {
+  LoadedModel m = LoadWithHostWeights(name);
   CudaBackendOptions with, without;
   with.cuda_graphs = true;
   without.cuda_graphs = false;
@@ -352,6 +387,16 @@ TEST(CudaBackendTest, CudaGraphReplaysMatchEagerSteps) {
       if (run == 2)
         ExpectRunsMatch(replayed, RunMode(*ref, rag, mode, 6), kLogitTolerance, "graphs vs CPU");
     }
+  }
+}
+
+TEST(CudaBackendTest, CudaGraphReplaysMatchEagerSteps) {
+  SKIP_WITHOUT_DEVICE();
+  // SmolLM2's shape (cuBLAS projections) and the wide one (one-token steps on the GEMV with
+  // its fused QKV split and norms, whose counter every replay reuses).
+  for (const char* name : {"synthetic:smollm2-135m@5", "synthetic:wide@5"}) {
+    SCOPED_TRACE(name);
+    ExpectGraphReplaysMatchEagerSteps(name);
   }
 }
 

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# One GPU session for the one-row projections (issue 29, worker/kernels/gemv.h): gemv_test and
+# the CUDA model against the CPU model first, then gemv_bench (cuBLAS beside the GEMV and its
+# block shapes) and ttft_bench for the binaries under test and, when carried, a base build
+# beside them (alternating, so both see the same machine). Run ON THE GPU MACHINE from the
+# repository root.
+#
+# Packing here (no GPU needed):
+#   mkdir -p .gpu-g/bin .gpu-g/base
+#   cp build/worker/kernels/gemv_test build/worker/backend/cuda_backend_test \
+#      build/bench/gemv_bench build/bench/ttft_bench .gpu-g/bin/
+#   cp <base build>/bench/ttft_bench .gpu-g/base/     # optional: the build to compare with
+#   cp <another build>/bench/ttft_bench .gpu-g/mid/   # optional: a third, between the two
+#   strip .gpu-g/bin/* .gpu-g/base/*
+#   ../shared/device/collect-libs.sh /tmp/g/lib .gpu-g/bin/* .gpu-g/base/*
+#   tar cJf .gpu-g/lib.tar.xz -C /tmp/g lib
+# Then one device call carrying [".gpu-g"]:  GPU_DIR=.gpu-g OUT=$OUT bash bench/gpu_gemv_run.sh
+# Knobs: ROUNDS=2 (new/base pairs), TTFT_ARGS (extra ttft_bench flags), TESTS=1, NCU=0 (1: an
+# Nsight Compute profile of one LAZY request, prefill and one decode step, for each build, and
+# its per-kernel breakdown by bench/ncu_breakdown.py; kernels are serialised and timed alone).
+# Results in $OUT: log.txt, gemv.json, ttft-new-<i>.json, ttft-base-<i>.json, <test>.xml,
+# ncu-<new|base>.csv.xz and ncu-<new|base>.json. NSYS=1: an Nsight Systems trace of the same
+# request as served (CUDA graphs, PDL) for each build, read by bench/nsys_timeline.py into
+# nsys-<new|base>.txt / .json (span, busy and idle time per step; idle time before each kind).
+set -uo pipefail
+OUT=${OUT:?set OUT to the output folder}
+GPU_DIR=${GPU_DIR:-.gpu-g}
+ROUNDS=${ROUNDS:-2}
+TTFT_ARGS=${TTFT_ARGS:-}
+mkdir -p "$OUT"
+LIB="$PWD/$GPU_DIR/lib"
+if [[ ! -d "$LIB" ]]; then
+  LIB=/tmp/lazyrag-gemv-lib
+  mkdir -p "$LIB" && tar xJf "$GPU_DIR/lib.tar.xz" -C "$LIB" && LIB="$LIB/lib"
+fi
+export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+{
+  echo "== $(date -u +%FT%TZ) binaries of $(cat "$GPU_DIR/COMMIT" 2>/dev/null)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv || true
+  if [[ "${TESTS:-1}" == 1 ]]; then
+    for t in "$GPU_DIR"/bin/*_test; do
+      [[ -x "$t" ]] || continue
+      name=$(basename "$t")
+      start=$(date +%s)
+      timeout 240 "$t" --gtest_brief=1 --gtest_output="xml:$OUT/$name.xml"
+      echo "$name rc=$? in $(( $(date +%s) - start )) s"
+    done
+  fi
+  if [[ -x "$GPU_DIR/bin/gemv_bench" ]]; then
+    echo "== gemv_bench"
+    timeout 120 "$GPU_DIR/bin/gemv_bench" --out "$OUT/gemv.json"
+    echo "gemv_bench rc=$?"
+  fi
+  for i in $(seq 1 "$ROUNDS"); do
+    for which in bin mid base; do
+      [[ -x "$GPU_DIR/$which/ttft_bench" ]] || continue
+      name=$([[ $which == bin ]] && echo new || echo "$which")
+      echo "== ttft_bench $name (round $i)"
+      # shellcheck disable=SC2086
+      timeout 200 "$GPU_DIR/$which/ttft_bench" --out "$OUT/ttft-$name-$i.json" $TTFT_ARGS
+      echo "ttft_bench $name rc=$?"
+    done
+  done
+  if [[ "${NCU:-0}" == 1 ]]; then
+    ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+    for which in bin mid base; do
+      [[ -x "$GPU_DIR/$which/ttft_bench" && -n "$ncu" ]] || continue
+      name=$([[ $which == bin ]] && echo new || echo "$which")
+      echo "== ncu $name ($ncu)"
+      timeout 240 "$ncu" --csv --log-file "$OUT/ncu-$name.csv" --profile-from-start off \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+        "$GPU_DIR/$which/ttft_bench" --profile | tail -n 2
+      python3 bench/ncu_breakdown.py "$OUT/ncu-$name.csv" --json "$OUT/ncu-$name.json"
+      xz -f "$OUT/ncu-$name.csv"
+    done
+  fi
+  if [[ "${NSYS:-0}" == 1 ]]; then
+    nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys \
+      /usr/local/cuda/nsight-systems*/bin/nsys 2>/dev/null | head -n 1)
+    for which in bin mid base; do
+      [[ -x "$GPU_DIR/$which/ttft_bench" && -n "$nsys" ]] || continue
+      name=$([[ $which == bin ]] && echo new || echo "$which")
+      echo "== nsys $name ($nsys)"
+      timeout 240 "$nsys" profile --capture-range=cudaProfilerApi --capture-range-end=stop \
+        --cuda-graph-trace=node --trace=cuda -f true -o "/tmp/nsys-$name" \
+        "$GPU_DIR/$which/ttft_bench" --profile | tail -n 3
+      "$nsys" stats --report cuda_gpu_trace --format csv --output "/tmp/nsys-$name" \
+        "/tmp/nsys-$name.nsys-rep" >/dev/null
+      python3 bench/nsys_timeline.py "/tmp/nsys-${name}_cuda_gpu_trace.csv" \
+        --json "$OUT/nsys-$name.json" | tee "$OUT/nsys-$name.txt"
+      xz -c "/tmp/nsys-${name}_cuda_gpu_trace.csv" > "$OUT/nsys-$name.csv.xz"
+    done
+  fi
+} 2>&1 | tee "$OUT/log.txt"

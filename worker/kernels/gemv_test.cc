@@ -1,0 +1,509 @@
+// LaunchGemv (gemv.h) against a CPU double-precision reference (every output) and cuBLAS (the
+// CUDA backend's cublasGemmEx call at one row) on every projection shape of the served models
+// (Llama-3-8B, its tensor-parallel halves, SmolLM2-135M, synthetic:tiny) and shapes off every
+// block and chunk boundary; the fused SwiGLU against cuBLAS + cuda_model::LaunchSwiGlu; repeated
+// and graph-captured launches; bad operands. Outputs are poisoned (NaN) before each run, with
+// poisoned elements past the end that must stay untouched. Weights come from the synthetic fill
+// on the device (fresh seed per test).
+#include "worker/kernels/gemv.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "worker/kernels/kernels_test_support.h"
+#include "worker/kernels/model_kernels.h"
+
+namespace lazyrag::kernels::testing {
+namespace {
+
+struct Shape {
+  const char* name;
+  int n, k;
+  bool fp32;
+};
+
+const Shape kModelShapes[] = {
+    {"8b_qkv", 6144, 4096, true},       {"8b_o", 4096, 4096, false},
+    {"8b_gate_up", 28672, 4096, false}, {"8b_down", 4096, 14336, false},
+    {"8b_lm_head", 128256, 4096, true}, {"8b_tp2_qkv", 3072, 4096, true},
+    {"8b_tp2_o", 4096, 2048, false},    {"8b_tp2_gate_up", 14336, 4096, false},
+    {"8b_tp2_down", 4096, 7168, false}, {"smol_qkv", 960, 576, true},
+    {"smol_o", 576, 576, false},        {"smol_gate_up", 3072, 576, false},
+    {"smol_down", 576, 1536, false},    {"smol_lm_head", 49152, 576, true},
+    {"tiny_qkv", 128, 64, true},        {"tiny_o", 64, 64, false},
+    {"tiny_gate_up", 320, 64, false},   {"tiny_down", 64, 160, false},
+    {"tiny_lm_head", 259, 64, true},
+};
+
+// n of 1, 3, 17, 1001 (odd block counts); k of 8 (one chunk), 24, 2056 and 4104 (a partial
+// last step of the block's chunk walk).
+const Shape kOddShapes[] = {
+    {"n1_k8", 1, 8, true},         {"n3_k24", 3, 24, false},
+    {"n17_k2056", 17, 2056, true}, {"n1001_k4104", 1001, 4104, false},
+    {"n2_k4096", 2, 4096, false},
+};
+
+constexpr int kPoison = 8;  // poisoned outputs past the end
+
+std::vector<uint16_t> RandomBf16(size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<uint16_t> v(n);
+  for (uint16_t& e : v) e = ToBf16(u(rng));
+  return v;
+}
+
+// w: [n, k] bf16 with the loader's synthetic linear fill (bound 1 / sqrt(k)).
+void FillWeights(DeviceArray<uint16_t>& w, int64_t elems, int k, uint32_t seed) {
+  cuda_model::SyntheticFillParams f;
+  f.dst = w.get();
+  f.n = elems;
+  f.seed = seed;
+  f.tag = 11;
+  f.bound = 1.0f / std::sqrt(float(k));
+  ASSERT_TRUE(cuda_model::LaunchSyntheticFill(f, nullptr).ok());
+}
+
+std::vector<float> Outputs(const void* y, size_t count, bool fp32) {
+  std::vector<float> out(count);
+  if (fp32) {
+    cudaMemcpy(out.data(), y, count * 4, cudaMemcpyDeviceToHost);
+  } else {
+    std::vector<uint16_t> h(count);
+    cudaMemcpy(h.data(), y, count * 2, cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < count; ++i) out[i] = FromBf16(h[i]);
+  }
+  return out;
+}
+
+struct Cublas {
+  Cublas() { cublasCreate(&handle); }
+  ~Cublas() { cublasDestroy(handle); }
+  // y[n] = w[n, k] x[k], as CudaBackend::Gemm at one row.
+  void Run(const uint16_t* x, const uint16_t* w, void* y, bool fp32, int n, int k) {
+    const float one = 1.f, zero = 0.f;
+    ASSERT_EQ(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, 1, k, &one, w, CUDA_R_16BF, k, x,
+                           CUDA_R_16BF, k, &zero, y, fp32 ? CUDA_R_32F : CUDA_R_16BF, n,
+                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              CUBLAS_STATUS_SUCCESS);
+  }
+  cublasHandle_t handle = nullptr;
+};
+
+void CheckShape(Cublas& cublas, const Shape& s, std::mt19937& rng) {
+  SCOPED_TRACE(s.name);
+  const size_t elem = s.fp32 ? 4 : 2;
+  DeviceArray<uint16_t> w(size_t(s.n) * s.k);
+  FillWeights(w, int64_t(s.n) * s.k, s.k, rng());
+  const std::vector<uint16_t> xh = RandomBf16(s.k, rng);
+  DeviceArray<uint16_t> x(xh);
+  DeviceArray<char> y((size_t(s.n) + kPoison) * elem), ref(size_t(s.n) * elem);
+  cuda_model::GemvParams p;
+  p.w = w.get();
+  p.x = x.get();
+  p.y = y.get();
+  p.y_fp32 = s.fp32;
+  p.n = s.n;
+  p.k = s.k;
+  ASSERT_TRUE(cuda_model::LaunchGemv(p, nullptr).ok());
+  cublas.Run(x.get(), w.get(), ref.get(), s.fp32, s.n, s.k);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> got = Outputs(y.get(), size_t(s.n) + kPoison, s.fp32);
+  const std::vector<float> want = Outputs(ref.get(), s.n, s.fp32);
+  std::vector<uint16_t> wh(size_t(s.n) * s.k);
+  cudaMemcpy(wh.data(), w.get(), wh.size() * 2, cudaMemcpyDeviceToHost);
+  const std::vector<float> xf = ToFloat(xh);
+  int bad = 0;
+  for (int r = 0; r < s.n && bad < 5; ++r) {
+    double dot = 0, mag = 0;
+    for (int e = 0; e < s.k; ++e) {
+      const double prod = double(FromBf16(wh[size_t(r) * s.k + e])) * xf[e];
+      dot += prod;
+      mag += std::fabs(prod);
+    }
+    // fp32: an fp32 sum of exact products; bf16: that, rounded once.
+    const double expect = s.fp32 ? dot : FromBf16(ToBf16(float(dot)));
+    const double tol = (s.fp32 ? 1e-5 : 8e-3) * std::fabs(dot) + 1e-6 * mag;
+    if (!(std::fabs(got[r] - expect) <= tol)) {
+      ADD_FAILURE() << "row " << r << ": " << got[r] << " vs CPU " << expect;
+      ++bad;
+    }
+    const float rtol = s.fp32 ? 1e-4f : 8e-3f, atol = s.fp32 ? 5e-5f : 1e-4f;
+    if (!(std::fabs(got[r] - want[r]) <= atol + rtol * std::fabs(want[r]))) {
+      ADD_FAILURE() << "row " << r << ": " << got[r] << " vs cuBLAS " << want[r];
+      ++bad;
+    }
+  }
+  for (int i = 0; i < kPoison; ++i) {
+    EXPECT_TRUE(std::isnan(got[size_t(s.n) + i])) << "wrote past the end at " << i;
+  }
+}
+
+TEST(Gemv, ModelShapesMatchCpuAndCublas) {
+  GPU_TEST_SETUP(rng);
+  Cublas cublas;
+  for (const Shape& s : kModelShapes) CheckShape(cublas, s, rng);
+}
+
+TEST(Gemv, OddShapesMatchCpuAndCublas) {
+  GPU_TEST_SETUP(rng);
+  Cublas cublas;
+  for (const Shape& s : kOddShapes) CheckShape(cublas, s, rng);
+}
+
+// The fused SwiGLU against cuBLAS gate_up then LaunchSwiGlu: equal but where the two round a
+// gate or up sum to different bf16 neighbours (then within that step through silu * up).
+TEST(Gemv, FusedSwiGluMatchesCublasThenSwiGlu) {
+  GPU_TEST_SETUP(rng);
+  Cublas cublas;
+  const struct {
+    int ff, k;
+  } shapes[] = {{14336, 4096}, {7168, 4096}, {1536, 576}, {160, 64}, {5, 24}};
+  for (const auto& s : shapes) {
+    SCOPED_TRACE(absl::StrCat("ff ", s.ff, " k ", s.k));
+    DeviceArray<uint16_t> w(size_t(2) * s.ff * s.k);
+    FillWeights(w, int64_t(2) * s.ff * s.k, s.k, rng());
+    DeviceArray<uint16_t> x(RandomBf16(s.k, rng));
+    DeviceArray<uint16_t> gate_up(size_t(2) * s.ff), ref(s.ff), y(size_t(s.ff) + kPoison);
+    cuda_model::GemvParams p;
+    p.w = w.get();
+    p.x = x.get();
+    p.y = y.get();
+    p.swiglu = true;
+    p.n = s.ff;
+    p.k = s.k;
+    ASSERT_TRUE(cuda_model::LaunchGemv(p, nullptr).ok());
+    cublas.Run(x.get(), w.get(), gate_up.get(), false, 2 * s.ff, s.k);
+    ASSERT_TRUE(cuda_model::LaunchSwiGlu({gate_up.get(), ref.get(), 1, s.ff}, nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> got = Outputs(y.get(), size_t(s.ff) + kPoison, false);
+    const std::vector<float> want = Outputs(ref.get(), s.ff, false);
+    const std::vector<float> gu = Outputs(gate_up.get(), size_t(2) * s.ff, false);
+    int exact = 0, bad = 0;
+    for (int j = 0; j < s.ff && bad < 5; ++j) {
+      if (got[j] == want[j]) {
+        ++exact;
+        continue;
+      }
+      // One bf16 step of gate (slope of silu <= 1.1) and of up, then the output's own rounding.
+      const float g = gu[j], u = gu[s.ff + j];
+      const float tol = 1.1f * std::fabs(u) * std::fabs(g) / 128.f +
+                        std::fabs(g) * std::fabs(u) / 128.f + std::fabs(want[j]) / 128.f + 1e-6f;
+      if (!(std::fabs(got[j] - want[j]) <= tol)) {
+        ADD_FAILURE() << "feature " << j << ": " << got[j] << " vs " << want[j];
+        ++bad;
+      }
+    }
+    EXPECT_GE(exact, s.ff * 9 / 10) << "most features round the same";
+    for (int i = 0; i < kPoison; ++i) EXPECT_TRUE(std::isnan(got[size_t(s.ff) + i]));
+  }
+}
+
+// Same inputs, same bits: eager launches and replays of a captured graph.
+TEST(Gemv, RepeatedAndGraphLaunchesAreDeterministic) {
+  GPU_TEST_SETUP(rng);
+  const int n = 4096, k = 14336;
+  DeviceArray<uint16_t> w(size_t(n) * k);
+  FillWeights(w, int64_t(n) * k, k, rng());
+  DeviceArray<uint16_t> x(RandomBf16(k, rng)), y0(n), y1(n);
+  cuda_model::GemvParams p;
+  p.w = w.get();
+  p.x = x.get();
+  p.y = y0.get();
+  p.n = n;
+  p.k = k;
+  ASSERT_TRUE(cuda_model::LaunchGemv(p, nullptr).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<uint16_t> first = y0.Download();
+  cudaStream_t stream;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  p.y = y1.get();
+  ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(cuda_model::LaunchGemv(p, stream).ok());
+  ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+  ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 4; ++i) ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+  ASSERT_CUDA(cudaStreamSynchronize(stream));
+  EXPECT_EQ(y1.Download(), first);
+  for (int i = 0; i < 3; ++i) {
+    p.y = y0.get();
+    ASSERT_TRUE(cuda_model::LaunchGemv(p, nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(y0.Download(), first);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// The fused QKV split against the GEMV's fp32 row then LaunchQkvScatter: Q, the rotated K and V
+// bit for bit, every other slot of the caches untouched (poisoned in both).
+TEST(Gemv, FusedQkvScatterMatchesGemvThenScatter) {
+  GPU_TEST_SETUP(rng);
+  const struct {
+    int heads, kv_heads, head_dim, k;
+  } shapes[] = {
+      {32, 8, 128, 4096}, {16, 4, 128, 4096}, {9, 3, 64, 576}, {4, 2, 16, 64}, {3, 1, 8, 24}};
+  for (const auto& s : shapes) {
+    SCOPED_TRACE(absl::StrCat("heads ", s.heads, "/", s.kv_heads, " D ", s.head_dim, " k ", s.k));
+    const int n = (s.heads + 2 * s.kv_heads) * s.head_dim, half = s.head_dim / 2;
+    const int slots = 40;
+    const int64_t slot = 37, pos = 1000 + int(rng() % 5000);
+    DeviceArray<uint16_t> w(size_t(n) * s.k);
+    FillWeights(w, int64_t(n) * s.k, s.k, rng());
+    DeviceArray<uint16_t> x(RandomBf16(s.k, rng));
+    std::vector<float> inv_freq(half);
+    for (int i = 0; i < half; ++i) inv_freq[i] = std::pow(10000.f, -2.f * i / s.head_dim);
+    DeviceArray<float> freq(inv_freq), rope(size_t(2) * half);
+    DeviceArray<int32_t> pos_d(std::vector<int32_t>{int32_t(pos)});
+    DeviceArray<int64_t> slot_d(std::vector<int64_t>{slot});
+    ASSERT_TRUE(
+        cuda_model::LaunchRopeTable({pos_d.get(), freq.get(), rope.get(), 1, half}, nullptr).ok());
+    const size_t q_elems = size_t(s.heads) * s.head_dim;
+    const size_t cache_elems = size_t(slots) * s.kv_heads * s.head_dim;
+    DeviceArray<float> qkv(n);
+    DeviceArray<uint16_t> q0(q_elems), k0(cache_elems), v0(cache_elems);  // reference
+    DeviceArray<uint16_t> q1(q_elems), k1(cache_elems), v1(cache_elems);  // fused
+    cuda_model::QkvScatterParams sc;
+    sc.qkv = qkv.get();
+    sc.rope = rope.get();
+    sc.kv_slot = slot_d.get();
+    sc.num_tokens = 1;
+    sc.num_heads = s.heads;
+    sc.num_kv_heads = s.kv_heads;
+    sc.head_dim = s.head_dim;
+    sc.q = q0.get();
+    sc.k_cache = k0.get();
+    sc.v_cache = v0.get();
+    cuda_model::GemvParams p;
+    p.w = w.get();
+    p.x = x.get();
+    p.y = qkv.get();
+    p.y_fp32 = true;
+    p.n = n;
+    p.k = s.k;
+    ASSERT_TRUE(cuda_model::LaunchGemv(p, nullptr).ok());
+    ASSERT_TRUE(cuda_model::LaunchQkvScatter(sc, nullptr).ok());
+    p.y = nullptr;
+    p.y_fp32 = false;
+    p.qkv_scatter = true;
+    p.scatter = sc;
+    p.scatter.qkv = nullptr;
+    p.scatter.q = q1.get();
+    p.scatter.k_cache = k1.get();
+    p.scatter.v_cache = v1.get();
+    ASSERT_TRUE(cuda_model::GemvSupports(p));
+    ASSERT_TRUE(cuda_model::LaunchGemv(p, nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(q1.Download(), q0.Download());
+    const std::vector<uint16_t> kf = k1.Download(), vf = v1.Download();
+    EXPECT_EQ(kf, k0.Download());
+    EXPECT_EQ(vf, v0.Download());
+    const size_t row = size_t(s.kv_heads) * s.head_dim;
+    int written = 0;
+    for (size_t i = 0; i < cache_elems; ++i) {
+      const bool in_slot = i / row == size_t(slot);
+      if (!in_slot) {
+        EXPECT_TRUE(std::isnan(FromBf16(kf[i])) && std::isnan(FromBf16(vf[i]))) << i;
+      } else {
+        written += !std::isnan(FromBf16(kf[i])) + !std::isnan(FromBf16(vf[i]));
+      }
+    }
+    EXPECT_EQ(written, int(2 * row)) << "the slot's K and V are written whole";
+  }
+}
+
+// The fused residual add + RMSNorm against the GEMV's bf16 row then LaunchRmsNorm: y, the
+// residual stream and the normed row bit for bit; repeated and graph-replayed launches reuse
+// the counter (it returns to 0) and give the same bits.
+TEST(Gemv, FusedAddNormMatchesGemvThenRmsNorm) {
+  GPU_TEST_SETUP(rng);
+  const struct {
+    int n, k;
+  } shapes[] = {{4096, 4096}, {4096, 14336}, {2048, 5632}, {576, 576}, {64, 64}, {12, 24}};
+  DeviceArray<unsigned> counter(std::vector<unsigned>{0u});
+  cudaStream_t stream;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (const auto& s : shapes) {
+    SCOPED_TRACE(absl::StrCat("n ", s.n, " k ", s.k));
+    DeviceArray<uint16_t> w(size_t(s.n) * s.k);
+    FillWeights(w, int64_t(s.n) * s.k, s.k, rng());
+    DeviceArray<uint16_t> x(RandomBf16(s.k, rng));
+    std::normal_distribution<float> nd;
+    std::vector<float> resid(s.n), gamma(s.n);
+    for (float& v : resid) v = 4.f * nd(rng);
+    for (float& v : gamma) v = 1.f + 0.2f * nd(rng);
+    DeviceArray<float> weight(gamma), x0(resid), x1(resid);
+    DeviceArray<uint16_t> y0(s.n), y1(s.n), h0(size_t(s.n) + kPoison), h1(size_t(s.n) + kPoison);
+    cuda_model::GemvParams p;
+    p.w = w.get();
+    p.x = x.get();
+    p.y = y0.get();
+    p.n = s.n;
+    p.k = s.k;
+    ASSERT_TRUE(cuda_model::LaunchGemv(p, nullptr).ok());
+    cuda_model::RmsNormParams norm;
+    norm.x = x0.get();
+    norm.x_out = x0.get();
+    norm.residual = y0.get();
+    norm.weight = weight.get();
+    norm.out = h0.get();
+    norm.num_rows = 1;
+    norm.dim = s.n;
+    norm.eps = 1e-5f;
+    ASSERT_TRUE(cuda_model::LaunchRmsNorm(norm, nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<uint16_t> want_y = y0.Download(), want_h = h0.Download();
+    const std::vector<float> want_x = x0.Download();
+    p.y = y1.get();
+    p.then_norm = true;
+    p.norm = norm;
+    p.norm.x = x1.get();
+    p.norm.x_out = x1.get();
+    p.norm.residual = y1.get();
+    p.norm.out = h1.get();
+    p.counter = counter.get();
+    ASSERT_TRUE(cuda_model::GemvSupports(p));
+    const auto check = [&](const char* what) {
+      SCOPED_TRACE(what);
+      EXPECT_EQ(y1.Download(), want_y);
+      const std::vector<uint16_t> h = h1.Download();
+      EXPECT_TRUE(std::equal(want_h.begin(), want_h.begin() + s.n, h.begin()));
+      for (int i = 0; i < kPoison; ++i) EXPECT_TRUE(std::isnan(FromBf16(h[size_t(s.n) + i])));
+      EXPECT_EQ(x1.Download(), want_x);
+      EXPECT_EQ(counter.Download(), std::vector<unsigned>{0u}) << "the counter returns to 0";
+    };
+    for (int i = 0; i < 3; ++i) {  // x1 is the residual stream: reset before each launch
+      ASSERT_CUDA(cudaMemcpy(x1.get(), resid.data(), resid.size() * 4, cudaMemcpyHostToDevice));
+      ASSERT_TRUE(cuda_model::LaunchGemv(p, nullptr).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      check("eager");
+    }
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    ASSERT_TRUE(cuda_model::LaunchGemv(p, stream).ok());
+    ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+    ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_CUDA(cudaMemcpy(x1.get(), resid.data(), resid.size() * 4, cudaMemcpyHostToDevice));
+      ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+      ASSERT_CUDA(cudaStreamSynchronize(stream));
+      check("graph replay");
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(stream);
+}
+
+// Checked on the host: no device needed.
+TEST(GemvArgs, RejectsBadOperands) {
+  alignas(16) static uint16_t buf[64];
+  cuda_model::GemvParams good;
+  good.w = buf;
+  good.x = buf;
+  good.y = buf;
+  good.n = 2;
+  good.k = 8;
+  EXPECT_TRUE(cuda_model::GemvSupports(good));
+  const auto rejected = [](cuda_model::GemvParams p, const char* why) {
+    SCOPED_TRACE(why);
+    EXPECT_FALSE(cuda_model::GemvSupports(p));
+    const absl::Status s = cuda_model::LaunchGemv(p, nullptr);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("gemv"), std::string::npos) << s;
+  };
+  cuda_model::GemvParams p = good;
+  p.k = 12;
+  rejected(p, "k not a multiple of 8");
+  p = good;
+  p.k = 0;
+  rejected(p, "k zero");
+  p = good;
+  p.n = 0;
+  rejected(p, "n zero");
+  p = good;
+  p.w = buf + 1;
+  rejected(p, "w misaligned");
+  p = good;
+  p.x = nullptr;
+  rejected(p, "x null");
+  p = good;
+  p.y_fp32 = true;
+  p.y = buf + 1;
+  rejected(p, "fp32 y misaligned");
+  p = good;
+  p.y_fp32 = true;
+  p.swiglu = true;
+  rejected(p, "swiglu with fp32 output");
+  // The fused QKV split and norm (gemv.h's REQUIRES).
+  alignas(16) static float fbuf[64];
+  static int64_t slot = 0;
+  cuda_model::GemvParams qkv = good;
+  qkv.y = nullptr;
+  qkv.n = 16;
+  qkv.qkv_scatter = true;
+  qkv.scatter.rope = fbuf;
+  qkv.scatter.kv_slot = &slot;
+  qkv.scatter.q = buf;
+  qkv.scatter.k_cache = buf;
+  qkv.scatter.v_cache = buf;
+  qkv.scatter.num_tokens = 1;
+  qkv.scatter.num_heads = 2;
+  qkv.scatter.num_kv_heads = 1;
+  qkv.scatter.head_dim = 4;
+  EXPECT_TRUE(cuda_model::GemvSupports(qkv));
+  p = qkv;
+  p.n = 12;
+  rejected(p, "qkv_scatter: n is not the heads' rows");
+  p = qkv;
+  p.scatter.num_tokens = 2;
+  rejected(p, "qkv_scatter: two tokens");
+  p = qkv;
+  p.scatter.head_dim = 3;
+  p.n = 12;
+  rejected(p, "qkv_scatter: odd head dim");
+  p = qkv;
+  p.swiglu = true;
+  rejected(p, "two epilogues");
+  static unsigned counter = 0;
+  cuda_model::GemvParams norm = good;
+  norm.n = 8;
+  norm.then_norm = true;
+  norm.counter = &counter;
+  norm.norm.x = fbuf;
+  norm.norm.x_out = fbuf;
+  norm.norm.residual = buf;
+  norm.norm.weight = fbuf;
+  norm.norm.out = buf;
+  norm.norm.num_rows = 1;
+  norm.norm.dim = 8;
+  EXPECT_TRUE(cuda_model::GemvSupports(norm));
+  p = norm;
+  p.norm.residual = buf + 8;
+  rejected(p, "then_norm: residual is not y");
+  p = norm;
+  p.norm.dim = 4;
+  rejected(p, "then_norm: dim is not n");
+  p = norm;
+  p.counter = nullptr;
+  rejected(p, "then_norm: no counter");
+  p = norm;
+  p.norm.num_rows = 2;
+  rejected(p, "then_norm: two rows");
+  p = norm;
+  p.y_fp32 = true;
+  rejected(p, "then_norm: fp32 y");
+}
+
+}  // namespace
+}  // namespace lazyrag::kernels::testing
