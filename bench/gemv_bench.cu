@@ -3,9 +3,8 @@
 // beside cuda_model::LaunchGemv (gemv.h, SwiGLU fused) and the GEMV kernel's other shapes that
 // chose the launcher's (gemv_internal.cuh: rN rows per block, uN steps of loads in flight, pN
 // steps loaded before the wait on the previous kernel); then one layer's four projections back
-// to back (qkv, o, gate_up + SwiGLU, down) without and with the two RMSNorms between them, and
-// the decode layer as the backend runs it at one token, unfused (with the norms and the QKV
-// split) beside the GEMV's fused epilogues (no attention: "layer_decode").
+// to back (qkv, o, gate_up + SwiGLU, down) as the decode step runs them, without and with the
+// two RMSNorms between them (no attention).
 //
 // Timing as kernel_bench's TimeMedianMs: 20 calls (weights rotating over enough copies to exceed
 // 4x the L2, so every call reads HBM) captured in a CUDA graph, replayed between two events after
@@ -23,7 +22,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -259,83 +257,6 @@ std::vector<Result> Run(int iters, size_t l2_bytes) {
           {"layer_with_norms", v.name, 0, 4096,
            TimeMedianMs(5, iters, [&](int i, cudaStream_t st) { layer_norms(v.launch, i, st); }),
            layer_bytes});
-    }
-    // The decode layer's projections as the backend runs them at one token (no attention):
-    // unfused (norm, QKV, QKV split, O, norm, gate_up + SwiGLU, down) beside the fused epilogues
-    // (QKV with its split, O then norm, gate_up + SwiGLU, down then norm).
-    float* rope = DeviceAlloc<float>(128);
-    BENCH_CUDA(cudaMemset(rope, 0, 128 * sizeof(float)));
-    int64_t* slot = DeviceAlloc<int64_t>(1);
-    BENCH_CUDA(cudaMemset(slot, 0, sizeof(int64_t)));
-    uint16_t* q = DeviceAlloc<uint16_t>(4096);
-    uint16_t* k_cache = DeviceAlloc<uint16_t>(1024);
-    uint16_t* v_cache = DeviceAlloc<uint16_t>(1024);
-    unsigned* counter = DeviceAlloc<unsigned>(1);
-    BENCH_CUDA(cudaMemset(counter, 0, sizeof(unsigned)));
-    QkvScatterParams sc;
-    sc.qkv = qkv_out;
-    sc.rope = rope;
-    sc.kv_slot = slot;
-    sc.q = q;
-    sc.k_cache = k_cache;
-    sc.v_cache = v_cache;
-    sc.num_tokens = 1;
-    sc.num_heads = 32;
-    sc.num_kv_heads = 8;
-    sc.head_dim = 128;
-    RmsNormParams np;
-    np.x = x_res;
-    np.x_out = x_res;
-    np.residual = delta;
-    np.weight = norm_w;
-    np.out = h;
-    np.num_rows = 1;
-    np.dim = 4096;
-    const auto gemv = [&](const Shape& s, const uint16_t* w, const uint16_t* in) {
-      GemvParams g;
-      g.w = w;
-      g.x = in;
-      g.n = s.n;
-      g.k = s.k;
-      return g;
-    };
-    const auto layer_unfused = [&](int i, cudaStream_t st) {
-      BENCH_OK(LaunchRmsNorm(np, st));
-      project(LaunchGemv, qkv, ws[0].At(i), h, qkv_out, st);
-      BENCH_OK(LaunchQkvScatter(sc, st));
-      project(LaunchGemv, o, ws[1].At(i), attn, delta, st);
-      BENCH_OK(LaunchRmsNorm(np, st));
-      project(LaunchGemv, gu, ws[2].At(i), h, c.act, st);
-      project(LaunchGemv, down, ws[3].At(i), c.act, delta, st);
-    };
-    const auto layer_fused = [&](int i, cudaStream_t st) {
-      GemvParams g = gemv(qkv, ws[0].At(i), h);
-      g.qkv_scatter = true;
-      g.scatter = sc;
-      BENCH_OK(LaunchGemv(g, st));
-      g = gemv(o, ws[1].At(i), attn);
-      g.y = delta;
-      g.then_norm = true;
-      g.norm = np;
-      g.counter = counter;
-      BENCH_OK(LaunchGemv(g, st));
-      project(LaunchGemv, gu, ws[2].At(i), h, c.act, st);
-      g = gemv(down, ws[3].At(i), c.act);
-      g.y = delta;
-      g.then_norm = true;
-      g.norm = np;
-      g.counter = counter;
-      BENCH_OK(LaunchGemv(g, st));
-    };
-    results.push_back(
-        {"layer_decode", "unfused", 0, 4096,
-         TimeMedianMs(5, iters, [&](int i, cudaStream_t st) { layer_unfused(i, st); }),
-         layer_bytes});
-    results.push_back({"layer_decode", "fused", 0, 4096,
-                       TimeMedianMs(5, iters, [&](int i, cudaStream_t st) { layer_fused(i, st); }),
-                       layer_bytes});
-    for (void* ptr : std::initializer_list<void*>{rope, slot, q, k_cache, v_cache, counter}) {
-      BENCH_CUDA(cudaFree(ptr));
     }
     BENCH_CUDA(cudaFree(x_res));
     BENCH_CUDA(cudaFree(norm_w));

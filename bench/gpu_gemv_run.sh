@@ -9,8 +9,8 @@
 #   mkdir -p .gpu-g/bin .gpu-g/base
 #   cp build/worker/kernels/gemv_test build/worker/backend/cuda_backend_test \
 #      build/bench/gemv_bench build/bench/ttft_bench .gpu-g/bin/
-#   cp <base build>/bench/ttft_bench .gpu-g/base/     # optional: the build to compare with
-#   cp <another build>/bench/ttft_bench .gpu-g/mid/   # optional: a third, between the two
+#   cp <base build>/bench/ttft_bench .gpu-g/base/     # optional: builds to compare with, one
+#   cp <another build>/bench/ttft_bench .gpu-g/mid/   # folder each (any name but bin and lib)
 #   strip .gpu-g/bin/* .gpu-g/base/*
 #   ../shared/device/collect-libs.sh /tmp/g/lib .gpu-g/bin/* .gpu-g/base/*
 #   tar cJf .gpu-g/lib.tar.xz -C /tmp/g lib
@@ -26,6 +26,8 @@ set -uo pipefail
 OUT=${OUT:?set OUT to the output folder}
 GPU_DIR=${GPU_DIR:-.gpu-g}
 ROUNDS=${ROUNDS:-2}
+# bin first, then every other folder holding a ttft_bench; "new" names bin in the results.
+BUILDS=$(cd "$GPU_DIR" && echo bin && for d in */; do d=${d%/}; [[ $d != bin && $d != lib && -x $d/ttft_bench ]] && echo "$d"; done)
 TTFT_ARGS=${TTFT_ARGS:-}
 mkdir -p "$OUT"
 LIB="$PWD/$GPU_DIR/lib"
@@ -38,9 +40,9 @@ export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   echo "== $(date -u +%FT%TZ) binaries of $(cat "$GPU_DIR/COMMIT" 2>/dev/null)"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv || true
   if [[ "${TESTS:-1}" == 1 ]]; then
-    for t in "$GPU_DIR"/bin/*_test; do
+    for t in "$GPU_DIR"/*/*_test; do
       [[ -x "$t" ]] || continue
-      name=$(basename "$t")
+      name=$(basename "$(dirname "$t")")-$(basename "$t")
       start=$(date +%s)
       timeout 240 "$t" --gtest_brief=1 --gtest_output="xml:$OUT/$name.xml"
       echo "$name rc=$? in $(( $(date +%s) - start )) s"
@@ -52,7 +54,7 @@ export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     echo "gemv_bench rc=$?"
   fi
   for i in $(seq 1 "$ROUNDS"); do
-    for which in bin mid base; do
+    for which in $BUILDS; do
       [[ -x "$GPU_DIR/$which/ttft_bench" ]] || continue
       name=$([[ $which == bin ]] && echo new || echo "$which")
       echo "== ttft_bench $name (round $i)"
@@ -63,7 +65,7 @@ export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   done
   if [[ "${NCU:-0}" == 1 ]]; then
     ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
-    for which in bin mid base; do
+    for which in $BUILDS; do
       [[ -x "$GPU_DIR/$which/ttft_bench" && -n "$ncu" ]] || continue
       name=$([[ $which == bin ]] && echo new || echo "$which")
       echo "== ncu $name ($ncu)"
@@ -77,7 +79,7 @@ export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   if [[ "${NSYS:-0}" == 1 ]]; then
     nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys \
       /usr/local/cuda/nsight-systems*/bin/nsys 2>/dev/null | head -n 1)
-    for which in bin mid base; do
+    for which in $BUILDS; do
       [[ -x "$GPU_DIR/$which/ttft_bench" && -n "$nsys" ]] || continue
       name=$([[ $which == bin ]] && echo new || echo "$which")
       echo "== nsys $name ($nsys)"

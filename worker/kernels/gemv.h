@@ -9,7 +9,6 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "worker/kernels/model_kernels.h"
 
 struct CUstream_st;
 typedef struct CUstream_st* cudaStream_t;
@@ -24,28 +23,12 @@ struct GemvParams {
   // y[j] = bf16(silu(bf16(gate_j)) * bf16(up_j)): cuda_model::LaunchSwiGlu applied to the bf16
   // gate_up projection, fused. REQUIRES: !y_fp32.
   bool swiglu = false;
-  // The fused QKV split of one token (cuda_model::LaunchQkvScatter's output from the fp32
-  // projection, bit for bit): Q to scatter.q, K rotated and V to the token's slot; y unused.
-  // REQUIRES: scatter.num_tokens == 1, scatter.qkv unused, n == (num_heads + 2 *
-  // num_kv_heads) * head_dim, head_dim even.
-  bool qkv_scatter = false;
-  QkvScatterParams scatter;
-  // After every block has stored y (bf16), the grid's last block runs LaunchRmsNorm's row body
-  // on `norm` (the same bits): the residual add + RMSNorm that follows the O and down
-  // projections. `counter` is a device word that is 0 between launches (the last block resets
-  // it); launches that share it must not overlap. REQUIRES: !y_fp32, !swiglu, !qkv_scatter,
-  // norm.num_rows == 1, norm.rows and norm.embedding null, norm.residual == y, norm.dim == n,
-  // n % 4 == 0 and n <= 8192.
-  bool then_norm = false;
-  RmsNormParams norm;
-  unsigned* counter = nullptr;
   int n = 0;
   int k = 0;
 };
 
 // Whether LaunchGemv takes these operands: k a positive multiple of 8, n > 0, w and x 16-byte
-// aligned, y 4-byte aligned (fp32) or 2-byte aligned (bf16), no fp32 output with swiglu, at
-// most one epilogue (swiglu, qkv_scatter, then_norm) and its REQUIRES above.
+// aligned, y 4-byte aligned (fp32) or 2-byte aligned (bf16), no fp32 output with swiglu.
 bool GemvSupports(const GemvParams& p);
 
 // Whether the GEMV is the faster choice (bench/gemv_bench on an H200): supported, k >= 2048 (below,

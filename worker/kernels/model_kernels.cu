@@ -8,13 +8,12 @@
 #include "worker/kernels/attention_internal.cuh"  // PdlWait, LaunchPdlKernel
 #include "worker/kernels/cuda_check.h"
 #include "worker/kernels/model_kernels.h"
-#include "worker/kernels/rms_norm.cuh"
 #include "worker/model/synthetic_init.h"
 
 namespace lazyrag::cuda_model {
 namespace {
 
-constexpr int kNormThreads = norm_internal::kVecThreads;
+constexpr int kNormThreads = 256;
 constexpr int kScatterThreads = 128;
 constexpr int kElementwiseThreads = 256;
 constexpr int kMaxGridBlocks = 1 << 20;  // grid-stride beyond this
@@ -51,11 +50,88 @@ __global__ void RopeTableKernel(const __grid_constant__ RopeTableParams p) { Rop
 // ---------------------------------------------------------------------------------------------
 // RMSNorm (optionally gathering embedding rows).
 
-using norm_internal::BlockSum;
+// Sum over the block; every thread gets the result. `scratch` holds one float per warp.
+__device__ __forceinline__ float BlockSum(float v, float* scratch) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < int(blockDim.x / 32) ? scratch[lane] : 0.0f;
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if (lane == 0) scratch[0] = v;
+  }
+  __syncthreads();
+  return scratch[0];
+}
+
+// Fast path: dim % 4 == 0 and dim <= kNormThreads * 4 * kNormChunks. Every load of the row
+// is issued into registers before the first store, so the loads overlap (the scalar loop
+// below serializes them: x_out may alias x).
+constexpr int kNormChunks = 8;  // float4 chunks per thread: dim <= 8192
+
+__device__ __forceinline__ float4 LoadBf16x4(const uint16_t* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                     __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
+
+__device__ __forceinline__ void RmsNormVecBody(const RmsNormParams& p, float* scratch) {
+  const int r = blockIdx.x;
+  const int dim = p.dim, chunks = dim / 4;
+  const int64_t src_row = p.rows != nullptr ? p.rows[r] : r;
+  float4 v[kNormChunks];
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kNormChunks; ++k) {
+    const int c = threadIdx.x + k * blockDim.x;
+    v[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (c < chunks) {
+      if (p.embedding != nullptr) {
+        v[k] = LoadBf16x4(p.embedding + int64_t(p.tokens[r]) * dim + 4 * c);
+      } else {
+        v[k] = *reinterpret_cast<const float4*>(p.x + src_row * dim + 4 * c);
+      }
+      if (p.residual != nullptr) {
+        const float4 d = LoadBf16x4(p.residual + src_row * dim + 4 * c);
+        v[k].x += d.x;
+        v[k].y += d.y;
+        v[k].z += d.z;
+        v[k].w += d.w;
+      }
+      ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+    }
+  }
+  // The weights are loaded before the reduction (they do not depend on it), so their latency
+  // overlaps the block-wide sum instead of following it.
+  float4 w[kNormChunks];
+#pragma unroll
+  for (int k = 0; k < kNormChunks; ++k) {
+    const int c = threadIdx.x + k * blockDim.x;
+    if (c < chunks) w[k] = *reinterpret_cast<const float4*>(p.weight + 4 * c);
+  }
+  ss = BlockSum(ss, scratch);  // its barriers also order every load above before the stores
+  const float inv = 1.0f / sqrtf(ss / float(dim) + p.eps);
+#pragma unroll
+  for (int k = 0; k < kNormChunks; ++k) {
+    const int c = threadIdx.x + k * blockDim.x;
+    if (c < chunks) {
+      if (p.x_out != nullptr) *reinterpret_cast<float4*>(p.x_out + int64_t(r) * dim + 4 * c) = v[k];
+      uint2 o;
+      o.x = uint32_t(FloatToBf16(v[k].x * inv * w[k].x)) |
+            (uint32_t(FloatToBf16(v[k].y * inv * w[k].y)) << 16);
+      o.y = uint32_t(FloatToBf16(v[k].z * inv * w[k].z)) |
+            (uint32_t(FloatToBf16(v[k].w * inv * w[k].w)) << 16);
+      *reinterpret_cast<uint2*>(p.out + int64_t(r) * dim + 4 * c) = o;
+    }
+  }
+}
 
 __device__ __forceinline__ void RmsNormBody(const RmsNormParams& p, float* scratch) {
-  if (norm_internal::VecRowApplies(p.dim)) {  // blockDim.x == norm_internal::kVecThreads
-    norm_internal::VecRow(p, blockIdx.x, scratch);
+  if (p.dim % 4 == 0 && p.dim <= int(blockDim.x) * 4 * kNormChunks) {
+    RmsNormVecBody(p, scratch);
     return;
   }
 

@@ -213,7 +213,7 @@ absl::Status CudaBackend::Init(const LoadedModel& model) {
   }
   {
     absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(projections_.Init(c, tensor_parallel(), stream_));
+    RETURN_IF_ERROR(projections_.Init(stream_));
   }
 
   const std::vector<float> inv = RopeInvFreq(c);
@@ -352,38 +352,24 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
   // it to the fp32 residual a.x (measured faster than cuBLAS's fp32 beta = 1 outputs; see
   // bench/README.md). Tensor parallelism: every rank holds the same residual; the bf16 partials
   // in a.delta are summed over the ranks and every rank's next RMSNorm adds them to its own.
-  // One token (decode at batch 1): the QKV split and each residual add + RMSNorm run inside
-  // the projection before them (Projections::FusesOneRow).
-  const bool fused = T == 1 && projections_.FusesOneRow();
-  // The residual add + RMSNorm of every token's a.x + a.delta into a.h, weighted by `weight`.
-  const auto add_norm = [&](const float* weight) {
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeightsDevice& L = weights_.layer(l);
     cuda_model::RmsNormParams norm;
-    norm.x = a.x;
-    norm.x_out = a.x;
-    norm.residual = a.delta;
-    norm.weight = weight;
+    norm.weight = L.attn_norm;
     norm.out = a.h;
     norm.num_rows = T;
     norm.dim = d;
     norm.eps = c.rms_norm_eps;
-    return norm;
-  };
-  for (int l = 0; l < c.num_layers; ++l) {
-    const LayerWeightsDevice& L = weights_.layer(l);
+    norm.x_out = a.x;
     if (l == 0) {  // embedding gather fused into the first norm
-      cuda_model::RmsNormParams norm;
       norm.embedding = weights_.embedding();
       norm.tokens = s.tokens;
-      norm.x_out = a.x;
-      norm.weight = L.attn_norm;
-      norm.out = a.h;
-      norm.num_rows = T;
-      norm.dim = d;
-      norm.eps = c.rms_norm_eps;
-      RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(norm, stream_));
-    } else if (!fused) {  // fused: the previous layer's down projection ran it
-      RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(add_norm(L.attn_norm), stream_));
+    } else {
+      norm.x = a.x;
+      norm.residual = a.delta;
     }
+    RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(norm, stream_));
+    RETURN_IF_ERROR(projections_.Gemm(a.h, L.wqkv, a.qkv, CUDA_R_32F, T, qd + 2 * kvd, d));
     cuda_model::QkvScatterParams scatter;
     scatter.qkv = a.qkv;
     scatter.rope = a.rope;
@@ -395,12 +381,7 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
     scatter.num_heads = c.num_heads;
     scatter.num_kv_heads = c.num_kv_heads;
     scatter.head_dim = c.head_dim;
-    if (fused) {
-      RETURN_IF_ERROR(projections_.QkvScatterOneRow(a.h, L.wqkv, scatter, qd + 2 * kvd, d));
-    } else {
-      RETURN_IF_ERROR(projections_.Gemm(a.h, L.wqkv, a.qkv, CUDA_R_32F, T, qd + 2 * kvd, d));
-      RETURN_IF_ERROR(cuda_model::LaunchQkvScatter(scatter, stream_));
-    }
+    RETURN_IF_ERROR(cuda_model::LaunchQkvScatter(scatter, stream_));
     if (tensor_core_attention_) {
       kernels::LazyAttentionParams ap;
       ap.shape = shape_;
@@ -436,22 +417,21 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
       ap.view = s.view;
       RETURN_IF_ERROR(cuda_model::LaunchFallbackAttention(ap, stream_));
     }
-    if (fused) {
-      RETURN_IF_ERROR(
-          projections_.ProjectThenNormOneRow(a.attn, L.wo, a.delta, d, qd, add_norm(L.ffn_norm)));
-    } else {
-      RETURN_IF_ERROR(projections_.Gemm(a.attn, L.wo, a.delta, CUDA_R_16BF, T, d, qd));
-      RETURN_IF_ERROR(all_reduce_.SumBf16(a.delta, int64_t(T) * d, stream_));
-      RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(add_norm(L.ffn_norm), stream_));
-    }
+    RETURN_IF_ERROR(projections_.Gemm(a.attn, L.wo, a.delta, CUDA_R_16BF, T, d, qd));
+    RETURN_IF_ERROR(all_reduce_.SumBf16(a.delta, int64_t(T) * d, stream_));
+    cuda_model::RmsNormParams ffn_norm;
+    ffn_norm.x = a.x;
+    ffn_norm.x_out = a.x;
+    ffn_norm.residual = a.delta;
+    ffn_norm.weight = L.ffn_norm;
+    ffn_norm.out = a.h;
+    ffn_norm.num_rows = T;
+    ffn_norm.dim = d;
+    ffn_norm.eps = c.rms_norm_eps;
+    RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(ffn_norm, stream_));
     RETURN_IF_ERROR(projections_.GateUpSwiGlu(a.h, L.w_gate_up, a.gate_up, a.act, T, ff, d));
-    if (fused && l + 1 < c.num_layers) {
-      RETURN_IF_ERROR(projections_.ProjectThenNormOneRow(
-          a.act, L.w_down, a.delta, d, ff, add_norm(weights_.layer(l + 1).attn_norm)));
-    } else {
-      RETURN_IF_ERROR(projections_.Gemm(a.act, L.w_down, a.delta, CUDA_R_16BF, T, d, ff));
-      RETURN_IF_ERROR(all_reduce_.SumBf16(a.delta, int64_t(T) * d, stream_));
-    }
+    RETURN_IF_ERROR(projections_.Gemm(a.act, L.w_down, a.delta, CUDA_R_16BF, T, d, ff));
+    RETURN_IF_ERROR(all_reduce_.SumBf16(a.delta, int64_t(T) * d, stream_));
   }
   if (R == 0) return absl::OkStatus();
   cuda_model::RmsNormParams final_norm;

@@ -25,9 +25,9 @@
 #include "common/kv_checksum.h"
 #include "gtest/gtest.h"
 #include "worker/backend/cpu/cpu_backend.h"
-#include "worker/backend/cuda/projections.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_test_util.h"
+#include "worker/kernels/gemv.h"
 #include "worker/kernels/model_kernels.h"
 #include "worker/model/model_source.h"
 #include "worker/model/synthetic_init.h"
@@ -79,6 +79,23 @@ std::unique_ptr<Engine> MakeEngine(std::unique_ptr<Backend> backend, int page_si
   auto e = Engine::Create(std::move(backend), o);
   EXPECT_TRUE(e.ok()) << e.status();
   return e.ok() ? std::move(*e) : nullptr;
+}
+
+// Whether every projection of a one-token step of `c` takes the GEMV (gemv.h's preference).
+bool AllOneRowProjectionsTakeTheGemv(const ModelConfig& c) {
+  static uint16_t* const aligned = reinterpret_cast<uint16_t*>(uintptr_t(1) << 20);
+  const auto gemv = [](int n, int k, bool swiglu) {
+    cuda_model::GemvParams g;
+    g.w = g.x = aligned;
+    g.y = aligned;
+    g.swiglu = swiglu;
+    g.n = n;
+    g.k = k;
+    return cuda_model::GemvPreferred(g);
+  };
+  const int d = c.hidden_size, qd = c.q_dim(), ff = c.intermediate_size;
+  return gemv(qd + 2 * c.kv_dim(), d, false) && gemv(d, qd, false) && gemv(ff, d, true) &&
+         gemv(d, ff, false);
 }
 
 // A CPU engine and a CUDA engine over the same synthetic model.
@@ -272,12 +289,12 @@ TEST(CudaBackendTest, SmolLm2ShapeMatchesCpuAllModes) {
   }
 }
 
-// One-token steps of the wide shape take the GEMV with the fused QKV split and norms on every
-// projection (FULL and LAZY decode steps, MATERIALIZE's too), prefill chunks take cuBLAS and
-// the unfused kernels: both against the CPU, LAZY against MATERIALIZE.
-TEST(CudaBackendTest, WideShapeOneRowFusionMatchesCpu) {
+// One-token steps of the wide shape take the GEMV on every projection and the LM head (FULL,
+// LAZY and MATERIALIZE decode steps, a one-token query), prefill chunks cuBLAS: both against the
+// CPU, LAZY against MATERIALIZE.
+TEST(CudaBackendTest, WideShapeOneRowGemvMatchesCpu) {
   SKIP_WITHOUT_DEVICE();
-  ASSERT_TRUE(cuda_backend::OneRowFusionApplies(*SyntheticConfig("wide"), false));
+  ASSERT_TRUE(AllOneRowProjectionsTakeTheGemv(*SyntheticConfig("wide")));
   EnginePair e = MakePair("synthetic:wide@6", 16, 128);
   ASSERT_TRUE(e.cpu && e.gpu);
   std::mt19937 rng(23);
@@ -296,15 +313,11 @@ TEST(CudaBackendTest, WideShapeOneRowFusionMatchesCpu) {
   ExpectRunsMatch(gpu_lazy, gpu_mat, kLazyMaterializeTolerance, "wide GPU LAZY vs MATERIALIZE");
 }
 
-// Which shapes fuse at one row (host only: no device needed).
-TEST(CudaBackendTest, OneRowFusionAppliesToWideProjectionsOnly) {
-  EXPECT_TRUE(cuda_backend::OneRowFusionApplies(*SyntheticConfig("wide"), false));
-  EXPECT_TRUE(cuda_backend::OneRowFusionApplies(*SyntheticConfig("llama3-8b"), false));
-  EXPECT_FALSE(cuda_backend::OneRowFusionApplies(*SyntheticConfig("llama3-8b"), true))
-      << "never across a tensor-parallel all-reduce";
-  EXPECT_FALSE(cuda_backend::OneRowFusionApplies(*SyntheticConfig("smollm2-135m"), false))
-      << "k = 576: cuBLAS";
-  EXPECT_FALSE(cuda_backend::OneRowFusionApplies(*SyntheticConfig("tiny"), false));
+// Which shapes take the GEMV at one row (host only: no device needed).
+TEST(CudaBackendTest, OneRowProjectionsOfWideShapesTakeTheGemv) {
+  EXPECT_TRUE(AllOneRowProjectionsTakeTheGemv(*SyntheticConfig("wide")));
+  EXPECT_TRUE(AllOneRowProjectionsTakeTheGemv(*SyntheticConfig("llama3-8b")));
+  EXPECT_FALSE(AllOneRowProjectionsTakeTheGemv(*SyntheticConfig("smollm2-135m"))) << "k = 576";
 }
 
 // Issue 25's quality settings on the GPU: first-tokens recompute (segments that skip their
@@ -392,8 +405,7 @@ void ExpectGraphReplaysMatchEagerSteps(const std::string& name) {
 
 TEST(CudaBackendTest, CudaGraphReplaysMatchEagerSteps) {
   SKIP_WITHOUT_DEVICE();
-  // SmolLM2's shape (cuBLAS projections) and the wide one (one-token steps on the GEMV with
-  // its fused QKV split and norms, whose counter every replay reuses).
+  // SmolLM2's shape (cuBLAS projections) and the wide one (one-token steps on the GEMV).
   for (const char* name : {"synthetic:smollm2-135m@5", "synthetic:wide@5"}) {
     SCOPED_TRACE(name);
     ExpectGraphReplaysMatchEagerSteps(name);

@@ -3,45 +3,25 @@
 #include "common/status.h"
 #include "worker/kernels/cuda_check.h"
 #include "worker/kernels/gemv.h"
+#include "worker/kernels/model_kernels.h"
 
 namespace lazyrag::cuda_backend {
 namespace {
 
 constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;  // NVIDIA's advice for Hopper
 
-// A 256-byte aligned stand-in for device pointers: GemvPreferred looks only at alignment.
-uint16_t* const kAligned = reinterpret_cast<uint16_t*>(uintptr_t(1) << 20);
-
-bool OneRowPreferred(int n, int k) {
-  cuda_model::GemvParams g;
-  g.w = g.x = kAligned;
-  g.y = kAligned;
-  g.n = n;
-  g.k = k;
-  return cuda_model::GemvPreferred(g);
-}
-
 }  // namespace
-
-bool OneRowFusionApplies(const ModelConfig& c, bool tensor_parallel) {
-  const int d = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(), ff = c.intermediate_size;
-  return !tensor_parallel && c.head_dim % 2 == 0 && d % 4 == 0 && d <= 8192 &&
-         OneRowPreferred(qd + 2 * kvd, d) && OneRowPreferred(d, qd) && OneRowPreferred(d, ff);
-}
 
 Projections::~Projections() {
   if (cublas_ != nullptr) cublasDestroy(cublas_);
 }
 
-absl::Status Projections::Init(const ModelConfig& c, bool tensor_parallel, cudaStream_t stream) {
+absl::Status Projections::Init(cudaStream_t stream) {
   stream_ = stream;
   LAZYRAG_RETURN_IF_CUBLAS_ERROR(cublasCreate(&cublas_));
   LAZYRAG_RETURN_IF_CUBLAS_ERROR(cublasSetStream(cublas_, stream_));
   RETURN_IF_ERROR(workspace_.Allocate(kCublasWorkspaceBytes));
   LAZYRAG_RETURN_IF_CUBLAS_ERROR(cublasSetWorkspace(cublas_, workspace_.data(), workspace_.size()));
-  RETURN_IF_ERROR(counter_.Allocate(sizeof(unsigned)));
-  LAZYRAG_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(counter_.data(), 0, sizeof(unsigned), stream_));
-  fuses_one_row_ = OneRowFusionApplies(c, tensor_parallel);
   return absl::OkStatus();
 }
 
@@ -80,35 +60,6 @@ absl::Status Projections::GateUpSwiGlu(const uint16_t* x, const uint16_t* w, uin
   }
   RETURN_IF_ERROR(Gemm(x, w, gate_up, CUDA_R_16BF, rows, 2 * ff, k));
   return cuda_model::LaunchSwiGlu({gate_up, act, rows, ff}, stream_);
-}
-
-absl::Status Projections::QkvScatterOneRow(const uint16_t* x, const uint16_t* w,
-                                           const cuda_model::QkvScatterParams& scatter, int n,
-                                           int k) {
-  cuda_model::GemvParams g;
-  g.w = w;
-  g.x = x;
-  g.qkv_scatter = true;
-  g.scatter = scatter;
-  g.scatter.qkv = nullptr;
-  g.n = n;
-  g.k = k;
-  return cuda_model::LaunchGemv(g, stream_);
-}
-
-absl::Status Projections::ProjectThenNormOneRow(const uint16_t* x, const uint16_t* w, uint16_t* y,
-                                                int n, int k,
-                                                const cuda_model::RmsNormParams& norm) {
-  cuda_model::GemvParams g;
-  g.w = w;
-  g.x = x;
-  g.y = y;
-  g.then_norm = true;
-  g.norm = norm;
-  g.counter = reinterpret_cast<unsigned*>(counter_.data());
-  g.n = n;
-  g.k = k;
-  return cuda_model::LaunchGemv(g, stream_);
 }
 
 }  // namespace lazyrag::cuda_backend
