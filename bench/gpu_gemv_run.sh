@@ -19,9 +19,8 @@
 # Nsight Compute profile of one LAZY request, prefill and one decode step, for each build, and
 # its per-kernel breakdown by bench/ncu_breakdown.py; kernels are serialised and timed alone).
 # Results in $OUT: log.txt, gemv.json, ttft-new-<i>.json, ttft-base-<i>.json, <test>.xml,
-# ncu-<new|base>.csv.xz and ncu-<new|base>.json. NSYS=1: an Nsight Systems trace of the same
-# request as served (CUDA graphs, PDL) for each build, read by bench/nsys_timeline.py into
-# nsys-<new|base>.txt / .json (span, busy and idle time per step; idle time before each kind).
+# ncu-<new|base>.csv.xz and ncu-<new|base>.json (clocks and caches as the run left them, not
+# locked or flushed by ncu: closer to the served step; NCU_BUILDS picks builds, default all).
 set -uo pipefail
 OUT=${OUT:?set OUT to the output folder}
 GPU_DIR=${GPU_DIR:-.gpu-g}
@@ -69,28 +68,13 @@ export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
       [[ -x "$GPU_DIR/$which/ttft_bench" && -n "$ncu" ]] || continue
       name=$([[ $which == bin ]] && echo new || echo "$which")
       echo "== ncu $name ($ncu)"
+      [[ -z "${NCU_BUILDS:-}" || " $NCU_BUILDS " == *" $which "* ]] || continue
       timeout 240 "$ncu" --csv --log-file "$OUT/ncu-$name.csv" --profile-from-start off \
+        --clock-control none --cache-control none \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
         "$GPU_DIR/$which/ttft_bench" --profile | tail -n 2
       python3 bench/ncu_breakdown.py "$OUT/ncu-$name.csv" --json "$OUT/ncu-$name.json"
       xz -f "$OUT/ncu-$name.csv"
-    done
-  fi
-  if [[ "${NSYS:-0}" == 1 ]]; then
-    nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys \
-      /usr/local/cuda/nsight-systems*/bin/nsys 2>/dev/null | head -n 1)
-    for which in $BUILDS; do
-      [[ -x "$GPU_DIR/$which/ttft_bench" && -n "$nsys" ]] || continue
-      name=$([[ $which == bin ]] && echo new || echo "$which")
-      echo "== nsys $name ($nsys)"
-      timeout 240 "$nsys" profile --capture-range=cudaProfilerApi --capture-range-end=stop \
-        --cuda-graph-trace=node --trace=cuda -f true -o "/tmp/nsys-$name" \
-        "$GPU_DIR/$which/ttft_bench" --profile | tail -n 3
-      "$nsys" stats --report cuda_gpu_trace --format csv --output "/tmp/nsys-$name" \
-        "/tmp/nsys-$name.nsys-rep" >/dev/null
-      python3 bench/nsys_timeline.py "/tmp/nsys-${name}_cuda_gpu_trace.csv" \
-        --json "$OUT/nsys-$name.json" | tee "$OUT/nsys-$name.txt"
-      xz -c "/tmp/nsys-${name}_cuda_gpu_trace.csv" > "$OUT/nsys-$name.csv.xz"
     done
   fi
 } 2>&1 | tee "$OUT/log.txt"
