@@ -7,7 +7,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "bench/bench_check.h"
@@ -154,6 +157,50 @@ double MeasureReadTbs(int iters, int sms) {
   BENCH_CUDA(cudaFree(src));
   BENCH_CUDA(cudaFree(sink));
   return double(bytes) / (MedianOf(ms) * 1e-3) / 1e12;
+}
+
+// The main of a projection benchmark (gemv_bench, small_gemm_bench): `--out PATH`, `--iters N`;
+// the read ceiling, then run(iters, l2_bytes) -> results, print(results, read_tbs) and, with
+// --out, json(results, prop, read_tbs) written to PATH. Exit status 0, 1 (no device, cannot
+// write) or 2 (usage).
+template <class Run, class Print, class Json>
+int ProjectionBenchMain(int argc, char** argv, const char* name, Run run, Print print, Json json) {
+  std::string out_path;
+  int iters = 50;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
+      out_path = argv[++i];
+    } else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) {
+      iters = std::max(1, std::atoi(argv[++i]));
+    } else {
+      std::fprintf(stderr, "usage: %s [--out PATH] [--iters N]\n", argv[0]);
+      return 2;
+    }
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "%s: no CUDA device\n", name);
+    return 1;
+  }
+  cudaDeviceProp prop;
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20);
+  const double read_tbs = MeasureReadTbs(iters, prop.multiProcessorCount);
+  const auto results = run(iters, size_t(prop.l2CacheSize));
+  print(results, read_tbs);
+  if (!out_path.empty()) {
+    FILE* f = std::fopen(out_path.c_str(), "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "cannot write %s\n", out_path.c_str());
+      return 1;
+    }
+    const std::string js = json(results, prop, read_tbs);
+    std::fwrite(js.data(), 1, js.size(), f);
+    std::fclose(f);
+    std::printf("wrote %s\n", out_path.c_str());
+  }
+  return 0;
 }
 
 }  // namespace

@@ -310,42 +310,7 @@ std::string Json(const std::vector<Result>& rs, const cudaDeviceProp& prop, doub
 }
 
 int Main(int argc, char** argv) {
-  std::string out_path;
-  int iters = 50;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
-      out_path = argv[++i];
-    } else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) {
-      iters = std::max(1, std::atoi(argv[++i]));
-    } else {
-      std::fprintf(stderr, "usage: %s [--out PATH] [--iters N]\n", argv[0]);
-      return 2;
-    }
-  }
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::fprintf(stderr, "gemv_bench: no CUDA device\n");
-    return 1;
-  }
-  cudaDeviceProp prop;
-  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount,
-              prop.l2CacheSize >> 20);
-  const double read_tbs = MeasureReadTbs(iters, prop.multiProcessorCount);
-  const std::vector<Result> results = Run(iters, size_t(prop.l2CacheSize));
-  PrintTable(results, read_tbs);
-  if (!out_path.empty()) {
-    FILE* f = std::fopen(out_path.c_str(), "w");
-    if (f == nullptr) {
-      std::fprintf(stderr, "cannot write %s\n", out_path.c_str());
-      return 1;
-    }
-    const std::string js = Json(results, prop, read_tbs);
-    std::fwrite(js.data(), 1, js.size(), f);
-    std::fclose(f);
-    std::printf("wrote %s\n", out_path.c_str());
-  }
-  return 0;
+  return bench_cuda::ProjectionBenchMain(argc, argv, "gemv_bench", Run, PrintTable, Json);
 }
 
 }  // namespace

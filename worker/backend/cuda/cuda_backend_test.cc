@@ -235,6 +235,22 @@ TEST(CudaBackendTest, DeviceArgmaxGivesTheLogitsPathsTokens) {
   }
 }
 
+// FULL over `full` for `full_steps` tokens, then LAZY and MATERIALIZE over `rag` for `rag_steps`:
+// each GPU run against the CPU's, and GPU LAZY against GPU MATERIALIZE; `tag` names the model.
+void ExpectModesMatchCpu(EnginePair& e, const TokenPrompt& full, int full_steps,
+                         const TokenPrompt& rag, int rag_steps, const std::string& tag) {
+  ExpectRunsMatch(RunMode(*e.gpu, full, AttentionMode::kFull, full_steps),
+                  RunMode(*e.cpu, full, AttentionMode::kFull, full_steps), kLogitTolerance,
+                  tag + " FULL");
+  const ModeRun gpu_lazy = RunMode(*e.gpu, rag, AttentionMode::kLazy, rag_steps);
+  ExpectRunsMatch(gpu_lazy, RunMode(*e.cpu, rag, AttentionMode::kLazy, rag_steps), kLogitTolerance,
+                  tag + " LAZY");
+  const ModeRun gpu_mat = RunMode(*e.gpu, rag, AttentionMode::kMaterialize, rag_steps);
+  ExpectRunsMatch(gpu_mat, RunMode(*e.cpu, rag, AttentionMode::kMaterialize, rag_steps),
+                  kLogitTolerance, tag + " MATERIALIZE");
+  ExpectRunsMatch(gpu_lazy, gpu_mat, kLazyMaterializeTolerance, tag + " GPU LAZY vs MATERIALIZE");
+}
+
 TEST(CudaBackendTest, TinyMatchesCpuAllModes) {
   SKIP_WITHOUT_DEVICE();
   // Uploaded host weights (head dim 16: fallback attention and materialize kernels).
@@ -246,16 +262,8 @@ TEST(CudaBackendTest, TinyMatchesCpuAllModes) {
   const int vocab = e.cpu->config().vocab_size;
   TokenPrompt full;
   full.suffix = RandomTokens(rng, 150, vocab);
-  ExpectRunsMatch(RunMode(*e.gpu, full, AttentionMode::kFull, 5),
-                  RunMode(*e.cpu, full, AttentionMode::kFull, 5), kLogitTolerance, "tiny FULL");
-  TokenPrompt rag = RagPrompt(rng, vocab, {37, 100, 5}, 13);
-  const ModeRun gpu_lazy = RunMode(*e.gpu, rag, AttentionMode::kLazy, 4);
-  ExpectRunsMatch(gpu_lazy, RunMode(*e.cpu, rag, AttentionMode::kLazy, 4), kLogitTolerance,
-                  "tiny LAZY");
-  const ModeRun gpu_mat = RunMode(*e.gpu, rag, AttentionMode::kMaterialize, 4);
-  ExpectRunsMatch(gpu_mat, RunMode(*e.cpu, rag, AttentionMode::kMaterialize, 4), kLogitTolerance,
-                  "tiny MATERIALIZE");
-  ExpectRunsMatch(gpu_lazy, gpu_mat, kLazyMaterializeTolerance, "tiny GPU LAZY vs MATERIALIZE");
+  const TokenPrompt rag = RagPrompt(rng, vocab, {37, 100, 5}, 13);
+  ExpectModesMatchCpu(e, full, 5, rag, 4, "tiny");
 }
 
 TEST(CudaBackendTest, SmolLm2ShapeMatchesCpuAllModes) {
@@ -268,18 +276,8 @@ TEST(CudaBackendTest, SmolLm2ShapeMatchesCpuAllModes) {
     const int vocab = e.cpu->config().vocab_size;
     TokenPrompt full;
     full.suffix = RandomTokens(rng, 300, vocab);
-    ExpectRunsMatch(RunMode(*e.gpu, full, AttentionMode::kFull, 5),
-                    RunMode(*e.cpu, full, AttentionMode::kFull, 5), kLogitTolerance,
-                    "smollm2 FULL");
     TokenPrompt rag = RagPrompt(rng, vocab, {37, 250, 100}, 21);
-    const ModeRun gpu_lazy = RunMode(*e.gpu, rag, AttentionMode::kLazy, 4);
-    ExpectRunsMatch(gpu_lazy, RunMode(*e.cpu, rag, AttentionMode::kLazy, 4), kLogitTolerance,
-                    "smollm2 LAZY");
-    const ModeRun gpu_mat = RunMode(*e.gpu, rag, AttentionMode::kMaterialize, 4);
-    ExpectRunsMatch(gpu_mat, RunMode(*e.cpu, rag, AttentionMode::kMaterialize, 4), kLogitTolerance,
-                    "smollm2 MATERIALIZE");
-    ExpectRunsMatch(gpu_lazy, gpu_mat, kLazyMaterializeTolerance,
-                    "smollm2 GPU LAZY vs MATERIALIZE");
+    ExpectModesMatchCpu(e, full, 5, rag, 4, "smollm2");
     // The same documents in another order and a new query: documents reused from the pool.
     std::shuffle(rag.documents.begin(), rag.documents.end(), rng);
     rag.suffix = RandomTokens(rng, 9, vocab);
@@ -301,16 +299,8 @@ TEST(CudaBackendTest, WideShapeOneRowGemvMatchesCpu) {
   const int vocab = e.cpu->config().vocab_size;
   TokenPrompt full;
   full.suffix = RandomTokens(rng, 150, vocab);
-  ExpectRunsMatch(RunMode(*e.gpu, full, AttentionMode::kFull, 6),
-                  RunMode(*e.cpu, full, AttentionMode::kFull, 6), kLogitTolerance, "wide FULL");
-  TokenPrompt rag = RagPrompt(rng, vocab, {37, 120, 64}, 1);  // a one-token query: T = 1 too
-  const ModeRun gpu_lazy = RunMode(*e.gpu, rag, AttentionMode::kLazy, 5);
-  ExpectRunsMatch(gpu_lazy, RunMode(*e.cpu, rag, AttentionMode::kLazy, 5), kLogitTolerance,
-                  "wide LAZY");
-  const ModeRun gpu_mat = RunMode(*e.gpu, rag, AttentionMode::kMaterialize, 5);
-  ExpectRunsMatch(gpu_mat, RunMode(*e.cpu, rag, AttentionMode::kMaterialize, 5), kLogitTolerance,
-                  "wide MATERIALIZE");
-  ExpectRunsMatch(gpu_lazy, gpu_mat, kLazyMaterializeTolerance, "wide GPU LAZY vs MATERIALIZE");
+  const TokenPrompt rag = RagPrompt(rng, vocab, {37, 120, 64}, 1);  // a one-token query: T = 1
+  ExpectModesMatchCpu(e, full, 6, rag, 5, "wide");
 }
 
 // Which shapes take the GEMV at one row (host only: no device needed).
