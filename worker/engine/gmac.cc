@@ -39,7 +39,7 @@ GmacImpl AutoGmacImpl() {
 
 namespace {
 
-// Hash-key powers per 512-bit multiply step: 4 lanes of 16 bytes.
+// 16-byte blocks per 512-bit vector.
 constexpr int kLanes = 4;
 // 512-bit vectors per GHASH step: 16 x 4 = 64 blocks (1 KiB) share one reduction.
 constexpr int kVectors = 16;
@@ -61,7 +61,7 @@ struct Gmac::State {
   size_t pending_bytes = 0;
   uint64_t message_bytes = 0;
   uint8_t encrypted_j0[16] = {};  // E_K(IV || 0^31 || 1), XORed into the tag
-  EVP_CIPHER_CTX *ecb = nullptr;  // AES-256 of single blocks (both implementations)
+  EVP_CIPHER_CTX *ecb = nullptr;  // kVpclmulqdq only: AES-256 of single blocks
   EVP_CIPHER_CTX *gcm = nullptr;  // kOpenSsl only
 };
 
