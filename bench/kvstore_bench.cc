@@ -8,6 +8,10 @@
 //   * the same gRPC service with an in-memory engine in this process (gRPC framing, copies and
 //     checksums without storage),
 //   * a Debian redis-server (no persistence) through hiredis SET/GET,
+//   * with --mac: the MAC pass alone, one thread (JSON mac_pass): CRC-32C and the workers' GMAC
+//     (libcrypto's and the VPCLMULQDQ one, worker/engine/gmac.h) over one 256 KiB block in L2,
+//     and the landing pass of a same-host get without the shard (pread of a page-cached file in
+//     the client's 512 KiB steps into a buffer, then the check) for 1 and 4 threads,
 //   * with --auth: bearer-token authentication's cost (issue 28), two lazyrag-kvstore processes
 //     (gRPC streams, --sync_commits=false), one started with --auth_tokens_file and called with a
 //     worker token, one without (and the token sent to that one, unchecked: the client's share),
@@ -19,7 +23,8 @@
 //
 //   kvstore_bench [--kvstore_binary PATH] [--redis_server PATH] [--out FILE] [--size_mib 256]
 //                 [--clients 1,4] [--reps 5] [--reps_multi 3] [--breakdown] [--tmp_dir DIR]
-//                 [--commit SHA] [--mac] [--auth] [--auth_small_kib 4] [--auth_small_calls 200]
+//                 [--commit SHA] [--mac] [--only mac|auth] [--gmac_impl auto|openssl|vpclmulqdq]
+//                 [--auth] [--auth_small_kib 4] [--auth_small_calls 200]
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -57,13 +62,16 @@
 #include "absl/time/clock.h"
 #include "common/auth.h"
 #include "common/crc32c.h"
+#include "common/file_io.h"
 #include "common/json.h"
+#include "common/status.h"
 #include "common/testing/child_process.h"
 #include "kvstore/client/kvstore_client.h"
 #include "kvstore/format.h"
 #include "kvstore/kv_engine.h"
 #include "kvstore/kvstore_server.h"
 #include "worker/engine/document_mac.h"
+#include "worker/engine/gmac.h"
 
 #ifdef LAZYRAG_HAVE_HIREDIS
 #include <hiredis/hiredis.h>
@@ -89,6 +97,12 @@ ABSL_FLAG(bool, mac, true,
           "with the lazyrag-kvstore process rows, also time each get with the workers' MAC check"
           " (op get+mac: after the CRC-32C check; get,mac: instead of it), beside get, in the"
           " same repetitions");
+ABSL_FLAG(std::string, only, "",
+          "mac: only memcpy, the MAC pass alone and the same-host lazyrag-kvstore rows; auth: only "
+          "memcpy and the authentication rows; empty: every row");
+ABSL_FLAG(std::string, gmac_impl, "auto",
+          "the workers' GMAC in the get,mac and get+mac rows: auto (VPCLMULQDQ where the CPU has "
+          "it), openssl (libcrypto's GHASH) or vpclmulqdq");
 
 ABSL_FLAG(bool, auth, true,
           "also time puts and gets against a lazyrag-kvstore with --auth_tokens_file (the client "
@@ -546,6 +560,152 @@ void MeasureService(Bench& bench, const std::string& system, const std::string& 
       gets.emplace_back("get,mac", [&](int c) { return mac_get(c, true); });
     }
     bench.PutGets(system, n, put, gets);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The MAC pass alone (issue 28): what the workers' check costs a reading thread, without the
+// shard, gRPC or the other clients' noise.
+
+// One row: `check` over `data` by `threads` threads; GB/s of all threads together.
+struct PassRow {
+  std::string data;
+  std::string check;  // none, crc32c, gmac:openssl, gmac:vpclmulqdq
+  int threads = 1;
+  std::vector<double> gbps;  // one per repetition
+  std::string note;          // why it is missing, when it is
+};
+
+const char* GmacImplName(GmacImpl impl) {
+  switch (impl) {
+    case GmacImpl::kOpenSsl:
+      return "gmac:openssl";
+    case GmacImpl::kVpclmulqdq:
+      return "gmac:vpclmulqdq";
+    case GmacImpl::kAuto:
+      break;
+  }
+  return "gmac:auto";
+}
+
+// Rows, each `reps` repetitions in alternating order:
+//   * "256 KiB block in L2", 1 thread: CRC-32C and each GMAC over one kMacBlockBytes block
+//     (Start, Update, Finish per block, a fresh IV each), `size` bytes in all;
+//   * "pread 512 KiB steps + check", 1 and 4 threads: a value of `size` bytes from a page-cached
+//     file under `dir` into a pre-faulted buffer in the client's steps (kvstore client,
+//     value_file_io.cc), each step checked right after its pread, the threads on disjoint
+//     quarters: none, CRC-32C, the workers' DocumentMacCheck (Observe per step, Finish) with
+//     each GMAC.
+std::vector<PassRow> MeasureMacPass(uint64_t size, int reps, const std::string& dir) {
+  std::fprintf(stderr, "  MAC pass alone ...");
+  const GmacImpl restore = AutoGmacImpl();
+  std::vector<GmacImpl> impls = {GmacImpl::kOpenSsl};
+  if (CpuHasVpclmulqdqGmac()) impls.push_back(GmacImpl::kVpclmulqdq);
+  const std::shared_ptr<const DocumentMacKey> key =
+      DocumentMacKey::FromSecret("kvstore_bench MAC key, 32 bytes or more");
+  const std::array<uint8_t, kMacNonceBytes> nonce = NewMacNonce();
+  const std::string value = Bench::RandomBytes(size, 99);
+  std::vector<PassRow> rows;
+
+  // In L2.
+  const std::string_view block(value.data(), std::min<uint64_t>(kMacBlockBytes, size));
+  const uint64_t passes = std::max<uint64_t>(1, size / block.size());
+  std::vector<std::string> checks = {"crc32c"};
+  for (GmacImpl impl : impls) checks.push_back(GmacImplName(impl));
+  for (const std::string& c : checks) rows.push_back({"256 KiB block in L2", c, 1, {}, ""});
+  std::atomic<uint32_t> sink{0};
+  for (int rep = 0; rep < reps; ++rep) {
+    for (size_t k = 0; k < checks.size(); ++k) {
+      const size_t i = rep % 2 == 0 ? k : checks.size() - 1 - k;
+      std::unique_ptr<Gmac> gmac;
+      if (i > 0) gmac = std::make_unique<Gmac>(key->gmac_key(), impls[i - 1]);
+      const auto start = Clock::now();
+      for (uint64_t p = 0; p < passes; ++p) {
+        if (!gmac) {
+          sink += Crc32c(block);
+          continue;
+        }
+        uint8_t iv[Gmac::kIvBytes] = {};
+        std::memcpy(iv, &p, sizeof(p));
+        gmac->Start(iv);
+        gmac->Update(reinterpret_cast<const uint8_t*>(block.data()), block.size());
+        uint8_t tag[Gmac::kTagBytes];
+        gmac->Finish(tag);
+        sink += tag[0];
+      }
+      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      rows[i].gbps.push_back(static_cast<double>(passes * block.size()) / seconds / 1e9);
+    }
+  }
+
+  // The landing pass from a page-cached file.
+  const std::string path = dir + "/value";
+  std::filesystem::create_directories(dir);
+  absl::StatusOr<UniqueFd> fd = OpenFile(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+  absl::Status written = fd.ok() ? PwriteAll(fd->get(), value, 0) : fd.status();
+  const DocumentMacBinding binding{"", "bench-model", "bench", "bench-pass"};
+  const MacTag tag = ComputeDocumentMac(*key, nonce, binding, value);
+  std::string dst(size, '\1');  // pre-faulted, as the client's buffer
+  constexpr uint64_t kStep = 512 << 10;
+  checks = {"none", "crc32c"};
+  for (GmacImpl impl : impls) checks.push_back(GmacImplName(impl));
+  for (int threads : {1, 4}) {
+    const size_t first = rows.size();
+    for (const std::string& c : checks) {
+      rows.push_back({"pread 512 KiB steps + check", c, threads, {}, ""});
+      if (!written.ok()) rows.back().note = std::string(written.message());
+    }
+    if (!written.ok()) continue;
+    for (int rep = 0; rep < reps; ++rep) {
+      for (size_t k = 0; k < checks.size(); ++k) {
+        const size_t i = rep % 2 == 0 ? k : checks.size() - 1 - k;
+        PassRow& row = rows[first + i];
+        if (i >= 2) SetAutoGmacImpl(impls[i - 2]);
+        DocumentMacCheck check(key.get(), nonce, size);
+        absl::StatusOr<double> seconds = TimeRound(threads, [&](int t) -> absl::Status {
+          const uint64_t steps = (size + kStep - 1) / kStep;
+          uint32_t crc = 0;
+          for (uint64_t s = steps * t / threads; s < steps * (t + 1) / threads; ++s) {
+            const uint64_t at = s * kStep, n = std::min(kStep, size - at);
+            RETURN_IF_ERROR(PreadAll(fd->get(), dst.data() + at, n, at));
+            if (i == 1) crc = Crc32cExtend(crc, std::string_view(dst.data() + at, n));
+            if (i >= 2) check.Observe(at, dst.data() + at, n);
+          }
+          sink += crc;
+          return absl::OkStatus();
+        });
+        if (seconds.ok() && i >= 2 && !check.Finish({ByteSpan{dst.data(), size}}, binding, tag)) {
+          seconds = absl::DataLossError("the MAC check failed");
+        }
+        if (!seconds.ok()) {
+          row.note = std::string(seconds.status().message());
+          continue;
+        }
+        row.gbps.push_back(static_cast<double>(size) / *seconds / 1e9);
+      }
+    }
+  }
+  SetAutoGmacImpl(restore);
+  std::filesystem::remove(path);
+  std::fprintf(stderr, " done\n");
+  return rows;
+}
+
+void PrintMacPass(const std::vector<PassRow>& rows) {
+  if (rows.empty()) return;
+  std::printf(
+      "\nMAC pass alone (worker/engine/gmac.h, document_mac.h), GB/s of all threads, "
+      "median over repetitions\n");
+  std::printf("%-30s %-16s %7s %9s %9s %9s\n", "data", "check", "threads", "GB/s", "min", "max");
+  for (const PassRow& r : rows) {
+    if (r.gbps.empty()) {
+      std::printf("%-30s %-16s %7d %9s  (%s)\n", r.data.c_str(), r.check.c_str(), r.threads, "n/a",
+                  r.note.c_str());
+      continue;
+    }
+    std::printf("%-30s %-16s %7d %9.2f %9.2f %9.2f\n", r.data.c_str(), r.check.c_str(), r.threads,
+                Median(r.gbps), *std::min_element(r.gbps.begin(), r.gbps.end()),
+                *std::max_element(r.gbps.begin(), r.gbps.end()));
   }
 }
 
@@ -1100,8 +1260,8 @@ void PrintAuthCosts(const Bench& bench) {
   }
 }
 
-std::string ToJson(const Bench& bench, const std::map<std::string, std::string>& info,
-                   double total_seconds) {
+std::string ToJson(const Bench& bench, const std::vector<PassRow>& pass,
+                   const std::map<std::string, std::string>& info, double total_seconds) {
   Json j;
   j = Json::object();
   j["benchmark"] = "kvstore_bench";
@@ -1124,6 +1284,20 @@ std::string ToJson(const Bench& bench, const std::map<std::string, std::string>&
       j2["median_gbps"] = Median(r.gbps);
       Json& j3 = j2["gbps"] = Json::array();
       for (double g : r.gbps) j3.push_back(g);
+    }
+  }
+  Json& jp = j["mac_pass"] = Json::array();
+  for (const PassRow& r : pass) {
+    Json& e = jp.emplace_back(Json::object());
+    e["data"] = r.data;
+    e["check"] = r.check;
+    e["threads"] = r.threads;
+    if (r.gbps.empty()) {
+      e["skipped"] = r.note;
+    } else {
+      e["median_gbps"] = Median(r.gbps);
+      Json& g = e["gbps"] = Json::array();
+      for (double x : r.gbps) g.push_back(x);
     }
   }
   Json& mac = j["mac_cost"] = Json::array();
@@ -1195,29 +1369,55 @@ int Main() {
                static_cast<unsigned long long>(size >> 20), absl::GetFlag(FLAGS_clients).c_str(),
                tmp.c_str());
   const bool breakdown = absl::GetFlag(FLAGS_breakdown);
+  const std::string only = absl::GetFlag(FLAGS_only);
+  if (!only.empty() && only != "mac" && only != "auth") {
+    std::fprintf(stderr, "kvstore_bench: --only %s: not mac or auth\n", only.c_str());
+    return 2;
+  }
+  const bool mac_only = only == "mac", auth_only = only == "auth";
+  const std::string gmac_impl = absl::GetFlag(FLAGS_gmac_impl);
+  if (gmac_impl == "openssl") {
+    SetAutoGmacImpl(GmacImpl::kOpenSsl);
+  } else if (gmac_impl == "vpclmulqdq" && CpuHasVpclmulqdqGmac()) {
+    SetAutoGmacImpl(GmacImpl::kVpclmulqdq);
+  } else if (gmac_impl != "auto") {
+    std::fprintf(stderr,
+                 "kvstore_bench: --gmac_impl %s: not auto, openssl or vpclmulqdq on this "
+                 "CPU\n",
+                 gmac_impl.c_str());
+    return 2;
+  }
+  info["gmac_impl"] = GmacImplName(AutoGmacImpl());
   const std::string binary = absl::GetFlag(FLAGS_kvstore_binary);
   std::string redis_version;
   {
     Bench bench(size, counts, std::max(1, absl::GetFlag(FLAGS_reps)),
                 std::max(1, absl::GetFlag(FLAGS_reps_multi)));
     MeasureMemcpy(bench);
-    if (breakdown) {
+    std::vector<PassRow> pass;
+    if ((absl::GetFlag(FLAGS_mac) && !auth_only) || mac_only) {
+      pass = MeasureMacPass(size, std::max(1, absl::GetFlag(FLAGS_reps)), tmp + "/pass");
+    }
+    if (breakdown && only.empty()) {
       MeasureFreshCopy(bench);
       MeasureCrc(bench);
       MeasureDisk(bench, tmp + "/disk");
     }
-    MeasureEngine(bench, tmp + "/engine-sync", /*sync_commits=*/true, /*with_get=*/true);
-    std::filesystem::remove_all(tmp + "/engine-sync");
-    if (breakdown) {
+    if (only.empty()) {
+      MeasureEngine(bench, tmp + "/engine-sync", /*sync_commits=*/true, /*with_get=*/true);
+      std::filesystem::remove_all(tmp + "/engine-sync");
+    }
+    if (breakdown && only.empty()) {
       MeasureEngine(bench, tmp + "/engine-nosync", /*sync_commits=*/false, /*with_get=*/false);
       std::filesystem::remove_all(tmp + "/engine-nosync");
     }
     for (bool fast_path : {true, false}) {
+      if (auth_only || (mac_only && !fast_path)) continue;
       MeasureKvStoreProcess(bench, binary, tmp + "/kvstore-sync", true, /*with_get=*/true,
                             fast_path);
       std::filesystem::remove_all(tmp + "/kvstore-sync");
     }
-    if (breakdown) {
+    if (breakdown && only.empty()) {
       for (bool fast_path : {true, false}) {
         MeasureKvStoreProcess(bench, binary, tmp + "/kvstore-nosync", false, /*with_get=*/false,
                               fast_path);
@@ -1225,7 +1425,7 @@ int Main() {
       }
       MeasureMemoryService(bench);
     }
-    if (absl::GetFlag(FLAGS_auth)) {
+    if ((absl::GetFlag(FLAGS_auth) && only.empty()) || auth_only) {
       const double ns = MeasureAuthenticateNs(tmp + "/authenticate");
       info["authenticate_ns_per_call"] = absl::StrCat(static_cast<int64_t>(ns + 0.5));
       std::fprintf(stderr, "  TokenStore::Authenticate in-process: %.0f ns a call\n", ns);
@@ -1237,13 +1437,16 @@ int Main() {
                     absl::StrCat("kvstore gRPC (no sync), ", kib, " KiB x", calls));
       }
     }
-    MeasureRedis(bench, absl::GetFlag(FLAGS_redis_server), tmp + "/redis", &redis_version);
+    if (only.empty()) {
+      MeasureRedis(bench, absl::GetFlag(FLAGS_redis_server), tmp + "/redis", &redis_version);
+    }
     std::filesystem::remove_all(tmp);
 
     const double total = std::chrono::duration<double>(Clock::now() - started).count();
     info["redis_version"] = redis_version;
     info["load_average_end"] = ReadFile("/proc/loadavg").substr(0, 14);
     PrintTable(bench);
+    PrintMacPass(pass);
     PrintMacCosts(bench);
     PrintAuthCosts(bench);
     if (info.count("authenticate_ns_per_call") != 0) {
@@ -1255,7 +1458,7 @@ int Main() {
     const std::string out = absl::GetFlag(FLAGS_out);
     if (!out.empty()) {
       std::ofstream f(out);
-      f << ToJson(bench, info, total);
+      f << ToJson(bench, pass, info, total);
       if (!f) {
         std::fprintf(stderr, "kvstore_bench: cannot write %s\n", out.c_str());
         return 1;

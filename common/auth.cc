@@ -254,28 +254,43 @@ absl::StatusOr<std::shared_ptr<BearerToken>> BearerToken::FromFile(std::string p
 std::shared_ptr<BearerToken> BearerToken::Fixed(std::string token) {
   std::shared_ptr<BearerToken> t(new BearerToken(""));
   absl::MutexLock lock(&t->mu_);
-  t->token_ = std::move(token);
+  t->SetLocked(std::move(token));
   return t;
 }
 
 std::string BearerToken::Get() {
   absl::MutexLock lock(&mu_);
-  if (path_.empty()) return token_;
+  RefreshLocked();
+  return token_;
+}
+
+std::string BearerToken::Header() {
+  absl::MutexLock lock(&mu_);
+  RefreshLocked();
+  return header_;
+}
+
+void BearerToken::SetLocked(std::string token) {
+  token_ = std::move(token);
+  header_ = absl::StrCat("Bearer ", token_);
+}
+
+void BearerToken::RefreshLocked() {
+  if (path_.empty()) return;
   const absl::Time now = absl::Now();
-  if (now < next_check_) return token_;
+  if (now < next_check_) return;
   next_check_ = now + absl::Seconds(1);
   const Stamp s = StampOf(path_);
-  if (s.size < 0 || s.mtime_ns == mtime_ns_) return token_;
+  if (s.size < 0 || s.mtime_ns == mtime_ns_) return;
   auto text = ReadWholeFile(path_);
-  if (!text.ok()) return token_;
+  if (!text.ok()) return;
   for (absl::string_view line : absl::StrSplit(*text, '\n')) {
     line = absl::StripAsciiWhitespace(line);
     if (line.empty() || line[0] == '#') continue;
-    token_ = std::string(line);
+    SetLocked(std::string(line));
     mtime_ns_ = s.mtime_ns;
     break;
   }
-  return token_;
 }
 
 absl::Status ValidateNamespacePolicy(const NamespacePolicy& policy) {

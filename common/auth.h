@@ -147,12 +147,19 @@ class BearerToken {
   static std::shared_ptr<BearerToken> Fixed(std::string token);
   // The current token; the last good one when a reread fails.
   std::string Get();
+  // "Bearer " + Get(), the "authorization" metadata value (built when the token is read, not
+  // per call).
+  std::string Header();
 
  private:
   explicit BearerToken(std::string path) : path_(std::move(path)) {}
+  // Rereads the file when due and changed.
+  void RefreshLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetLocked(std::string token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const std::string path_;  // "" for a fixed token
   absl::Mutex mu_;
   std::string token_ ABSL_GUARDED_BY(mu_);
+  std::string header_ ABSL_GUARDED_BY(mu_);
   int64_t mtime_ns_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time next_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };

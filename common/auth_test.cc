@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/metrics.h"
 
 namespace lazyrag {
@@ -178,6 +179,14 @@ TEST(BearerToken, ReadsTheFirstLineAndFollowsRotation) {
   auto t = BearerToken::FromFile(path);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ((*t)->Get(), "tok-one");
+  EXPECT_EQ((*t)->Header(), "Bearer tok-one");
+  // Rotated: the token and its header change together (the file is checked once a second; its
+  // modification time tells a new file).
+  absl::SleepFor(absl::Milliseconds(1100));
+  WriteFile(path, "tok-two\n");
+  EXPECT_EQ((*t)->Header(), "Bearer tok-two");
+  EXPECT_EQ((*t)->Get(), "tok-two");
+  EXPECT_EQ(BearerToken::Fixed("fixed")->Header(), "Bearer fixed");
   EXPECT_EQ(BearerToken::FromFile(TempPath("none")).status().code(),
             absl::StatusCode::kInvalidArgument);
 }

@@ -18,8 +18,7 @@ class BearerInterceptor : public grpc::experimental::Interceptor {
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(
             grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
-      methods->GetSendInitialMetadata()->insert(
-          {"authorization", absl::StrCat("Bearer ", token_->Get())});
+      methods->GetSendInitialMetadata()->insert({"authorization", token_->Header()});
     }
     methods->Proceed();
   }
@@ -63,6 +62,10 @@ std::shared_ptr<grpc::Channel> CreateServiceChannel(
   factories.push_back(std::make_unique<BearerInterceptorFactory>(std::move(token)));
   return grpc::experimental::CreateCustomChannelWithInterceptors(address, credentials, args,
                                                                  std::move(factories));
+}
+
+void AddBearerToken(grpc::ClientContext& context, BearerToken* token) {
+  if (token != nullptr) context.AddMetadata("authorization", token->Header());
 }
 
 }  // namespace lazyrag

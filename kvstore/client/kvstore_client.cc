@@ -294,6 +294,7 @@ absl::StatusOr<std::vector<KeyInfo>> KvClientImpl::Stat(std::span<const Key> key
       pb::StatResponse response;
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(deadline));
+      AddBearerToken(context, options_.auth_token.get());
       absl::Status st = FromGrpcStatus(shards_[s]->stub()->Stat(&context, request, &response));
       shards_[s]->Record(st, options_.unhealthy_for);
       if (st.ok() && response.stats_size() != static_cast<int>(end - begin)) {

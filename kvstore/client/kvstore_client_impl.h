@@ -37,15 +37,16 @@ bool IsTransient(absl::StatusCode code);
 class Shard {
  public:
   // `part_channels`: more channels for the streams that read parts of one value at once (each
-  // its own connection: streams of one connection share its one reading thread).
+  // its own connection: streams of one connection share its one reading thread). The channels
+  // add no token: the client adds it to each call's context (grpc_auth.h, AddBearerToken).
   Shard(std::string address, std::shared_ptr<grpc::ChannelCredentials> credentials,
-        int part_channels, const std::shared_ptr<BearerToken>& token)
+        int part_channels)
       : address_(std::move(address)) {
     // Reconnect quickly to a shard that comes back; each channel its own connection
     // (ServiceChannelArgs: a local subchannel pool).
     auto channel = [&] {
       return CreateServiceChannel(address_, credentials, ServiceChannelArgs(kMaxMessageBytes),
-                                  token);
+                                  /*token=*/nullptr);
     };
     stub_ = pb::KvStore::NewStub(channel());
     for (int i = 0; i < part_channels; ++i) part_stubs_.push_back(pb::KvStore::NewStub(channel()));
@@ -113,8 +114,8 @@ class KvClientImpl final : public KvClient {
   KvClientImpl(KvClientOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials)
       : options_(std::move(options)) {
     for (const auto& address : options_.shards) {
-      shards_.push_back(std::make_unique<Shard>(
-          address, credentials, std::max(0, options_.streams_per_get), options_.auth_token));
+      shards_.push_back(
+          std::make_unique<Shard>(address, credentials, std::max(0, options_.streams_per_get)));
     }
     if (options_.registry != nullptr) {
       fetch_seconds_ = &options_.registry
@@ -202,10 +203,11 @@ class KvClientImpl final : public KvClient {
   absl::Status PutTo(Shard& shard, const pb::KvKey& key, const pb::ValueHeader& header,
                      std::string_view value, const std::vector<ChunkPlan>& plan,
                      absl::Time deadline, bool retry);
-  // Sets the deadline of one attempt on `context`.
-  static void SetAttemptDeadline(grpc::ClientContext& context, absl::Time deadline, bool retry) {
+  // Sets the deadline of one attempt on `context` and adds the client's bearer token.
+  void SetAttemptDeadline(grpc::ClientContext& context, absl::Time deadline, bool retry) const {
     if (retry) context.set_wait_for_ready(true);
     context.set_deadline(absl::ToChronoTime(deadline));
+    AddBearerToken(context, options_.auth_token.get());
   }
   // Where a stream's bytes go: the destination and the value offset of its first byte.
   struct Placed {

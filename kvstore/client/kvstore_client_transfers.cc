@@ -149,6 +149,7 @@ std::string KvClientImpl::LocalDirOf(Shard& shard, absl::Time deadline) {
   if (auto known = shard.local_dir(); known.has_value()) return *known;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(1))));
+  AddBearerToken(context, options_.auth_token.get());
   pb::DescribeResponse response;
   const absl::Status st =
       FromGrpcStatus(shard.stub()->Describe(&context, pb::DescribeRequest(), &response));

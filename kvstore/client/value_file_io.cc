@@ -19,8 +19,8 @@ namespace {
 
 // Values at least this large are moved by several threads.
 constexpr uint64_t kParallelBytes = 64ull << 20;
-// Bytes read, checksummed and shown to a ChunkObserver at a time: small enough to stay in a
-// core's L2 cache between the three, a multiple of the workers' 256 KiB MAC block.
+// Bytes read (or copied), checksummed and shown to a ChunkObserver at a time: small enough to
+// stay in a core's L2 cache between the three, a multiple of the workers' 256 KiB MAC block.
 constexpr uint64_t kObserveStep = 512ull << 10;
 // Bytes written after which the kernel is told to start writing them out.
 constexpr uint64_t kWriteBehindBytes = 16ull << 20;
@@ -46,24 +46,18 @@ absl::Status ForRanges(uint32_t n, int threads,
 }
 
 // Reads [begin, begin + size) of `fd` into the pieces of `scatter` and returns the CRC-32C of
-// the bytes read (0 when the scatter skips CRCs).
-// With an observer the bytes go in steps of kObserveStep (aligned to value offsets): each step
-// is read, checksummed and shown to the observer while it is in the core's cache.
+// the bytes read (0 when the scatter skips CRCs). The bytes go in steps of kObserveStep (aligned
+// to value offsets): each step is read, checksummed and shown to the observer (if any) while it
+// is in the core's cache.
 absl::StatusOr<uint32_t> ReadInto(int fd, const Scatter& scatter, uint64_t begin, uint64_t size) {
   uint32_t crc = 0;
   for (const MutableBytes& piece : scatter.Pieces(begin, size)) {
-    if (!scatter.observed()) {
-      RETURN_IF_ERROR(PreadAll(fd, piece.data, piece.size, begin));
-      crc = Crc32cExtend(crc, std::string_view(piece.data, piece.size));
-      begin += piece.size;
-      continue;
-    }
     for (uint64_t done = 0; done < piece.size;) {
       const uint64_t n = std::min(kObserveStep - begin % kObserveStep, piece.size - done);
       char* at = piece.data + done;
       RETURN_IF_ERROR(PreadAll(fd, at, n, begin));
       if (!scatter.skips_crc()) crc = Crc32cExtend(crc, std::string_view(at, n));
-      scatter.Observe(begin, at, n);
+      if (scatter.observed()) scatter.Observe(begin, at, n);
       begin += n;
       done += n;
     }
@@ -114,18 +108,13 @@ void Scatter::Write(uint64_t begin, std::string_view data) const {
 
 uint32_t Scatter::Land(uint64_t begin, std::string_view data) const {
   uint32_t crc = 0;
-  if (!observer_) {
-    crc = Crc32c(data);
-    Write(begin, data);
-    return crc;
-  }
   for (const MutableBytes& piece : Pieces(begin, data.size())) {
     for (uint64_t done = 0; done < piece.size;) {
       const uint64_t n = std::min(kObserveStep - begin % kObserveStep, piece.size - done);
       char* at = piece.data + done;
       std::memcpy(at, data.data(), n);
       if (!skip_crc_) crc = Crc32cExtend(crc, std::string_view(at, n));
-      observer_(begin, at, n);
+      if (observer_) observer_(begin, at, n);
       data.remove_prefix(n);
       begin += n;
       done += n;

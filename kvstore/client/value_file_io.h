@@ -31,9 +31,8 @@ class Scatter {
   std::vector<MutableBytes> Pieces(uint64_t begin, uint64_t size) const;
   // Copies `data` to value offset `begin`.
   void Write(uint64_t begin, std::string_view data) const;
-  // Copies `data` to value offset `begin` and returns its CRC-32C (0 when skips_crc()); with an
-  // observer, in cache-sized steps, each checksummed and shown to the observer right after its
-  // copy.
+  // Copies `data` to value offset `begin` and returns its CRC-32C (0 when skips_crc()), in
+  // cache-sized steps, each checksummed (and shown to the observer, if any) right after its copy.
   uint32_t Land(uint64_t begin, std::string_view data) const;
   bool observed() const { return observer_ != nullptr; }
   void Observe(uint64_t begin, const char* data, uint64_t size) const {

@@ -398,24 +398,27 @@ TEST_F(KvStoreServiceTest, MetricsPassPromtool) {
 // The same-host fast path (kvstore.proto, DescribeRequest) against a real RocksDB engine.
 class KvStoreFastPathTest : public ::testing::Test {
  protected:
-  void Start(bool local_clients) {
+  // `auth_tokens_file`: KvStoreServerOptions::auth_tokens_file ("": none).
+  void Start(bool local_clients, const std::string& auth_tokens_file = "") {
     KvStoreServerOptions options;
     options.listen = "127.0.0.1:0";
     options.metrics_port = -1;
     options.data_dir = dir_.path() + "/db";
     options.sync_commits = false;
     options.local_clients = local_clients;
+    options.auth_tokens_file = auth_tokens_file;
     server_ = std::make_unique<KvStoreServer>(options);
     ASSERT_TRUE(server_->Start().ok());
     stub_ = pb::KvStore::NewStub(
         grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
   }
-  std::unique_ptr<KvClient> Client(bool fast_path) {
+  std::unique_ptr<KvClient> Client(bool fast_path, std::shared_ptr<BearerToken> token = nullptr) {
     KvClientOptions co;
     co.shards = {server_->address()};
     co.max_attempts = 1;
     co.local_fast_path = fast_path;
     co.chunk_size = 1 << 20;
+    co.auth_token = std::move(token);
     return std::move(KvClient::Create(co)).value();
   }
   // GetInto into a fresh buffer; *local tells which path served it.
@@ -489,6 +492,40 @@ TEST_F(KvStoreFastPathTest, FilesAndStreamsServeTheSameBytes) {
   EXPECT_TRUE(layer->bytes == a.substr(1000));
   // Nothing is left behind in incoming/.
   EXPECT_TRUE(std::filesystem::is_empty(dir_.path() + "/db/incoming"));
+}
+
+// A shard with --auth_tokens_file: the client's token (added to each call's context) lets every
+// kind of call through, by file and by stream (multi-stream gets of a large value too); without
+// a token, or with an unknown one, every call is UNAUTHENTICATED.
+TEST_F(KvStoreFastPathTest, TokenOnEveryCallOfEveryKind) {
+  const std::string tokens = dir_.path() + "/tokens";
+  std::ofstream(tokens) << "worker-token-0123456789 cluster worker\n";
+  Start(/*local_clients=*/true, tokens);
+  const std::string big = PatternBytes(40 << 20, 3), small = PatternBytes(5000, 4);
+  for (bool fast_path : {true, false}) {
+    SCOPED_TRACE(fast_path ? "same-host files" : "gRPC streams");
+    auto client = Client(fast_path, BearerToken::Fixed("worker-token-0123456789"));
+    ASSERT_TRUE(client->Put(Key::Raw("big"), {}, big).ok());
+    ASSERT_TRUE(client->Put(Key::Raw("small"), {}, small).ok());
+    bool local = false;
+    auto got = Read(*client, Key::Raw("big"), &local);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(*got == big);
+    EXPECT_EQ(local, fast_path);
+    const Key keys[] = {Key::Raw("big"), Key::Raw("small")};
+    auto stat = client->Stat(keys);
+    ASSERT_TRUE(stat.ok()) << stat.status();
+    ASSERT_EQ(stat->size(), 2u);
+    EXPECT_TRUE((*stat)[0].present && (*stat)[1].present);
+    auto deleted = client->Delete(Key::Raw("small"));
+    ASSERT_TRUE(deleted.ok()) << deleted.status();
+    EXPECT_TRUE(*deleted);
+  }
+  for (auto token : {std::shared_ptr<BearerToken>(), BearerToken::Fixed("not-a-known-token-xyz")}) {
+    auto client = Client(true, token);
+    EXPECT_EQ(client->Put(Key::Raw("c"), {}, small).code(), absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(client->Get(Key::Raw("big")).status().code(), absl::StatusCode::kUnauthenticated);
+  }
 }
 
 TEST_F(KvStoreFastPathTest, BadHandOversAreRefusedConsumedAndStoreNothing) {

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/sha256.h"
+#include "worker/engine/gmac.h"
 
 namespace lazyrag {
 namespace {
@@ -20,43 +21,35 @@ struct Piece {
   uint64_t size;
 };
 
-// One AES-256-GCM context per thread, keyed on first use with a key (and again only when
-// another key comes): the key schedule is not redone per block. Through EVP, OpenSSL uses its
-// widest GHASH (VPCLMULQDQ on AVX-512 machines): 11-12 GB/s a core on the development VM for
-// blocks in cache, 1.7x its low-level CRYPTO_gcm128 API's.
+// One GMAC per thread, made for a key on first use (and again only when another key, or another
+// implementation for tests and benchmarks, comes): the key schedule and the hash key's powers
+// are not redone per block.
 class GmacContext {
  public:
-  GmacContext() : ctx_(EVP_CIPHER_CTX_new()) {}
-  ~GmacContext() { EVP_CIPHER_CTX_free(ctx_); }
-
   void Tag(const uint8_t *key, const std::array<uint8_t, kMacNonceBytes> &nonce, uint32_t block,
            const Piece *pieces, size_t n, uint8_t out[16]) {
-    if (!keyed_ || std::memcmp(key, key_.data(), key_.size()) != 0) {
-      EVP_EncryptInit_ex(ctx_, EVP_aes_256_gcm(), nullptr, key, nullptr);
+    const GmacImpl impl = AutoGmacImpl();
+    if (gmac_ == nullptr || gmac_->impl() != impl ||
+        std::memcmp(key, key_.data(), key_.size()) != 0) {
+      gmac_ = std::make_unique<Gmac>(key, impl);
       std::memcpy(key_.data(), key, key_.size());
-      keyed_ = true;
     }
-    uint8_t iv[12];
+    uint8_t iv[Gmac::kIvBytes];
     std::memcpy(iv, nonce.data(), kMacNonceBytes);
     iv[8] = uint8_t(block >> 24);
     iv[9] = uint8_t(block >> 16);
     iv[10] = uint8_t(block >> 8);
     iv[11] = uint8_t(block);
-    EVP_EncryptInit_ex(ctx_, nullptr, nullptr, nullptr, iv);
-    int len = 0;
-    for (size_t i = 0; i < n; ++i) {  // the block is additional data only: GMAC
-      EVP_EncryptUpdate(ctx_, nullptr, &len, reinterpret_cast<const uint8_t *>(pieces[i].data),
-                        int(pieces[i].size));
+    gmac_->Start(iv);
+    for (size_t i = 0; i < n; ++i) {
+      gmac_->Update(reinterpret_cast<const uint8_t *>(pieces[i].data), pieces[i].size);
     }
-    uint8_t none[16];
-    EVP_EncryptFinal_ex(ctx_, none, &len);
-    EVP_CIPHER_CTX_ctrl(ctx_, EVP_CTRL_GCM_GET_TAG, 16, out);
+    gmac_->Finish(out);
   }
 
  private:
-  EVP_CIPHER_CTX *ctx_;
+  std::unique_ptr<Gmac> gmac_;
   std::array<uint8_t, 32> key_{};
-  bool keyed_ = false;
 };
 
 GmacContext &ThreadGmac() {

@@ -5,7 +5,8 @@
 // recomputes and writes the recomputed document back over it.
 //
 // Construction. The value's bytes are cut into kMacBlockBytes blocks; block i's tag is
-// AES-256-GMAC(K1, IV = nonce || be32(i), block) (GHASH, one CLMUL pass per byte); the value's
+// AES-256-GMAC(K1, IV = nonce || be32(i), block) (gmac.h: GHASH with 512-bit carry-less
+// multiplies where the CPU has them, else libcrypto's; the same tags either way); the value's
 // tag is HMAC-SHA256(K2, domain || header || key || nonce || block count || block tags). The
 // nonce is 64 random bits per encode, so a (K1, IV) pair is never reused for two messages in
 // practice (GMAC's requirement). Blocks are independent, so the reader folds them into the pass

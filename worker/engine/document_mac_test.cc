@@ -1,7 +1,8 @@
 // MACs on stored document KV (document_mac.h, document_codec.h): a value signed by one worker
 // verifies for another holding the key; any change of its bytes, header or key, another cluster
 // key, or a missing MAC fails; the check folded into chunk reads (Observe, several threads, any
-// chunk boundaries and spans) agrees with the one-pass computation.
+// chunk boundaries and spans) agrees with the one-pass computation; both GMAC implementations
+// agree.
 #include "worker/engine/document_mac.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "worker/engine/document_codec.h"
+#include "worker/engine/gmac.h"
 
 namespace lazyrag {
 namespace {
@@ -131,6 +133,38 @@ TEST_F(DocumentMacTest, ObservedChunksAgreeWithOnePass) {
   DocumentMacCheck bad(key_.get(), header->mac_nonce, d.bytes.size());
   kv[kv.size() - 1] ^= 1;
   EXPECT_FALSE(bad.Finish(spans, MacBindingOf(d.metadata, Scope()), header->mac_tag));
+}
+
+// Each GMAC implementation (gmac.h) checks what the other signed (the stored format does not
+// depend on it), and fails a value with one byte flipped in any block, whether the block was
+// hashed as it landed (Observe) or at Finish.
+TEST_F(DocumentMacTest, EitherGmacVerifiesTheOthersAndCatchesAFlipInEveryBlock) {
+  std::vector<GmacImpl> impls = {GmacImpl::kOpenSsl};
+  if (CpuHasVpclmulqdqGmac()) impls.push_back(GmacImpl::kVpclmulqdq);
+  for (GmacImpl signer : impls) {
+    SetAutoGmacImpl(signer);
+    const StoredDocument d = Signed(700, Scope());  // 11 blocks, a short last one
+    for (GmacImpl checker : impls) {
+      SetAutoGmacImpl(checker);
+      EXPECT_TRUE(Verify(d, Scope()).ok());
+      auto header = DecodeDocumentHeader(d.metadata, Config(), KvDtype::kFloat32);
+      ASSERT_TRUE(header.ok());
+      for (uint64_t block = 0; block * kMacBlockBytes < d.bytes.size(); ++block) {
+        std::string bytes = d.bytes;
+        const uint64_t at =
+            std::min<uint64_t>(block * kMacBlockBytes + 12345 * (block + 1), bytes.size() - 1);
+        bytes[at] ^= 0x40;
+        const std::vector<ByteSpan> spans = {{bytes.data(), bytes.size()}};
+        for (bool observed : {false, true}) {
+          DocumentMacCheck check(key_.get(), header->mac_nonce, bytes.size());
+          if (observed) check.Observe(0, bytes.data(), bytes.size());
+          EXPECT_FALSE(check.Finish(spans, MacBindingOf(d.metadata, Scope()), header->mac_tag))
+              << "block " << block << ", byte " << at << (observed ? ", observed" : "");
+        }
+      }
+    }
+  }
+  SetAutoGmacImpl(GmacImpl::kAuto);
 }
 
 TEST(DocumentMacKeyTest, FileNeedsThirtyTwoBytes) {
