@@ -537,6 +537,9 @@ int Main(int argc, char** argv) {
                   s.Min(), s.Max(), 100.0 * (s.Median() / kv_fetch.to_pinned.Median() - 1.0));
     };
     cost_row("  to pinned, MAC checked (workers)", kv_fetch.to_pinned_mac);
+    std::printf("%-36s %10.1f%%   (of the bytes; the rest hashed after the fetch)\n",
+                "  MAC'd while landing", 100.0 * double(kv_fetch.mac_observed_bytes) /
+                                             std::max<double>(1.0, doc_kv_bytes));
     cost_row("  to pinned, authenticated shard", kv_fetch.to_pinned_auth);
     std::printf("%-36s %10.2f   (documents' encode time / %d)\n", "recomputing one document",
                 encode_ms / std::max(1, o.docs), o.docs);
@@ -604,7 +607,8 @@ int Main(int argc, char** argv) {
         << ", \"to_pinned_mac_ms\": " << kv_fetch.to_pinned_mac.Json()
         << ", \"to_pinned_auth_ms\": " << kv_fetch.to_pinned_auth.Json()
         << ", \"recompute_one_doc_ms\": " << encode_ms / std::max(1, o.docs)
-        << ", \"four_concurrent_gbps\": " << kv_fetch.four_gbps << "},\n";
+        << ", \"four_concurrent_gbps\": " << kv_fetch.four_gbps
+        << ", \"mac_observed_bytes\": " << kv_fetch.mac_observed_bytes << "},\n";
     }
     if (!lazy_gpu.ms.empty()) {
       f << "  \"lazy_step_gpu_ms\": " << lazy_gpu.Json() << ",\n"

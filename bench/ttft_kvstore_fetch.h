@@ -21,6 +21,7 @@ struct KvstoreFetch {
   Stats to_pool;         // the same, then StartKvFromHost into the document's pages (end to end)
   double four_gbps = 0;  // four concurrent fetches into pinned memory, total GB/s (median of 3)
   bool local = false;    // served through the same-host fast path
+  uint64_t mac_observed_bytes = 0;  // of the MAC'd fetch, tagged while landing (rest: at Finish)
 };
 
 // Starts `binary` as a shard (and a second one with --auth_tokens_file) in a temporary
