@@ -151,9 +151,9 @@ FinishReason FinishFromProto(v1::FinishReason r) {
 }
 
 // Runs one request on a server, streaming deltas to `on_delta`; same result
-// shape as local.
+// shape as local. `token`: sent on the call (null: none).
 absl::StatusOr<GenerateResult> GenerateRemote(
-    v1::Inference::Stub &stub, const GenerateRequest &r, double timeout_s,
+    v1::Inference::Stub &stub, BearerToken *token, const GenerateRequest &r, double timeout_s,
     const std::function<void(std::string_view)> &on_delta) {
   v1::GenerateRequest req;
   req.set_request_id(r.request_id);
@@ -180,6 +180,7 @@ absl::StatusOr<GenerateResult> GenerateRemote(
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::microseconds(int64_t(timeout_s * 1e6)));
   }
+  AddBearerToken(ctx, token);
   auto reader = stub.Generate(&ctx, req);
   GenerateResult res;
   v1::GenerateResponse m;
@@ -266,6 +267,7 @@ int RunGenerateCommand(int argc, char **argv) {
   }
   std::unique_ptr<Runtime> runtime;
   std::unique_ptr<v1::Inference::Stub> stub;
+  std::shared_ptr<BearerToken> token;  // null without --auth_token_file
   if (!server.empty()) {
     auto credentials =
         ChannelCredentialsFor({a.Get("tls_cert", ""), a.Get("tls_key", ""), a.Get("tls_ca", "")});
@@ -273,13 +275,14 @@ int RunGenerateCommand(int argc, char **argv) {
       std::cerr << "lazyrag-cli generate: " << credentials.status() << "\n";
       return 2;
     }
-    auto token = OpenBearerToken(a.Get("auth_token_file", ""));
-    if (!token.ok()) {
-      std::cerr << "lazyrag-cli generate: " << token.status() << "\n";
+    auto opened = OpenBearerToken(a.Get("auth_token_file", ""));
+    if (!opened.ok()) {
+      std::cerr << "lazyrag-cli generate: " << opened.status() << "\n";
       return 2;
     }
+    token = *std::move(opened);
     stub = v1::Inference::NewStub(
-        CreateServiceChannel(server, *credentials, grpc::ChannelArguments(), *token));
+        grpc::CreateCustomChannel(server, *credentials, grpc::ChannelArguments()));
   } else {
     auto rt = CreateRuntime(ro);
     if (!rt.ok()) {
@@ -303,7 +306,7 @@ int RunGenerateCommand(int argc, char **argv) {
       }
     };
     absl::StatusOr<GenerateResult> res =
-        stub ? GenerateRemote(*stub, r, timeout_s, print)
+        stub ? GenerateRemote(*stub, token.get(), r, timeout_s, print)
              : runtime->generator->Generate(r, [&](std::string_view delta, int32_t) {
                  print(delta);
                  return true;

@@ -1,16 +1,15 @@
 // gRPC side of common/auth.h: the one check every lazyrag service method runs on its call's
-// "authorization: Bearer TOKEN" metadata, and channels that send a process's own token on every
-// call.
+// "authorization: Bearer TOKEN" metadata, and the one way a client sends its token.
+//
+// Contract for clients: every call to a lazyrag server (router -> workers, workers -> kvstore
+// shards and peers, lazyrag-cli, tests) calls AddBearerToken on its ClientContext before the call
+// starts. Channels carry no token (no client interceptor: one would cost every call an extra
+// completion-queue round trip per batch of operations), so a context without it is sent
+// unauthenticated. The token is sent in the clear over plaintext channels: use TLS between hosts.
 #pragma once
 
-#include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
-#include <grpcpp/security/credentials.h>
 #include <grpcpp/server_context.h>
-#include <grpcpp/support/channel_arguments.h>
-
-#include <memory>
-#include <string>
 
 #include "absl/status/statusor.h"
 #include "common/auth.h"
@@ -23,17 +22,10 @@ namespace lazyrag {
 absl::StatusOr<Identity> AuthenticateCall(TokenStore* tokens, const grpc::ServerContext& context,
                                           Role required);
 
-// A channel to a lazyrag server that adds "authorization: Bearer <token->Get()>" to every call
-// (`token` null: nothing added). The token is sent in the clear over plaintext channels: use TLS
-// between hosts. Through a client interceptor, which costs every call an extra completion-queue
-// round trip per batch of operations: a client that makes many small calls adds the token to
-// each context itself (AddBearerToken) on a channel without one.
-std::shared_ptr<grpc::Channel> CreateServiceChannel(
-    const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
-    const grpc::ChannelArguments& args, std::shared_ptr<BearerToken> token);
-
-// Adds "authorization: Bearer <token->Get()>" to the call of `context` (`token` null: nothing).
-// REQUIRES: the call has not started.
+// Adds "authorization: Bearer <token->Get()>" to the call of `context` (`token` null: nothing,
+// for a process without --auth_token_file). The token is read when this is called, so a rotated
+// token file reaches later calls (BearerToken rereads it). Call once per context.
+// REQUIRES: the call of `context` has not started.
 void AddBearerToken(grpc::ClientContext& context, BearerToken* token);
 
 }  // namespace lazyrag

@@ -70,11 +70,13 @@ absl::Status AllAttemptsFailed(const absl::Status& last_failure, int attempts) {
                                              " tried; last: ", last_failure.message(), ")"));
 }
 
-// The context of one worker call, cancelled through `call.cancellation` while it lives.
+// The context of one worker call, with the router's token (`pool`), cancelled through
+// `call.cancellation` while it lives.
 class AttemptContext {
  public:
-  explicit AttemptContext(const WorkerCallOptions& call)
+  AttemptContext(const WorkerCallOptions& call, const WorkerPool& pool)
       : context_(call.new_context()), cancellation_(call.cancellation) {
+    pool.AddAuthToken(*context_);
     if (cancellation_ != nullptr) {
       grpc::ClientContext* context = context_.get();
       cancellation_->SetCallback([context] { context->TryCancel(); });
@@ -174,7 +176,7 @@ absl::Status RequestRouter::Generate(const GenerateRequest& client_request,
   if (!documents.ok()) return documents.status();
   const std::string what = absl::StrCat("Generate ", request.request_id());
   return WithRetries(what, *documents, [&](Inference::Stub& stub) {
-    AttemptContext context(call);
+    AttemptContext context(call, *pool_);
     std::unique_ptr<grpc::ClientReader<GenerateResponse>> reader =
         stub.Generate(context.get(), request);
     Attempt a;
@@ -213,7 +215,7 @@ absl::Status RequestRouter::PrepareDocuments(
                          EstimateTextTokens(policy_->options(), text.size())});
   }
   return WithRetries("PrepareDocuments", documents, [&](Inference::Stub& stub) {
-    AttemptContext context(call);
+    AttemptContext context(call, *pool_);
     response->Clear();
     Attempt a;
     a.status = FromGrpcStatus(stub.PrepareDocuments(context.get(), request, response));
@@ -267,6 +269,7 @@ absl::Status RequestRouter::Stats(const lazyrag::v1::StatsRequest& client_reques
   absl::BlockingCounter pending(static_cast<int>(calls.size()));
   for (const std::unique_ptr<Call>& call : calls) {
     call->context.set_deadline(call_deadline);
+    pool_->AddAuthToken(call->context);
     Call* c = call.get();
     c->stub->async()->Stats(&c->context, &request, &c->response, [c, &pending](grpc::Status s) {
       c->status = std::move(s);

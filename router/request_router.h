@@ -38,7 +38,7 @@ struct RequestRouterOptions {
 struct WorkerCallOptions {
   // Makes the context of each worker call (one per attempt): its deadline and, for the gRPC front
   // door, the propagation of the client's cancellation (grpc::ClientContext::FromServerContext).
-  // Required.
+  // The router's own token is added to it afterwards (WorkerPool::AddAuthToken). Required.
   std::function<std::unique_ptr<grpc::ClientContext>()> new_context;
   // Raised when the client goes away; cancels the running worker call. Not owned; may be null.
   Cancellation* cancellation = nullptr;

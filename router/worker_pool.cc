@@ -97,6 +97,10 @@ std::shared_ptr<lazyrag::v1::Inference::Stub> WorkerPool::Stub(const std::string
   return it == connections_.end() ? nullptr : it->second.stub;
 }
 
+void WorkerPool::AddAuthToken(grpc::ClientContext& context) const {
+  AddBearerToken(context, options_.auth_token.get());
+}
+
 std::vector<std::string> WorkerPool::Workers() const {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> out;
@@ -121,9 +125,8 @@ void WorkerPool::Resolve() {
       }
       // A restarted worker is reconnected within about a poll interval.
       Connection c;
-      c.channel =
-          CreateServiceChannel(address, credentials_,
-                               ServiceChannelArgs(options_.max_message_bytes), options_.auth_token);
+      c.channel = grpc::CreateCustomChannel(address, credentials_,
+                                            ServiceChannelArgs(options_.max_message_bytes));
       c.stub = lazyrag::v1::Inference::NewStub(c.channel);
       LOG_INFO << "router: worker " << address << " added";
       if (metrics_ != nullptr) metrics_->AddWorker(address);
@@ -156,6 +159,7 @@ void WorkerPool::PollOnce() {
   const absl::Time deadline = absl::Now() + options_.poll_timeout;
   for (const std::shared_ptr<WorkerPoll>& poll : polls) {
     poll->check_context.set_deadline(absl::ToChronoTime(deadline));
+    AddAuthToken(poll->check_context);  // Health needs none; sent as on every worker call
     // grpc.health.v1.HealthCheckRequest{service: ""} is the empty message.
     grpc::Slice empty;
     poll->check_request = grpc::ByteBuffer(&empty, 1);
@@ -177,6 +181,7 @@ void WorkerPool::PollOnce() {
           }
           poll->ticket = policy_->BeginStatsPoll(poll->worker);
           poll->stats_context.set_deadline(absl::ToChronoTime(deadline));
+          AddAuthToken(poll->stats_context);
           poll->stub->async()->Stats(
               &poll->stats_context, &poll->stats_request, &poll->stats_response,
               [this, poll, &pending](grpc::Status stats_status) {

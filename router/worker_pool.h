@@ -4,6 +4,7 @@
 #pragma once
 
 #include <grpcpp/channel.h>
+#include <grpcpp/client_context.h>
 
 #include <map>
 #include <memory>
@@ -56,8 +57,12 @@ class WorkerPool {
   // Stops the background thread (waits for its calls, bounded by poll_timeout). Idempotent.
   void Stop();
 
-  // The stub of a known worker; null when the worker is no longer in the set.
+  // The stub of a known worker; null when the worker is no longer in the set. Its channel carries
+  // no token: every call on it passes its context through AddAuthToken first.
   std::shared_ptr<lazyrag::v1::Inference::Stub> Stub(const std::string& worker) const;
+  // Adds the router's worker token (options.auth_token; null: nothing) to `context`
+  // (common/grpc_auth.h, AddBearerToken). REQUIRES: the call has not started.
+  void AddAuthToken(grpc::ClientContext& context) const;
   std::vector<std::string> Workers() const;
 
   // Runs one round of health checks and Stats polls now and waits for it (tests, start-up).

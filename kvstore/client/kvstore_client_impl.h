@@ -45,8 +45,7 @@ class Shard {
     // Reconnect quickly to a shard that comes back; each channel its own connection
     // (ServiceChannelArgs: a local subchannel pool).
     auto channel = [&] {
-      return CreateServiceChannel(address_, credentials, ServiceChannelArgs(kMaxMessageBytes),
-                                  /*token=*/nullptr);
+      return grpc::CreateCustomChannel(address_, credentials, ServiceChannelArgs(kMaxMessageBytes));
     };
     stub_ = pb::KvStore::NewStub(channel());
     for (int i = 0; i < part_channels; ++i) part_stubs_.push_back(pb::KvStore::NewStub(channel()));

@@ -9,6 +9,8 @@
 //     (lazyrag_auth_failures_total{reason}), gRPC and HTTP, on the kvstore, worker and router.
 //   * a stored value whose MAC fails (bytes changed, CRCs recomputed) is a miss: recomputed, the
 //     answer unchanged, counted, and the write-back replaces it.
+// The test's own calls carry their token as every lazyrag client's do: AddBearerToken on each
+// call's context (common/grpc_auth.h), on channels without one.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -36,7 +38,6 @@ namespace {
 
 using kvstore::testing::ReadyProcess;
 using kvstore::testing::TempDir;
-using worker_test::Generate;
 using worker_test::Reply;
 using worker_test::WorkerProcess;
 
@@ -59,6 +60,12 @@ void WriteFile(const std::string& path, const std::string& text) {
   { std::ofstream(tmp, std::ios::binary | std::ios::trunc) << text; }
   ASSERT_EQ(std::rename(tmp.c_str(), path.c_str()), 0);
 }
+
+// An Inference stub and the token its calls send (added to each call's context; null: none).
+struct Caller {
+  std::unique_ptr<v1::Inference::Stub> stub;
+  std::shared_ptr<BearerToken> token;
+};
 
 // The files every process of a test shares.
 class AuthProcessTest : public ::testing::Test {
@@ -88,15 +95,15 @@ class AuthProcessTest : public ::testing::Test {
     return std::make_unique<WorkerProcess>(std::move(args));
   }
 
-  static std::shared_ptr<grpc::Channel> Channel(const std::string& address,
-                                                const std::string& token) {
-    return CreateServiceChannel(address, grpc::InsecureChannelCredentials(),
-                                grpc::ChannelArguments(),
-                                token.empty() ? nullptr : BearerToken::Fixed(token));
+  static std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
+    return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
   }
-  static std::unique_ptr<v1::Inference::Stub> Inference(const std::string& address,
-                                                        const std::string& token) {
-    return v1::Inference::NewStub(Channel(address, token));
+  // `token` as a BearerToken; "": null (no token sent).
+  static std::shared_ptr<BearerToken> Token(const std::string& token) {
+    return token.empty() ? nullptr : BearerToken::Fixed(token);
+  }
+  static Caller Inference(const std::string& address, const std::string& token) {
+    return {v1::Inference::NewStub(Channel(address)), Token(token)};
   }
 
   TempDir dir_;
@@ -121,12 +128,17 @@ v1::GenerateRequest IdRequest(const std::string& id, const std::string& ns = "")
   return r;
 }
 
-grpc::StatusCode StatsCode(v1::Inference::Stub& stub, v1::StatsResponse* out = nullptr) {
+Reply Generate(const Caller& caller, const v1::GenerateRequest& request) {
+  return worker_test::Generate(*caller.stub, request, /*timeout_s=*/60, caller.token.get());
+}
+
+grpc::StatusCode StatsCode(const Caller& caller, v1::StatsResponse* out = nullptr) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  AddBearerToken(ctx, caller.token.get());
   v1::StatsRequest req;
   v1::StatsResponse resp;
-  grpc::StatusCode code = stub.Stats(&ctx, req, &resp).error_code();
+  grpc::StatusCode code = caller.stub->Stats(&ctx, req, &resp).error_code();
   if (out != nullptr) *out = resp;
   return code;
 }
@@ -143,8 +155,9 @@ TEST_F(AuthProcessTest, KvstoreAndPeersTakeOnlyWorkerIdentities) {
   EXPECT_EQ(MetricAt(kv_.metrics_port(), kUnauthenticated), 0);
   EXPECT_EQ(MetricAt(kv_.metrics_port(), kPermissionDenied), 0);
   auto stat = [&](const std::string& token) {
-    auto stub = v1::KvStore::NewStub(Channel(kv_.address(), token));
+    auto stub = v1::KvStore::NewStub(Channel(kv_.address()));
     grpc::ClientContext ctx;
+    AddBearerToken(ctx, Token(token).get());
     v1::StatRequest req;
     v1::KvKey* key = req.add_keys();
     key->set_raw("k");
@@ -163,8 +176,9 @@ TEST_F(AuthProcessTest, KvstoreAndPeersTakeOnlyWorkerIdentities) {
   auto worker = NewWorker();
   ASSERT_TRUE(worker->Start().ok());
   auto pool = [&](const std::string& token) {
-    auto stub = v1::PeerDocuments::NewStub(Channel(worker->address(), token));
+    auto stub = v1::PeerDocuments::NewStub(Channel(worker->address()));
     grpc::ClientContext ctx;
+    AddBearerToken(ctx, Token(token).get());
     v1::PeerPoolRequest req;
     v1::PeerPool resp;
     return stub->GetPool(&ctx, req, &resp).error_code();
@@ -175,8 +189,8 @@ TEST_F(AuthProcessTest, KvstoreAndPeersTakeOnlyWorkerIdentities) {
   EXPECT_NE(as_worker, grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_NE(as_worker, grpc::StatusCode::PERMISSION_DENIED);
   {
-    auto stub = v1::PeerDocuments::NewStub(Channel(worker->address(), ""));
-    grpc::ClientContext ctx;
+    auto stub = v1::PeerDocuments::NewStub(Channel(worker->address()));
+    grpc::ClientContext ctx;  // no token
     v1::PeerGetRequest req;
     req.set_document_id(std::string(64, 'a'));
     auto reader = stub->GetDocument(&ctx, req);
@@ -186,10 +200,10 @@ TEST_F(AuthProcessTest, KvstoreAndPeersTakeOnlyWorkerIdentities) {
   }
 
   // Inference takes client tokens; the worker writes the document back with its own token.
-  Reply anonymous = Generate(*Inference(worker->address(), ""), TextRequest("The Vantor river."));
+  Reply anonymous = Generate(Inference(worker->address(), ""), TextRequest("The Vantor river."));
   EXPECT_EQ(anonymous.status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(anonymous.messages, 0);
-  Reply a = Generate(*Inference(worker->address(), kAcme), TextRequest("The Vantor river."));
+  Reply a = Generate(Inference(worker->address(), kAcme), TextRequest("The Vantor river."));
   ASSERT_TRUE(a.status.ok()) << a.status.error_message();
   const std::string put_ok = "lazyrag_kvstore_requests_total{op=\"put\",result=\"ok\"}";
   for (int i = 0; i < 100 && worker->Metric(put_ok) < 1; ++i)
@@ -214,41 +228,41 @@ TEST_F(AuthProcessTest, TenantsSeeOnlyTheirOwnDocuments) {
                           "--auth_token_file=" + own_token_, "--public_namespaces=shared"})
                   .ok());
   const std::string text = "Mira Ostrova kept the lighthouse on the Vantor river.";
-  Reply made = Generate(*Inference(router.address(), kAcme), TextRequest(text, "docs"));
+  Reply made = Generate(Inference(router.address(), kAcme), TextRequest(text, "docs"));
   ASSERT_TRUE(made.status.ok()) << made.status.error_message();
   ASSERT_EQ(made.last.document_ids_size(), 1);
   const std::string id = made.last.document_ids(0);
 
   // Its tenant names it by id, through the router and on the worker.
   for (const std::string& at : {router.address(), worker->address()}) {
-    Reply again = Generate(*Inference(at, kAcme), IdRequest(id, "docs"));
+    Reply again = Generate(Inference(at, kAcme), IdRequest(id, "docs"));
     EXPECT_TRUE(again.status.ok()) << at << ": " << again.status.error_message();
     EXPECT_EQ(again.text, made.text);
     // Another tenant, even naming the same namespace, does not find it.
-    Reply other = Generate(*Inference(at, kGlobex), IdRequest(id, "docs"));
+    Reply other = Generate(Inference(at, kGlobex), IdRequest(id, "docs"));
     EXPECT_EQ(other.status.error_code(), grpc::StatusCode::NOT_FOUND) << at;
     EXPECT_EQ(other.messages, 0);
-    Reply other_ns = Generate(*Inference(at, kGlobex), IdRequest(id, "acme/docs"));
+    Reply other_ns = Generate(Inference(at, kGlobex), IdRequest(id, "acme/docs"));
     EXPECT_EQ(other_ns.status.error_code(), grpc::StatusCode::NOT_FOUND) << at;
   }
   // The same text in another tenant is another document.
-  Reply globex = Generate(*Inference(router.address(), kGlobex), TextRequest(text, "docs"));
+  Reply globex = Generate(Inference(router.address(), kGlobex), TextRequest(text, "docs"));
   ASSERT_TRUE(globex.status.ok()) << globex.status.error_message();
   EXPECT_NE(globex.last.document_ids(0), id);
 
   // Stats: each client sees its own documents; the router's worker identity sees all.
   for (const std::string& at : {router.address(), worker->address()}) {
     v1::StatsResponse acme, other;
-    ASSERT_EQ(StatsCode(*Inference(at, kAcme), &acme), grpc::StatusCode::OK);
-    ASSERT_EQ(StatsCode(*Inference(at, kGlobex), &other), grpc::StatusCode::OK);
+    ASSERT_EQ(StatsCode(Inference(at, kAcme), &acme), grpc::StatusCode::OK);
+    ASSERT_EQ(StatsCode(Inference(at, kGlobex), &other), grpc::StatusCode::OK);
     EXPECT_TRUE(Lists(acme, id)) << at;
     EXPECT_FALSE(Lists(other, id)) << at;
     EXPECT_TRUE(Lists(other, globex.last.document_ids(0))) << at;
     EXPECT_FALSE(Lists(acme, globex.last.document_ids(0))) << at;
-    EXPECT_EQ(StatsCode(*Inference(at, "")), grpc::StatusCode::UNAUTHENTICATED) << at;
+    EXPECT_EQ(StatsCode(Inference(at, "")), grpc::StatusCode::UNAUTHENTICATED) << at;
   }
   v1::StatsResponse all;
-  ASSERT_EQ(StatsCode(*Inference(worker->address(), kWorker), &all), grpc::StatusCode::OK);
+  ASSERT_EQ(StatsCode(Inference(worker->address(), kWorker), &all), grpc::StatusCode::OK);
   EXPECT_TRUE(Lists(all, id));
   EXPECT_TRUE(Lists(all, globex.last.document_ids(0)));
   // One Stats call without a token each; the router's own calls to the worker carry its token.
@@ -257,9 +271,9 @@ TEST_F(AuthProcessTest, TenantsSeeOnlyTheirOwnDocuments) {
   EXPECT_EQ(worker->Metric(kUnauthenticated), 1) << worker->Metrics();
 
   // A public namespace is shared: one tenant's id resolves for another there.
-  Reply shared = Generate(*Inference(router.address(), kAcme), TextRequest(text, "shared"));
+  Reply shared = Generate(Inference(router.address(), kAcme), TextRequest(text, "shared"));
   ASSERT_TRUE(shared.status.ok()) << shared.status.error_message();
-  Reply by_other = Generate(*Inference(router.address(), kGlobex),
+  Reply by_other = Generate(Inference(router.address(), kGlobex),
                             IdRequest(shared.last.document_ids(0), "shared"));
   EXPECT_TRUE(by_other.status.ok()) << by_other.status.error_message();
 }
@@ -296,22 +310,22 @@ TEST_F(AuthProcessTest, TokenFileIsReloadedWhenItChanges) {
   auto acme = Inference(worker->address(), kAcme);
   const std::string newcomer = "initech-client-token-001";
   auto initech = Inference(worker->address(), newcomer);
-  EXPECT_EQ(StatsCode(*acme), grpc::StatusCode::OK);
-  EXPECT_EQ(StatsCode(*initech), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(StatsCode(acme), grpc::StatusCode::OK);
+  EXPECT_EQ(StatsCode(initech), grpc::StatusCode::UNAUTHENTICATED);
   // Rotated: acme's token is gone, initech's is new.
   WriteFile(tokens_, absl::StrCat(newcomer, " initech client\n", kWorker, " cluster worker\n"));
   grpc::StatusCode code = grpc::StatusCode::UNAUTHENTICATED;
   for (int i = 0; i < 100 && code != grpc::StatusCode::OK; ++i) {
     absl::SleepFor(absl::Milliseconds(50));
-    code = StatsCode(*initech);
+    code = StatsCode(initech);
   }
   EXPECT_EQ(code, grpc::StatusCode::OK);
-  EXPECT_EQ(StatsCode(*acme), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(StatsCode(acme), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(worker->Metric("lazyrag_auth_token_reloads_total{result=\"ok\"}"), 1);
   // A broken edit keeps the tokens it had.
   WriteFile(tokens_, "this is not a token file\n");
   absl::SleepFor(absl::Milliseconds(1500));
-  EXPECT_EQ(StatsCode(*initech), grpc::StatusCode::OK);
+  EXPECT_EQ(StatsCode(initech), grpc::StatusCode::OK);
   EXPECT_EQ(worker->Metric("lazyrag_auth_token_reloads_total{result=\"error\"}"), 1);
   EXPECT_EQ(worker->Metric("lazyrag_auth_token_reloads_total{result=\"ok\"}"), 1);
 }
@@ -321,11 +335,11 @@ TEST_F(AuthProcessTest, PoisonedValueIsMissedRecomputedAndReplaced) {
   const std::string text = "The Vantor river freezes every January, said Mira Ostrova.";
   auto first = NewWorker();
   ASSERT_TRUE(first->Start().ok());
-  Reply made = Generate(*Inference(first->address(), kAcme), TextRequest(text));
+  Reply made = Generate(Inference(first->address(), kAcme), TextRequest(text));
   ASSERT_TRUE(made.status.ok()) << made.status.error_message();
   const std::string id = made.last.document_ids(0);
   v1::StatsResponse stats;
-  ASSERT_EQ(StatsCode(*Inference(first->address(), kWorker), &stats), grpc::StatusCode::OK);
+  ASSERT_EQ(StatsCode(Inference(first->address(), kWorker), &stats), grpc::StatusCode::OK);
 
   // The stored value, read as a worker would (acme's namespace is "acme/").
   kvstore::KvClientOptions co;
@@ -359,7 +373,7 @@ TEST_F(AuthProcessTest, PoisonedValueIsMissedRecomputedAndReplaced) {
     // A fresh worker misses it (MAC), recomputes: the same answer, nothing served from the store.
     auto second = NewWorker(tier);
     ASSERT_TRUE(second->Start().ok());
-    Reply again = Generate(*Inference(second->address(), kAcme), TextRequest(text));
+    Reply again = Generate(Inference(second->address(), kAcme), TextRequest(text));
     ASSERT_TRUE(again.status.ok()) << again.status.error_message();
     EXPECT_EQ(again.text, made.text);
     EXPECT_EQ(again.tokens, made.tokens);
@@ -377,7 +391,7 @@ TEST_F(AuthProcessTest, PoisonedValueIsMissedRecomputedAndReplaced) {
     second->Stop(SIGKILL);
     third = NewWorker(tier);
     ASSERT_TRUE(third->Start().ok());
-    Reply fetched = Generate(*Inference(third->address(), kAcme), TextRequest(text));
+    Reply fetched = Generate(Inference(third->address(), kAcme), TextRequest(text));
     ASSERT_TRUE(fetched.status.ok()) << fetched.status.error_message();
     EXPECT_EQ(fetched.text, made.text);
     EXPECT_EQ(fetched.last.usage().store_document_tokens(), fetched.last.usage().document_tokens());
@@ -395,7 +409,7 @@ TEST_F(AuthProcessTest, PoisonedValueIsMissedRecomputedAndReplaced) {
   ASSERT_TRUE((*client)->Put(key, stripped, plain->bytes).ok());
   auto fourth = NewWorker();
   ASSERT_TRUE(fourth->Start().ok());
-  Reply last = Generate(*Inference(fourth->address(), kAcme), TextRequest(text));
+  Reply last = Generate(Inference(fourth->address(), kAcme), TextRequest(text));
   ASSERT_TRUE(last.status.ok()) << last.status.error_message();
   EXPECT_EQ(last.text, made.text);
   EXPECT_EQ(last.last.usage().store_document_tokens(), 0);

@@ -1,6 +1,6 @@
 // Helpers of the worker process tests (worker, peer, GPU peer and TLS): a lazyrag-worker child
 // process with an Inference stub and its /metrics, and one streamed Generate call collected into
-// a Reply. Header-only; include from test files only.
+// a Reply. Header-only; include from test files that link lazyrag_common_grpc.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/auth.h"
+#include "common/grpc_auth.h"
 #include "kvstore/tests/test_util.h"
 #include "lazyrag/v1/inference.grpc.pb.h"
 
@@ -68,12 +70,14 @@ struct Reply {
   double wall_ms = 0;  // client wall time of the whole call
 };
 
+// `token`: sent on the call (common/grpc_auth.h, AddBearerToken); null: none.
 inline Reply Generate(v1::Inference::Stub &stub, const v1::GenerateRequest &req,
-                      double timeout_s = 60) {
+                      double timeout_s = 60, BearerToken *token = nullptr) {
   const auto t0 = std::chrono::steady_clock::now();
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(int64_t(timeout_s * 1000)));
+  AddBearerToken(ctx, token);
   auto reader = stub.Generate(&ctx, req);
   Reply r;
   v1::GenerateResponse m;

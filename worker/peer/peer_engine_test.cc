@@ -3,7 +3,11 @@
 // to end over a test backend that "shares" its pool in-process, where the second copies pages by
 // lease, falls back to bytes when the copy fails, and uses bytes when the peer cannot lend (the
 // CPU backend). Part of peer_test.
+#include <unistd.h>
+
 #include <atomic>
+#include <cstdio>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -14,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/auth.h"
 #include "common/grpc_server.h"
 #include "common/metrics.h"
 #include "gtest/gtest.h"
@@ -275,7 +280,9 @@ struct FastPathPair {
   TokenRunOptions opts;
 
   // bytes_delay: A takes this long to export a document as bytes (leases are not delayed).
-  FastPathPair(bool a_shares, bool b_shares, absl::Duration bytes_delay = absl::ZeroDuration()) {
+  // tokens: A's (null: no authentication); token: the one B sends (null: none).
+  FastPathPair(bool a_shares, bool b_shares, absl::Duration bytes_delay = absl::ZeroDuration(),
+               TokenStore *tokens = nullptr, std::shared_ptr<BearerToken> token = nullptr) {
     a = MakeEngineOn(CpuBackendFor(a_shares), nullptr, &reg_a);
     prompt.prefix = Tokens(7, 9);
     prompt.documents = {Tokens(1, 40), Tokens(2, 33), Tokens(4, 50)};
@@ -286,6 +293,7 @@ struct FastPathPair {
     PeerServiceOptions so;
     so.model_fingerprint = a->options().fingerprint;
     so.registry = &reg_a;
+    so.tokens = tokens;
     Engine *ea = a.get();
     service = std::make_unique<PeerDocumentsService>(
         [ea, bytes_delay](const std::string &id) {
@@ -300,6 +308,7 @@ struct FastPathPair {
     po.peers = {server->address()};
     po.model_fingerprint = a->options().fingerprint;
     po.registry = &reg_b;
+    po.auth_token = std::move(token);
     auto opened = OpenPeerFirstStore(po, std::make_unique<Borrowed>(&kv));
     EXPECT_TRUE(opened.ok()) << opened.status();
     peers = std::move(*opened);
@@ -423,6 +432,47 @@ TEST(PeerFastPathTest, RequesterOnTheCpuBackendNeverAsksForLeases) {
   EXPECT_EQ(Metric(t.reg_b, "lazyrag_worker_peer_fetch_total{result=\"lease\"}"), 0);
   EXPECT_EQ(Metric(t.reg_a, "lazyrag_worker_peer_leases_total{result=\"granted\"}"), 0);
   EXPECT_EQ(rb->token_ids, t.Fresh());
+}
+
+// Every call B makes on A carries B's worker token (AddBearerToken on each context): GetPool,
+// LeaseDocument and ReleaseLease on the fast path, GetDocument on the bytes path. A, which takes
+// worker tokens only, refuses none of them; without the token it refuses B, which computes.
+TEST(PeerFastPathTest, EveryPeerCallCarriesTheWorkerToken) {
+  constexpr char kWorkerToken[] = "cluster-worker-token-001";
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "/peer_engine_test_tokens_", getpid());
+  {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << kWorkerToken << " cluster worker\n";
+  }
+  metrics::Registry auth_registry;
+  AuthMetrics auth(&auth_registry);
+  auto tokens = TokenStore::Open(path, absl::Seconds(1), &auth);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  for (bool b_shares : {true, false}) {
+    SCOPED_TRACE(b_shares ? "fast path" : "bytes");
+    FastPathPair t(/*a_shares=*/true, b_shares, absl::ZeroDuration(), tokens->get(),
+                   BearerToken::Fixed(kWorkerToken));
+    auto rb = t.b->RunTokens(t.prompt, t.opts);
+    ASSERT_TRUE(rb.ok()) << rb.status();
+    EXPECT_EQ(rb->usage.store_document_tokens, rb->usage.document_tokens);
+    EXPECT_EQ(Metric(t.reg_b, b_shares ? "lazyrag_worker_peer_fetch_total{result=\"lease\"}"
+                                       : "lazyrag_worker_peer_fetch_total{result=\"hit\"}"),
+              4);
+    t.ExpectAllReleased();  // a refused ReleaseLease would leave A's pages pinned to expiry
+  }
+  EXPECT_EQ(auth.unauthenticated(), 0);
+  EXPECT_EQ(auth.permission_denied(), 0);
+
+  FastPathPair without(/*a_shares=*/true, /*b_shares=*/true, absl::ZeroDuration(), tokens->get(),
+                       /*token=*/nullptr);
+  auto rb = without.b->RunTokens(without.prompt, without.opts);
+  ASSERT_TRUE(rb.ok()) << rb.status();
+  EXPECT_EQ(rb->usage.store_document_tokens, 0);
+  EXPECT_GE(Metric(without.reg_b, "lazyrag_worker_peer_fetch_total{result=\"unauthenticated\"}"),
+            1);
+  EXPECT_GE(auth.unauthenticated(), 1);
+  EXPECT_EQ(rb->token_ids, without.Fresh());
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -75,16 +75,24 @@ absl::Status CheckLayout(const PeerPoolHandle &peer, const PeerPoolHandle &local
 // One peer worker: its channel and when it may be asked again after a failure.
 class Peer {
  public:
+  // `token`: this worker's, sent on every call (null: none).
   Peer(std::string address, const std::shared_ptr<grpc::ChannelCredentials> &credentials,
-       const std::shared_ptr<BearerToken> &token)
-      : address_(std::move(address)) {
+       std::shared_ptr<BearerToken> token)
+      : address_(std::move(address)), token_(std::move(token)) {
     // A peer that restarts is found again quickly.
     stub_ = v1::PeerDocuments::NewStub(
-        CreateServiceChannel(address_, credentials, ServiceChannelArgs(kMaxMessageBytes), token));
+        grpc::CreateCustomChannel(address_, credentials, ServiceChannelArgs(kMaxMessageBytes)));
   }
 
   const std::string &address() const { return address_; }
+  // The channel carries no token: every call on it passes its context through PrepareCall first.
   v1::PeerDocuments::Stub &stub() { return *stub_; }
+  // Sets the deadline of a call on stub(), `timeout_s` from now, and adds this worker's token to
+  // `ctx` (AddBearerToken). REQUIRES: the call has not started.
+  void PrepareCall(grpc::ClientContext &ctx, double timeout_s) const {
+    ctx.set_deadline(DeadlineIn(timeout_s));
+    AddBearerToken(ctx, token_.get());
+  }
 
   bool Down(absl::Time now) const {
     absl::MutexLock l(&mu_);
@@ -115,6 +123,7 @@ class Peer {
 
  private:
   const std::string address_;
+  const std::shared_ptr<BearerToken> token_;
   std::unique_ptr<v1::PeerDocuments::Stub> stub_;
   mutable absl::Mutex mu_;
   absl::Time down_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
@@ -160,7 +169,7 @@ class LeaseReleaser {
         queue_.pop_front();
       }
       grpc::ClientContext ctx;
-      ctx.set_deadline(DeadlineIn(timeout_s_));
+      item.first->PrepareCall(ctx, timeout_s_);
       v1::PeerReleaseRequest req;
       req.set_lease_id(item.second);
       v1::PeerReleaseResponse resp;
@@ -351,7 +360,7 @@ class PeerFirstStore : public DocumentStore {
         break;
     }
     grpc::ClientContext ctx;
-    ctx.set_deadline(DeadlineIn(options_.call_timeout_s));
+    peer.PrepareCall(ctx, options_.call_timeout_s);
     v1::PeerPoolRequest req;
     req.set_model_fingerprint(options_.model_fingerprint);
     v1::PeerPool pool;
@@ -377,7 +386,7 @@ class PeerFirstStore : public DocumentStore {
                                            const std::string &id) {
     const absl::Time sent = absl::Now();
     grpc::ClientContext ctx;
-    ctx.set_deadline(DeadlineIn(options_.call_timeout_s));
+    peer->PrepareCall(ctx, options_.call_timeout_s);
     v1::PeerLeaseRequest req;
     req.set_model_fingerprint(options_.model_fingerprint);
     req.set_cache_namespace(ns);
@@ -471,8 +480,7 @@ class PeerFirstStore : public DocumentStore {
   absl::StatusOr<StoredDocument> FetchFrom(Peer &peer, const std::string &ns,
                                            const std::string &id) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::microseconds(int64_t(options_.call_timeout_s * 1e6)));
+    peer.PrepareCall(ctx, options_.call_timeout_s);
     v1::PeerGetRequest req;
     req.set_model_fingerprint(options_.model_fingerprint);
     req.set_cache_namespace(ns);
