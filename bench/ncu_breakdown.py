@@ -6,7 +6,7 @@ dram__bytes_write.sum` over `ttft_bench --profile` (one LAZY request, prefill + 
 then one with --quality_k). Kernels are serialised and timed alone by ncu (no overlap, no PDL),
 so the sum is an upper bound of the step's GPU time.
 
-Steps are split after each ArgmaxRowsKernel (a step's last kernel). Kernels are grouped by kind;
+Steps are split after each run of argmax kernels (a step's last: its partial maxima and merge). Kernels are grouped by kind;
 the GEMMs of a step by their place in the layer (QKV, O, gate_up, down) and the LM head (the
 step's last GEMM). Bytes are DRAM bytes read + written; "floor" is those bytes at the read
 ceiling (--ceiling_tbs, 4.52 TB/s measured on the H200, bench/README.md).
@@ -59,9 +59,10 @@ def read_kernels(path):
 
 def split_steps(kernels):
     steps, cur = [], []
-    for k in kernels:
+    for i, k in enumerate(kernels):
         cur.append(k)
-        if kind_of(k["name"]) == "argmax":
+        last = i + 1 == len(kernels)
+        if kind_of(k["name"]) == "argmax" and (last or kind_of(kernels[i + 1]["name"]) != "argmax"):
             steps.append(cur)
             cur = []
     if cur:

@@ -174,26 +174,52 @@ __global__ void __launch_bounds__(kNormThreads)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Greedy sampling: one block per logit row.
+// Greedy sampling: each logit row cut into parts, a block each, then one warp per row.
 
-constexpr int kArgmaxThreads = 1024;
+constexpr int kArgmaxThreads = 256;
+constexpr int kArgmaxPerThread = 16;  // independent loads in flight per thread and pass
+constexpr int kArgmaxPass = kArgmaxThreads * kArgmaxPerThread;
 
 // (v, i) becomes the better of itself and (ov, oi): the larger value, then the lower index.
+// Associative and commutative, so any split of a row and any merge order give the same id.
 __device__ __forceinline__ void ArgmaxMerge(float& v, int& i, float ov, int oi) {
   if (ov > v || (ov == v && oi < i)) {
     v = ov;
     i = oi;
   }
 }
+
+__device__ __forceinline__ void ArgmaxWarp(float& v, int& i) {
+  for (int off = 16; off > 0; off >>= 1) {
+    ArgmaxMerge(v, i, __shfl_xor_sync(~0u, v, off), __shfl_xor_sync(~0u, i, off));
+  }
+}
+
+// Block (part, row) reduces its share of the row to one (value, index) pair in partial[row,
+// part]. Several blocks a row, because one SM alone reads a 128k-entry row at a small fraction
+// of the memory bandwidth.
 __global__ void __launch_bounds__(kArgmaxThreads)
-    ArgmaxRowsKernel(const __grid_constant__ ArgmaxRowsParams p) {
-  const float* row = p.logits + int64_t(blockIdx.x) * p.vocab;
+    ArgmaxPartsKernel(const __grid_constant__ ArgmaxRowsParams p, int parts, int per_part) {
+  kernels::detail::PdlLaunchDependents();
+  kernels::detail::PdlWait();  // the logits are the previous kernel's output
+  const float* row = p.logits + int64_t(blockIdx.y) * p.vocab;
+  const int begin = blockIdx.x * per_part, end = min(p.vocab, begin + per_part);
   float best = -INFINITY;
   int idx = INT_MAX;
-  for (int i = threadIdx.x; i < p.vocab; i += blockDim.x) ArgmaxMerge(best, idx, row[i], i);
-  for (int off = 16; off > 0; off >>= 1) {
-    ArgmaxMerge(best, idx, __shfl_xor_sync(~0u, best, off), __shfl_xor_sync(~0u, idx, off));
+  for (int base = begin + threadIdx.x; base < end; base += kArgmaxPass) {
+    float v[kArgmaxPerThread];
+#pragma unroll
+    for (int j = 0; j < kArgmaxPerThread; ++j) {
+      const int i = base + j * kArgmaxThreads;
+      v[j] = i < end ? __ldg(row + i) : -INFINITY;
+    }
+#pragma unroll
+    for (int j = 0; j < kArgmaxPerThread; ++j) {
+      const int i = base + j * kArgmaxThreads;
+      if (i < end) ArgmaxMerge(best, idx, v[j], i);
+    }
   }
+  ArgmaxWarp(best, idx);
   __shared__ float warp_best[kArgmaxThreads / 32];
   __shared__ int warp_idx[kArgmaxThreads / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -205,10 +231,27 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   if (warp != 0) return;
   best = lane < kArgmaxThreads / 32 ? warp_best[lane] : -INFINITY;
   idx = lane < kArgmaxThreads / 32 ? warp_idx[lane] : INT_MAX;
-  for (int off = 16; off > 0; off >>= 1) {
-    ArgmaxMerge(best, idx, __shfl_xor_sync(~0u, best, off), __shfl_xor_sync(~0u, idx, off));
+  ArgmaxWarp(best, idx);
+  if (lane == 0) {
+    const int64_t at = int64_t(blockIdx.y) * parts + blockIdx.x;
+    p.partial_value[at] = best;
+    p.partial_index[at] = idx;
   }
-  if (lane == 0) p.ids[blockIdx.x] = idx < p.vocab ? idx : 0;  // an all-NaN row: 0
+}
+
+// One warp per row merges the row's parts (at most kArgmaxMaxParts).
+__global__ void __launch_bounds__(32)
+    ArgmaxMergeKernel(const __grid_constant__ ArgmaxRowsParams p, int parts) {
+  kernels::detail::PdlLaunchDependents();
+  kernels::detail::PdlWait();
+  const int64_t first = int64_t(blockIdx.x) * parts;
+  float best = -INFINITY;
+  int idx = INT_MAX;
+  for (int j = threadIdx.x; j < parts; j += 32) {
+    ArgmaxMerge(best, idx, p.partial_value[first + j], p.partial_index[first + j]);
+  }
+  ArgmaxWarp(best, idx);
+  if (threadIdx.x == 0) p.ids[blockIdx.x] = idx < p.vocab ? idx : 0;  // an all-NaN row: 0
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -480,11 +523,24 @@ absl::Status LaunchSwiGlu(const SwiGluParams& p, cudaStream_t stream) {
                                           kElementwiseThreads, 0, nullptr, stream, p);
 }
 
+int ArgmaxRowsParts(int vocab) {
+  return std::clamp((vocab + kArgmaxPass - 1) / kArgmaxPass, 1, kArgmaxMaxParts);
+}
+
 absl::Status LaunchArgmaxRows(const ArgmaxRowsParams& p, cudaStream_t stream) {
   if (p.num_rows == 0) return absl::OkStatus();
-  ArgmaxRowsKernel<<<p.num_rows, kArgmaxThreads, 0, stream>>>(p);
-  LAZYRAG_RETURN_IF_LAUNCH_ERROR();
-  return absl::OkStatus();
+  if (p.num_rows < 0 || p.num_rows > 65535 || p.vocab <= 0 || p.logits == nullptr ||
+      p.ids == nullptr || p.partial_value == nullptr || p.partial_index == nullptr) {
+    return absl::InvalidArgumentError(
+        "argmax: needs 0 <= num_rows <= 65535, vocab > 0, logits, ids and the partials");
+  }
+  const int parts = ArgmaxRowsParts(p.vocab);
+  const int per_part = (p.vocab + parts - 1) / parts;
+  RETURN_IF_ERROR(kernels::detail::LaunchPdlKernel(ArgmaxPartsKernel, dim3(parts, p.num_rows),
+                                                   kArgmaxThreads, 0, nullptr, stream, p, parts,
+                                                   per_part));
+  return kernels::detail::LaunchPdlKernel(ArgmaxMergeKernel, dim3(p.num_rows), 32, 0, nullptr,
+                                          stream, p, parts);
 }
 
 absl::Status LaunchSyntheticFill(const SyntheticFillParams& p, cudaStream_t stream) {

@@ -78,10 +78,17 @@ struct SwiGluParams {
 absl::Status LaunchSwiGlu(const SwiGluParams& p, cudaStream_t stream);
 
 // ids[r] = the index of the largest of logits[r, 0:vocab) (the lowest index among equal
-// maxima; NaNs are skipped) for each of num_rows rows: greedy sampling on the device.
+// maxima; NaNs are skipped; an all-NaN row gives 0) for each of num_rows rows: greedy sampling
+// on the device. Each row is cut into ArgmaxRowsParts(vocab) parts reduced by their own blocks
+// into partial_value / partial_index ([num_rows, parts] each), then merged; same ids whatever
+// the cut.
+constexpr int kArgmaxMaxParts = 64;
+int ArgmaxRowsParts(int vocab);
 struct ArgmaxRowsParams {
-  const float* logits = nullptr;  // [num_rows, vocab]
-  int32_t* ids = nullptr;         // [num_rows]
+  const float* logits = nullptr;     // [num_rows, vocab]
+  int32_t* ids = nullptr;            // [num_rows]
+  float* partial_value = nullptr;    // [num_rows, ArgmaxRowsParts(vocab)]
+  int32_t* partial_index = nullptr;  // [num_rows, ArgmaxRowsParts(vocab)]
   int num_rows = 0;
   int vocab = 0;
 };

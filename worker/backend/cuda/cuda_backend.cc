@@ -143,7 +143,7 @@ class CudaBackend final : public Backend {
 
   StagedUpload upload_ ABSL_GUARDED_BY(mu_);
   PinnedBuffer logits_host_ ABSL_GUARDED_BY(mu_);
-  DeviceBuffer argmax_device_ ABSL_GUARDED_BY(mu_);  // ForwardArgmax's ids, [rows] int32
+  DeviceBuffer argmax_device_ ABSL_GUARDED_BY(mu_);  // ForwardArgmax's ids and partials
   PinnedBuffer argmax_host_ ABSL_GUARDED_BY(mu_);
   StepActivations activations_ ABSL_GUARDED_BY(mu_);
   // Every buffer a graph reads stays where it is until graphs_.Clear (buffer growth, a new
@@ -287,11 +287,15 @@ absl::Status CudaBackend::ForwardImpl(const ForwardBatch& batch, std::vector<flo
   // applying: the residual stream does not outlive the call, the KV pool is written.
   if (R == 0) return absl::OkStatus();
   if (ids != nullptr) {
-    RETURN_IF_ERROR(argmax_device_.Reserve(size_t(R) * sizeof(int32_t)));
+    // [ids R][partial values R x parts][partial indices R x parts], 4-byte entries.
+    const size_t cells = size_t(R) * cuda_model::ArgmaxRowsParts(c.vocab_size);
+    RETURN_IF_ERROR(argmax_device_.Reserve((size_t(R) + 2 * cells) * sizeof(int32_t)));
     RETURN_IF_ERROR(argmax_host_.Reserve(size_t(R) * sizeof(int32_t)));
     cuda_model::ArgmaxRowsParams am;
     am.logits = activations_.logits;
     am.ids = reinterpret_cast<int32_t*>(argmax_device_.data());
+    am.partial_value = reinterpret_cast<float*>(am.ids + R);
+    am.partial_index = am.ids + R + cells;
     am.num_rows = R;
     am.vocab = c.vocab_size;
     RETURN_IF_ERROR(cuda_model::LaunchArgmaxRows(am, stream_));

@@ -171,47 +171,67 @@ TEST(CudaBackendTest, DeviceGeneratedWeightsEqualHostWeights) {
 }
 
 // The greedy-sampling kernel: the largest value, the lowest index among equal maxima, NaNs
-// skipped, an all -inf row gives 0; vocabularies that are not multiples of the block.
+// skipped, an all -inf row gives 0; vocabularies of one part, of several (ties across parts)
+// and past the part cap (blocks looping), none a multiple of the block; missing partials.
 TEST(CudaBackendTest, ArgmaxRowsKernel) {
   SKIP_WITHOUT_DEVICE();
-  const int vocab = 3001, rows = 6;
-  std::mt19937 rng(3);
-  std::normal_distribution<float> nd;
-  std::vector<float> h(size_t(rows) * vocab);
-  for (float& x : h) x = nd(rng);
-  std::vector<int32_t> want(rows);
-  for (int r = 0; r < rows; ++r) {
-    const float* row = h.data() + size_t(r) * vocab;
-    want[r] = int32_t(std::max_element(row, row + vocab) - row);
+  for (const int vocab : {3001, 70001, 128263, 300007}) {
+    SCOPED_TRACE(vocab);
+    const int rows = 6;
+    std::mt19937 rng(3 + vocab);
+    std::normal_distribution<float> nd;
+    std::vector<float> h(size_t(rows) * vocab);
+    for (float& x : h) x = nd(rng);
+    std::vector<int32_t> want(rows);
+    for (int r = 0; r < rows; ++r) {
+      const float* row = h.data() + size_t(r) * vocab;
+      want[r] = int32_t(std::max_element(row, row + vocab) - row);
+    }
+    float* row1 = h.data() + vocab;  // ties in the first and the last part -> the lower
+    row1[7] = row1[vocab - 101] = 100.f;
+    want[1] = 7;
+    float* row2 = h.data() + 2 * vocab;  // all -inf -> 0
+    std::fill(row2, row2 + vocab, -INFINITY);
+    want[2] = 0;
+    float* row3 = h.data() + 3 * vocab;  // NaNs (one in every part's reach) are skipped
+    for (int i = 0; i < vocab; i += 997) row3[i] = NAN;
+    row3[vocab - 1] = 50.f;
+    want[3] = vocab - 1;
+    float* row4 = h.data() + 4 * vocab;  // equal maxima in the middle parts -> the lower
+    row4[vocab / 2 + 1] = row4[std::min(vocab - 1, vocab / 2 + 4096)] = row4[vocab / 3] = 60.f;
+    want[4] = vocab / 3;
+    const int parts = cuda_model::ArgmaxRowsParts(vocab);
+    EXPECT_GE(parts, 1);
+    EXPECT_LE(parts, cuda_model::kArgmaxMaxParts);
+    float* dl = nullptr;
+    int32_t* di = nullptr;
+    float* pv = nullptr;
+    int32_t* pi = nullptr;
+    ASSERT_EQ(cudaMalloc(&dl, h.size() * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&di, rows * sizeof(int32_t)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&pv, size_t(rows) * parts * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&pi, size_t(rows) * parts * sizeof(int32_t)), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dl, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    cuda_model::ArgmaxRowsParams p;
+    p.logits = dl;
+    p.ids = di;
+    p.num_rows = rows;
+    p.vocab = vocab;
+    EXPECT_EQ(cuda_model::LaunchArgmaxRows(p, nullptr).code(),
+              absl::StatusCode::kInvalidArgument);  // no partials
+    p.partial_value = pv;
+    p.partial_index = pi;
+    ASSERT_TRUE(cuda_model::LaunchArgmaxRows(p, nullptr).ok());
+    std::vector<int32_t> got(rows);
+    ASSERT_EQ(cudaMemcpy(got.data(), di, rows * sizeof(int32_t), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    EXPECT_EQ(got, want);
+    cudaFree(dl);
+    cudaFree(di);
+    cudaFree(pv);
+    cudaFree(pi);
   }
-  float* row1 = h.data() + vocab;  // ties: ids 7 and 2900 share the maximum -> 7
-  row1[7] = row1[2900] = 100.f;
-  want[1] = 7;
-  float* row2 = h.data() + 2 * vocab;  // all -inf -> 0
-  std::fill(row2, row2 + vocab, -INFINITY);
-  want[2] = 0;
-  float* row3 = h.data() + 3 * vocab;  // a NaN before the maximum is skipped
-  row3[0] = NAN;
-  row3[3000] = 50.f;
-  want[3] = 3000;
-  float* dl = nullptr;
-  int32_t* di = nullptr;
-  ASSERT_EQ(cudaMalloc(&dl, h.size() * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&di, rows * sizeof(int32_t)), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(dl, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice),
-            cudaSuccess);
-  cuda_model::ArgmaxRowsParams p;
-  p.logits = dl;
-  p.ids = di;
-  p.num_rows = rows;
-  p.vocab = vocab;
-  ASSERT_TRUE(cuda_model::LaunchArgmaxRows(p, nullptr).ok());
-  std::vector<int32_t> got(rows);
-  ASSERT_EQ(cudaMemcpy(got.data(), di, rows * sizeof(int32_t), cudaMemcpyDeviceToHost),
-            cudaSuccess);
-  EXPECT_EQ(got, want);
-  cudaFree(dl);
-  cudaFree(di);
 }
 
 // Greedy requests that do not ask for logits take ForwardArgmax (the device argmax): the same
