@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/json.h"
+#include "common/native_blas.h"
 #include "common/parallel.h"
 #include "worker/runtime/runtime.h"
 
@@ -94,6 +95,7 @@ int Main(int argc, char** argv) {
   j = Json::object();
   j["model"] = ro.model;
   j["device"] = ro.device;
+  j["blas_kernels"] = BlasCoreName();
   j["threads"] = NumWorkerThreads();
 
   // 1. Throughput: a FULL prefill of ~512 tokens, then 64 decode steps.
@@ -208,4 +210,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace lazyrag
 
-int main(int argc, char** argv) { return lazyrag::Main(argc, argv); }
+int main(int argc, char** argv) {
+  lazyrag::PreferNativeBlasKernels(argv);
+  return lazyrag::Main(argc, argv);
+}

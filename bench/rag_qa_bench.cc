@@ -29,6 +29,7 @@
 
 #include "absl/strings/str_split.h"
 #include "common/json.h"
+#include "common/native_blas.h"
 #include "common/parallel.h"
 #include "worker/runtime/runtime.h"
 
@@ -193,6 +194,7 @@ int Main(int argc, char** argv) {
   j = Json::object();
   j["model"] = ro.model;
   j["device"] = ro.device;
+  j["blas_kernels"] = BlasCoreName();
   j["threads"] = NumWorkerThreads();
   j["max_tokens"] = max_tokens;
   j["default_k"] = ro.quality.recompute_first_tokens;
@@ -345,4 +347,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace lazyrag
 
-int main(int argc, char** argv) { return lazyrag::Main(argc, argv); }
+int main(int argc, char** argv) {
+  lazyrag::PreferNativeBlasKernels(argv);
+  return lazyrag::Main(argc, argv);
+}

@@ -33,6 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_stats.h"
+#include "common/native_blas.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/engine/engine.h"
 #include "worker/model/model_source.h"
@@ -425,4 +426,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace lazyrag
 
-int main(int argc, char** argv) { return lazyrag::Main(argc, argv); }
+int main(int argc, char** argv) {
+  lazyrag::PreferNativeBlasKernels(argv);
+  return lazyrag::Main(argc, argv);
+}

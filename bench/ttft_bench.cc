@@ -40,6 +40,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/bench_stats.h"
 #include "bench/ttft_kvstore_fetch.h"
+#include "common/native_blas.h"
 #include "common/status.h"
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/engine/engine.h"
@@ -635,4 +636,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace lazyrag
 
-int main(int argc, char** argv) { return lazyrag::Main(argc, argv); }
+int main(int argc, char** argv) {
+  lazyrag::PreferNativeBlasKernels(argv);
+  return lazyrag::Main(argc, argv);
+}

@@ -3,7 +3,7 @@
 function(lazyrag_test name)
   cmake_parse_arguments(T "SERIAL" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
-  target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
+  target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest lazyrag_test_main)
   if(LAZYRAG_TSAN_ABSL_SHIM)
     target_sources(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/sanitizers/tsan_absl_shim.cc)
     target_link_libraries(${name} PRIVATE absl::synchronization ${CMAKE_DL_LIBS})

@@ -15,6 +15,7 @@
 #include "common/auth_flags.h"
 #include "common/binary_flags.h"
 #include "common/logging.h"
+#include "common/native_blas.h"
 #include "common/server_main.h"
 #include "common/tls_flags.h"
 #include "worker/peer/peer_store.h"
@@ -108,6 +109,7 @@ ABSL_FLAG(std::string, metrics_host, "127.0.0.1",
 ABSL_FLAG(double, shutdown_grace_s, 10, "seconds running calls get to finish at shutdown");
 
 int main(int argc, char **argv) {
+  lazyrag::PreferNativeBlasKernels(argv);
   const lazyrag::BinaryCommandLine command_line = lazyrag::ParseBinaryCommandLine(
       argc, argv, "lazyrag-worker",
       "lazyrag-worker --listen HOST:PORT --model PATH|synthetic:NAME --device "

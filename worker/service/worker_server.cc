@@ -6,6 +6,7 @@
 #include "common/grpc_server.h"
 #include "common/logging.h"
 #include "common/metrics_http.h"
+#include "common/native_blas.h"
 #include "common/status.h"
 #include "common/tls.h"
 #include "worker/peer/peer_service.h"
@@ -137,6 +138,7 @@ absl::Status WorkerServer::Start() {
           .With("device", options_.runtime.device)
           .With("cuda_device", options_.runtime.cuda_device)
           .With("tp", options_.runtime.tensor_parallel)
+          .With("blas_kernels", BlasCoreName())
           .With("pool_pages", stats.pages_total)
           .With("pool_bytes", int64_t{stats.pages_total} * runtime_->page_bytes)
           .With("page_size", eo.page_size)

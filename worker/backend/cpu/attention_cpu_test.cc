@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <numeric>
 #include <random>
 
+#include "common/native_blas.h"
 #include "gtest/gtest.h"
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/attention/rope.h"
@@ -182,6 +185,73 @@ TEST(AttentionCpuTest, BlasMatchesReferenceWithSkipsAndScales) {
     for (size_t i = 0; i < ref.size(); ++i) {
       ASSERT_NEAR(ref[i], fast[i], 1e-4f * (1 + std::fabs(ref[i]))) << "page " << c.page_size << " i " << i;
     }
+  }
+}
+
+// Requests longer than one BLAS row block (32 query rows): a causal prefill over two segments
+// whose first rows see none of the second segment, rows after all keys, and a one-row request;
+// plain and with skips and scales.
+TEST(AttentionCpuTest, BlasMatchesReferenceOnLongRequests) {
+  std::mt19937 rng(23);
+  const Case c{16, 6, 2, 32};
+  struct Request {
+    std::vector<int> seg_lens;
+    int first_pos, rows;
+  };
+  const std::vector<Request> requests = {{{45, 70}, 0, 115}, {{30, 50}, 80, 40}, {{20}, 3, 1}};
+  for (bool quality : {false, true}) {
+    RandomBatch rb;
+    rb.view.page_size = c.page_size;
+    int num_q = 0;
+    for (const Request& r : requests) {
+      int start = 0;
+      for (int len : r.seg_lens) {
+        const int pages = (len + c.page_size - 1) / c.page_size;
+        std::vector<int32_t> ps(pages);
+        std::iota(ps.begin(), ps.end(), rb.num_pages);
+        rb.num_pages += pages;
+        rb.view.AddSegment(start, len, ps);
+        start += len;
+      }
+      std::vector<int32_t> pos(r.rows);
+      std::iota(pos.begin(), pos.end(), r.first_pos);
+      rb.view.EndRequest(pos);
+      num_q += r.rows;
+    }
+    if (quality) RandomQualityFields(&rb.view, rng);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    rb.q.resize(size_t(num_q) * c.num_heads * c.head_dim);
+    rb.k.resize(size_t(rb.num_pages) * c.page_size * c.num_kv_heads * c.head_dim);
+    rb.v.resize(rb.k.size());
+    for (auto* vec : {&rb.q, &rb.k, &rb.v}) for (float& x : *vec) x = nd(rng);
+    auto inv = RopeInvFreq(RopeConfig(c.head_dim));
+    AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
+    std::vector<float> ref(rb.q.size(), NAN), fast(rb.q.size(), NAN);
+    SegmentView view = rb.view.View();
+    PagedAttentionCpu(shape, view, inv.data(), rb.q.data(), rb.k.data(), rb.v.data(), ref.data());
+    PagedAttentionBlas(shape, view, inv.data(), rb.q.data(), rb.k.data(), rb.v.data(), fast.data());
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_NEAR(ref[i], fast[i], 1e-4f * (1 + std::fabs(ref[i]))) << "quality " << quality << " i " << i;
+    }
+  }
+}
+
+// The test main (common/testing/test_main.cc) re-executes with OpenBLAS's native kernels: on a
+// CPU with AVX2 and FMA, OpenBLAS must not be left on a pre-Haswell kernel set.
+TEST(NativeBlasTest, OpenBlasRunsTheCpusNativeKernels) {
+  const char* forced = std::getenv("OPENBLAS_CORETYPE");
+  if (forced != nullptr && std::string(forced) != "SkylakeX" && std::string(forced) != "Haswell") {
+    GTEST_SKIP() << "OPENBLAS_CORETYPE=" << forced << " chosen by the caller";
+  }
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+    GTEST_SKIP() << "CPU without AVX2 and FMA";
+  }
+  const std::string core = BlasCoreName();
+  ASSERT_FALSE(core.empty()) << "this binary links OpenBLAS";
+  for (const char* generic : {"Prescott", "Katmai", "Core2", "Penryn", "Dunnington", "Nehalem",
+                              "Atom", "Sandybridge", "unknown"}) {
+    EXPECT_NE(core, generic);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -15,10 +16,16 @@
 namespace lazyrag {
 namespace {
 
+constexpr int kAttentionRowBlock = 32;  // query rows per attention task
+
 // y[m, n] = x[m, k] * w[n, k]^T (+ y when accumulate)
+// Column blocks across common/parallel.h's threads; OpenBLAS itself runs one thread (see
+// CreateCpuBackend), so GEMMs and attention share one pool and no thread spins for the other.
 void MatMulT(const float* x, const float* w, float* y, int m, int n, int k, bool accumulate) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k,
-              accumulate ? 1.0f : 0.0f, y, n);
+  ParallelFor(n, 64, [&](int64_t b, int64_t e) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, int(e - b), k, 1.0f, x, k,
+                w + b * k, k, accumulate ? 1.0f : 0.0f, y + b, n);
+  });
 }
 
 void RmsNorm(const float* x, const float* w, float* y, int rows, int dim, float eps) {
@@ -292,28 +299,61 @@ void PagedAttentionBlas(const AttentionShape& shape, const SegmentView& view,
   const int H = shape.num_heads, Hkv = shape.num_kv_heads, D = shape.head_dim;
   const int group = H / Hkv;
   const int ps = view.page_size;
-  // One task per (request, kv head): gather each segment's K/V, rotate the group's queries
-  // once per segment, scores and weighted sums with GEMMs.
-  ParallelFor(int64_t(view.num_requests) * Hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> ks, vs, qs, scores, acc;
-    for (int64_t task = begin; task < end; ++task) {
-      const int b = int(task / Hkv), kvh = int(task % Hkv);
-      const int r0 = view.q_indptr[b], nq = view.q_indptr[b + 1] - r0;
-      if (nq == 0) continue;
-      const int M = nq * group;  // rows: (query row, head in group)
-      int total_keys = 0;
-      for (int s = view.seg_indptr[b]; s < view.seg_indptr[b + 1]; ++s) total_keys += view.seg_len[s];
-      scores.assign(int64_t(M) * std::max(total_keys, 1), -std::numeric_limits<float>::infinity());
-      qs.resize(int64_t(M) * D);
-      // Pass 1: scores per segment into columns [col0, col0 + n).
-      int col0 = 0;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  // One task per (request, kv head, block of query rows): a block reads only the keys some of
+  // its rows can see (causal prefill skips the upper triangle), and blocks balance the threads
+  // when a step holds one long request. Costliest tasks first, taken dynamically.
+  struct Task {
+    int b, kvh, r_begin, r_end;
+    int64_t cost;
+  };
+  std::vector<Task> tasks;
+  for (int b = 0; b < view.num_requests; ++b) {
+    const int q0 = view.q_indptr[b], q1 = view.q_indptr[b + 1];
+    for (int r = q0; r < q1; r += kAttentionRowBlock) {
+      const int re = std::min(q1, r + kAttentionRowBlock);
+      int64_t keys = 0;
       for (int s = view.seg_indptr[b]; s < view.seg_indptr[b + 1]; ++s) {
-        const int n = view.seg_len[s], start = view.seg_start[s];
+        int vis = 0;
+        for (int i = r; i < re; ++i) vis = std::max(vis, view.q_pos[i] - view.seg_start[s] + 1);
+        keys += std::clamp(vis, 0, int(view.seg_len[s]));
+      }
+      for (int kvh = 0; kvh < Hkv; ++kvh) tasks.push_back({b, kvh, r, re, keys * (re - r)});
+    }
+  }
+  std::stable_sort(tasks.begin(), tasks.end(),
+                   [](const Task& a, const Task& c) { return a.cost > c.cost; });
+  std::atomic<size_t> next{0};
+  ParallelFor(NumWorkerThreads(), 1, [&](int64_t, int64_t) {
+    std::vector<float> ks, vs, qs, scores, acc;
+    std::vector<int> seg_cols;
+    for (size_t t; (t = next.fetch_add(1)) < tasks.size();) {
+      const Task& task = tasks[t];
+      const int b = task.b, kvh = task.kvh, r0 = task.r_begin, nq = task.r_end - task.r_begin;
+      const int s0 = view.seg_indptr[b], s1 = view.seg_indptr[b + 1];
+      const int M = nq * group;  // rows: (query row, head in group)
+      // Columns of segment s: its first seg_cols[s - s0] keys, the most any row here sees.
+      seg_cols.assign(s1 - s0, 0);
+      int total = 0;
+      for (int s = s0; s < s1; ++s) {
+        int vis = 0;
+        for (int i = r0; i < r0 + nq; ++i) vis = std::max(vis, view.q_pos[i] - view.seg_start[s] + 1);
+        seg_cols[s - s0] = std::clamp(vis, 0, int(view.seg_len[s]));
+        total += seg_cols[s - s0];
+      }
+      scores.assign(int64_t(M) * std::max(total, 1), kNegInf);
+      qs.resize(int64_t(M) * D);
+      ks.resize(int64_t(total) * D);
+      vs.resize(int64_t(total) * D);
+      // Pass 1: gather K/V, scores per segment into columns [col0, col0 + n).
+      int col0 = 0;
+      for (int s = s0; s < s1; ++s) {
+        const int n = seg_cols[s - s0], start = view.seg_start[s];
         if (n == 0) continue;
-        ks.resize(int64_t(n) * D);
         for (int j = 0; j < n; ++j) {
           int64_t slot = int64_t(view.page_indices[view.page_indptr[s] + j / ps]) * ps + j % ps;
-          std::memcpy(&ks[int64_t(j) * D], k_cache + (slot * Hkv + kvh) * D, sizeof(float) * D);
+          std::memcpy(&ks[int64_t(col0 + j) * D], k_cache + (slot * Hkv + kvh) * D, sizeof(float) * D);
+          std::memcpy(&vs[int64_t(col0 + j) * D], v_cache + (slot * Hkv + kvh) * D, sizeof(float) * D);
         }
         for (int r = 0; r < nq; ++r) {
           for (int gh = 0; gh < group; ++gh) {
@@ -325,59 +365,50 @@ void PagedAttentionBlas(const AttentionShape& shape, const SegmentView& view,
         const float alpha = shape.scale * (view.seg_scale ? view.seg_scale[s] : 1.0f);
         const float bias = view.seg_bias ? view.seg_bias[s] : 0.0f;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, n, D, alpha, qs.data(), D,
-                    ks.data(), D, 0.0f, &scores[col0], total_keys);
+                    &ks[int64_t(col0) * D], D, 0.0f, &scores[col0], total);
         if (bias != 0.0f) {
           for (int m = 0; m < M; ++m) {
-            float* row = &scores[int64_t(m) * total_keys + col0];
+            float* row = &scores[int64_t(m) * total + col0];
             for (int j = 0; j < n; ++j) row[j] += bias;
           }
         }
         // Causal mask: key j visible to row r iff skip <= j and start + j <= p.
-        const int skip = view.seg_skip ? std::min(view.seg_skip[s], n) : 0;
+        const int skip = view.seg_skip ? std::min<int>(view.seg_skip[s], n) : 0;
         for (int r = 0; r < nq; ++r) {
           int visible = std::clamp(view.q_pos[r0 + r] - start + 1, 0, n);
           for (int gh = 0; gh < group; ++gh) {
-            float* row = &scores[(int64_t(r) * group + gh) * total_keys + col0];
-            std::fill(row, row + std::min(skip, visible), -std::numeric_limits<float>::infinity());
-            std::fill(row + visible, row + n, -std::numeric_limits<float>::infinity());
+            float* row = &scores[(int64_t(r) * group + gh) * total + col0];
+            std::fill(row, row + std::min(skip, visible), kNegInf);
+            std::fill(row + visible, row + n, kNegInf);
           }
         }
         col0 += n;
       }
-      // Softmax per row.
+      // Softmax per row; a row that sees no key outputs zeros.
+      acc.assign(int64_t(M) * D, 0.0f);
       std::vector<uint8_t> empty(M, 0);
       for (int m = 0; m < M; ++m) {
-        float* row = &scores[int64_t(m) * total_keys];
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int j = 0; j < total_keys; ++j) mx = std::max(mx, row[j]);
-        if (mx == -std::numeric_limits<float>::infinity()) {
+        float* row = &scores[int64_t(m) * total];
+        float mx = kNegInf;
+        for (int j = 0; j < total; ++j) mx = std::max(mx, row[j]);
+        if (mx == kNegInf) {
           empty[m] = 1;
-          std::fill(row, row + total_keys, 0.0f);
+          std::fill(row, row + total, 0.0f);
           continue;
         }
         double sum = 0;
-        for (int j = 0; j < total_keys; ++j) {
+        for (int j = 0; j < total; ++j) {
           float e = std::exp(row[j] - mx);
           row[j] = e;
           sum += e;
         }
         float inv = float(1.0 / sum);
-        for (int j = 0; j < total_keys; ++j) row[j] *= inv;
+        for (int j = 0; j < total; ++j) row[j] *= inv;
       }
-      // Pass 2: acc[M, D] = sum over segments P_s V_s.
-      acc.assign(int64_t(M) * D, 0.0f);
-      col0 = 0;
-      for (int s = view.seg_indptr[b]; s < view.seg_indptr[b + 1]; ++s) {
-        const int n = view.seg_len[s];
-        if (n == 0) continue;
-        vs.resize(int64_t(n) * D);
-        for (int j = 0; j < n; ++j) {
-          int64_t slot = int64_t(view.page_indices[view.page_indptr[s] + j / ps]) * ps + j % ps;
-          std::memcpy(&vs[int64_t(j) * D], v_cache + (slot * Hkv + kvh) * D, sizeof(float) * D);
-        }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, D, n, 1.0f, &scores[col0],
-                    total_keys, vs.data(), D, 1.0f, acc.data(), D);
-        col0 += n;
+      // Pass 2: acc[M, D] = P V over all gathered columns at once.
+      if (total > 0) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, D, total, 1.0f, scores.data(),
+                    total, vs.data(), D, 0.0f, acc.data(), D);
       }
       for (int r = 0; r < nq; ++r) {
         for (int gh = 0; gh < group; ++gh) {
@@ -403,6 +434,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(std::unique_ptr<ModelW
   }
   auto backend = std::make_unique<CpuBackend>(std::move(weights), options);
   if (auto st = backend->Validate(); !st.ok()) return st;
+  // Process-wide: the backend parallelises its GEMMs itself (MatMulT, PagedAttentionBlas).
+  openblas_set_num_threads(1);
   return backend;
 }
 
