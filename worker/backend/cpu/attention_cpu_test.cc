@@ -78,19 +78,23 @@ ModelConfig RopeConfig(int head_dim) {
   return c;
 }
 
+// PagedAttentionBlas against PagedAttentionCpu on `rb`, element by element.
+void ExpectBlasMatchesReference(const Case& c, const RandomBatch& rb, const std::string& what) {
+  auto inv = RopeInvFreq(RopeConfig(c.head_dim));
+  AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
+  std::vector<float> ref(rb.q.size(), NAN), fast(rb.q.size(), NAN);
+  SegmentView view = rb.view.View();
+  PagedAttentionCpu(shape, view, inv.data(), rb.q.data(), rb.k.data(), rb.v.data(), ref.data());
+  PagedAttentionBlas(shape, view, inv.data(), rb.q.data(), rb.k.data(), rb.v.data(), fast.data());
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_NEAR(ref[i], fast[i], 1e-4f * (1 + std::fabs(ref[i]))) << what << " i " << i;
+  }
+}
+
 TEST(AttentionCpuTest, BlasMatchesReference) {
   std::mt19937 rng(7);
   for (Case c : {Case{1, 4, 4, 16}, Case{16, 6, 2, 32}, Case{64, 8, 2, 64}, Case{16, 9, 3, 64}}) {
-    RandomBatch rb = MakeBatch(c, 3, rng);
-    auto inv = RopeInvFreq(RopeConfig(c.head_dim));
-    AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
-    std::vector<float> ref(rb.q.size(), NAN), fast(rb.q.size(), NAN);
-    SegmentView view = rb.view.View();
-    PagedAttentionCpu(shape, view, inv.data(), rb.q.data(), rb.k.data(), rb.v.data(), ref.data());
-    PagedAttentionBlas(shape, view, inv.data(), rb.q.data(), rb.k.data(), rb.v.data(), fast.data());
-    for (size_t i = 0; i < ref.size(); ++i) {
-      ASSERT_NEAR(ref[i], fast[i], 1e-4f * (1 + std::fabs(ref[i]))) << "page " << c.page_size << " i " << i;
-    }
+    ExpectBlasMatchesReference(c, MakeBatch(c, 3, rng), "page " + std::to_string(c.page_size));
   }
 }
 
@@ -176,15 +180,7 @@ TEST(AttentionCpuTest, BlasMatchesReferenceWithSkipsAndScales) {
   for (Case c : {Case{1, 4, 4, 16}, Case{16, 6, 2, 32}, Case{64, 8, 2, 64}}) {
     RandomBatch rb = MakeBatch(c, 3, rng);
     RandomQualityFields(&rb.view, rng);
-    auto inv = RopeInvFreq(RopeConfig(c.head_dim));
-    AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
-    std::vector<float> ref(rb.q.size(), NAN), fast(rb.q.size(), NAN);
-    SegmentView view = rb.view.View();
-    PagedAttentionCpu(shape, view, inv.data(), rb.q.data(), rb.k.data(), rb.v.data(), ref.data());
-    PagedAttentionBlas(shape, view, inv.data(), rb.q.data(), rb.k.data(), rb.v.data(), fast.data());
-    for (size_t i = 0; i < ref.size(); ++i) {
-      ASSERT_NEAR(ref[i], fast[i], 1e-4f * (1 + std::fabs(ref[i]))) << "page " << c.page_size << " i " << i;
-    }
+    ExpectBlasMatchesReference(c, rb, "page " + std::to_string(c.page_size));
   }
 }
 
@@ -224,15 +220,7 @@ TEST(AttentionCpuTest, BlasMatchesReferenceOnLongRequests) {
     rb.k.resize(size_t(rb.num_pages) * c.page_size * c.num_kv_heads * c.head_dim);
     rb.v.resize(rb.k.size());
     for (auto* vec : {&rb.q, &rb.k, &rb.v}) for (float& x : *vec) x = nd(rng);
-    auto inv = RopeInvFreq(RopeConfig(c.head_dim));
-    AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
-    std::vector<float> ref(rb.q.size(), NAN), fast(rb.q.size(), NAN);
-    SegmentView view = rb.view.View();
-    PagedAttentionCpu(shape, view, inv.data(), rb.q.data(), rb.k.data(), rb.v.data(), ref.data());
-    PagedAttentionBlas(shape, view, inv.data(), rb.q.data(), rb.k.data(), rb.v.data(), fast.data());
-    for (size_t i = 0; i < ref.size(); ++i) {
-      ASSERT_NEAR(ref[i], fast[i], 1e-4f * (1 + std::fabs(ref[i]))) << "quality " << quality << " i " << i;
-    }
+    ExpectBlasMatchesReference(c, rb, quality ? "with skips and scales" : "plain");
   }
 }
 
