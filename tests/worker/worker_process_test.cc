@@ -145,8 +145,13 @@ TEST(WorkerProcessTest, SixteenConcurrentClientsComputeEachDocumentOnce) {
     ASSERT_TRUE(got[i].status.ok()) << i << ": " << got[i].status.error_message();
     EXPECT_EQ(got[i].tokens, ref[i].tokens) << "request " << i;
   }
-  const std::string m = w.Metrics();
   const std::string model = "{model=\"" + Model() + "\"}";
+  // The running gauge is set once per scheduler iteration, after the step that finished the
+  // last requests; a client can hold its last token before that. Wait for it (5 s at most).
+  for (int i = 0; i < 200 && w.Metric("lazyrag_requests_running" + model) != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  const std::string m = w.Metrics();
   EXPECT_EQ(MetricValue(m, "lazyrag_doc_computed_total" + model), 6);
   EXPECT_EQ(MetricValue(m, "lazyrag_doc_cache_lookups_total" + model), 48);
   EXPECT_EQ(MetricValue(m, "lazyrag_doc_cache_hits_total{model=\"" + Model() + "\",tier=\"cpu\"}"),
