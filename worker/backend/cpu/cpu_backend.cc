@@ -307,17 +307,19 @@ void PagedAttentionBlas(const AttentionShape& shape, const SegmentView& view,
     int b, kvh, r_begin, r_end;
     int64_t cost;
   };
+  // Keys of segment s that some query row in [r_begin, r_end) sees: a prefix of the segment.
+  auto visible_keys = [&](int s, int r_begin, int r_end) {
+    int vis = 0;
+    for (int i = r_begin; i < r_end; ++i) vis = std::max(vis, view.q_pos[i] - view.seg_start[s] + 1);
+    return std::clamp(vis, 0, int(view.seg_len[s]));
+  };
   std::vector<Task> tasks;
   for (int b = 0; b < view.num_requests; ++b) {
     const int q0 = view.q_indptr[b], q1 = view.q_indptr[b + 1];
     for (int r = q0; r < q1; r += kAttentionRowBlock) {
       const int re = std::min(q1, r + kAttentionRowBlock);
       int64_t keys = 0;
-      for (int s = view.seg_indptr[b]; s < view.seg_indptr[b + 1]; ++s) {
-        int vis = 0;
-        for (int i = r; i < re; ++i) vis = std::max(vis, view.q_pos[i] - view.seg_start[s] + 1);
-        keys += std::clamp(vis, 0, int(view.seg_len[s]));
-      }
+      for (int s = view.seg_indptr[b]; s < view.seg_indptr[b + 1]; ++s) keys += visible_keys(s, r, re);
       for (int kvh = 0; kvh < Hkv; ++kvh) tasks.push_back({b, kvh, r, re, keys * (re - r)});
     }
   }
@@ -336,9 +338,7 @@ void PagedAttentionBlas(const AttentionShape& shape, const SegmentView& view,
       seg_cols.assign(s1 - s0, 0);
       int total = 0;
       for (int s = s0; s < s1; ++s) {
-        int vis = 0;
-        for (int i = r0; i < r0 + nq; ++i) vis = std::max(vis, view.q_pos[i] - view.seg_start[s] + 1);
-        seg_cols[s - s0] = std::clamp(vis, 0, int(view.seg_len[s]));
+        seg_cols[s - s0] = visible_keys(s, r0, r0 + nq);
         total += seg_cols[s - s0];
       }
       scores.assign(int64_t(M) * std::max(total, 1), kNegInf);
