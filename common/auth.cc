@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -18,6 +19,8 @@ namespace lazyrag {
 namespace {
 
 constexpr size_t kMinTokenBytes = 16;
+constexpr absl::string_view kCertificatePrefix = "x509:";
+constexpr size_t kMaxCertificateNameBytes = 255;
 constexpr size_t kMaxTokenBytes = 512;
 constexpr size_t kMaxTenantBytes = 64;
 
@@ -116,7 +119,17 @@ absl::StatusOr<std::vector<TokenEntry>> ParseTokensFile(std::string_view text,
       return absl::InvalidArgumentError(
           absl::StrCat(where, "want 'TOKEN TENANT ROLE', got ", fields.size(), " fields"));
     }
-    if (!ValidToken(Std(fields[0]))) {
+    TokenEntry e;
+    if (absl::StartsWith(fields[0], kCertificatePrefix)) {
+      const absl::string_view name = fields[0].substr(kCertificatePrefix.size());
+      if (name.empty() || name.size() > kMaxCertificateNameBytes ||
+          !absl::c_all_of(name, [](char c) { return c > ' ' && c <= '~'; })) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "a certificate name (x509:NAME) is 1 to ", kMaxCertificateNameBytes,
+                         " printable ASCII characters without spaces"));
+      }
+      e.certificate_name = std::string(name);
+    } else if (!ValidToken(Std(fields[0]))) {
       return absl::InvalidArgumentError(absl::StrCat(where, "a token is ", kMinTokenBytes, " to ",
                                                      kMaxTokenBytes,
                                                      " printable ASCII characters without spaces"));
@@ -125,7 +138,6 @@ absl::StatusOr<std::vector<TokenEntry>> ParseTokensFile(std::string_view text,
       return absl::InvalidArgumentError(
           absl::StrCat(where, "tenant '", fields[1], "' is not 1 to 64 of [A-Za-z0-9_.-]"));
     }
-    TokenEntry e;
     if (fields[2] == "client") {
       e.role = Role::kClient;
     } else if (fields[2] == "worker") {
@@ -134,10 +146,15 @@ absl::StatusOr<std::vector<TokenEntry>> ParseTokensFile(std::string_view text,
       return absl::InvalidArgumentError(
           absl::StrCat(where, "role '", fields[2], "' is not client or worker"));
     }
-    e.token_digest = Sha256Of(Std(fields[0]));
+    if (e.certificate_name.empty()) e.token_digest = Sha256Of(Std(fields[0]));
     e.tenant = std::string(fields[1]);
     for (const TokenEntry& seen : out) {
-      if (seen.token_digest == e.token_digest) {
+      if (!e.certificate_name.empty() && seen.certificate_name == e.certificate_name) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "the certificate name is listed twice"));
+      }
+      if (e.certificate_name.empty() && seen.certificate_name.empty() &&
+          seen.token_digest == e.token_digest) {
         return absl::InvalidArgumentError(absl::StrCat(where, "the token is listed twice"));
       }
     }
@@ -199,32 +216,52 @@ int TokenStore::reloads() const {
   return reloads_;
 }
 
-absl::StatusOr<Identity> TokenStore::Authenticate(std::optional<std::string_view> bearer_token,
-                                                  Role required) {
-  absl::StatusOr<Identity> id = Lookup(bearer_token, required);
+absl::StatusOr<Identity> TokenStore::Authenticate(
+    std::optional<std::string_view> bearer_token, Role required,
+    std::optional<std::string_view> certificate_name) {
+  absl::StatusOr<Identity> id = Lookup(bearer_token, required, certificate_name);
   if (!id.ok() && metrics_ != nullptr) metrics_->CountRefusal(id.status());
   return id;
 }
 
 absl::StatusOr<Identity> TokenStore::Lookup(std::optional<std::string_view> bearer_token,
-                                            Role required) {
-  if (!bearer_token.has_value() || bearer_token->empty()) {
-    return absl::UnauthenticatedError("missing bearer token (Authorization: Bearer TOKEN)");
+                                            Role required,
+                                            std::optional<std::string_view> certificate_name) {
+  const bool has_token = bearer_token.has_value() && !bearer_token->empty();
+  const bool has_certificate = certificate_name.has_value() && !certificate_name->empty();
+  if (!has_token && !has_certificate) {
+    return absl::UnauthenticatedError(
+        "missing bearer token (Authorization: Bearer TOKEN) or listed client certificate");
   }
   MaybeReload();
-  const Digest256 digest = Sha256Of(*bearer_token);
   absl::MutexLock lock(&mu_);
   const TokenEntry* found = nullptr;
-  // Every entry is compared, in constant time each, whatever matched.
-  for (const TokenEntry& e : entries_) {
-    if (CRYPTO_memcmp(e.token_digest.data(), digest.data(), digest.size()) == 0) found = &e;
+  if (has_token) {
+    const Digest256 digest = Sha256Of(*bearer_token);
+    // Every token entry is compared, in constant time each, whatever matched.
+    for (const TokenEntry& e : entries_) {
+      if (e.certificate_name.empty() &&
+          CRYPTO_memcmp(e.token_digest.data(), digest.data(), digest.size()) == 0) {
+        found = &e;
+      }
+    }
+    if (found == nullptr) return absl::UnauthenticatedError("unknown bearer token");
+  } else {
+    // Certificate names are not secrets: the handshake proved the caller holds the key.
+    for (const TokenEntry& e : entries_) {
+      if (!e.certificate_name.empty() && e.certificate_name == *certificate_name) found = &e;
+    }
+    if (found == nullptr) {
+      return absl::UnauthenticatedError(
+          absl::StrCat("no bearer token, and the client certificate '", Absl(*certificate_name),
+                       "' is not listed (x509:NAME)"));
+    }
   }
-  if (found == nullptr) return absl::UnauthenticatedError("unknown bearer token");
   Identity id{true, found->tenant, found->role};
   if (!id.Allows(required)) {
-    return absl::PermissionDeniedError(absl::StrCat("this service takes ", RoleName(required),
-                                                    " identities only; the token is a ",
-                                                    RoleName(id.role), "'s"));
+    return absl::PermissionDeniedError(absl::StrCat(
+        "this service takes ", RoleName(required), " identities only; the ",
+        has_token ? "token" : "client certificate", " is a ", RoleName(id.role), "'s"));
   }
   return id;
 }

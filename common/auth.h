@@ -8,9 +8,15 @@
 //   TENANT  1 to 64 of [A-Za-z0-9_.-]; the tenant whose namespace the caller's requests use
 //   ROLE    client (Generate, PrepareDocuments, Stats of its own documents) or worker (the
 //           cluster's own processes: kvstore and peer calls, a router's calls to workers)
+// A line whose first field is `x509:NAME` names a client certificate instead of a token: a TLS
+// caller that sends no token and presented a certificate the server verified against its CA
+// (common/tls.h) with subject common name NAME is TENANT / ROLE; NAME is 1 to 255 printable
+// ASCII characters without spaces. So with mTLS the cluster's own processes need no token (and
+// send no header per call), and a certificate the CA signed for anything else is not a worker.
+// A token, when sent, decides. A certificate whose name is not listed counts for nothing.
 // A malformed line rejects the whole file (INVALID_ARGUMENT naming the line); a duplicate token
-// too. Tokens are compared as SHA-256 digests with CRYPTO_memcmp against every entry, so the
-// time a lookup takes does not depend on how much of a token was right.
+// or certificate name too. Tokens are compared as SHA-256 digests with CRYPTO_memcmp against
+// every entry, so the time a lookup takes does not depend on how much of a token was right.
 //
 // No file (the flag empty): authentication is off, every caller is accepted as before (for
 // loopback and development only).
@@ -52,7 +58,8 @@ struct Identity {
 };
 
 struct TokenEntry {
-  Digest256 token_digest;  // SHA-256 of the token
+  Digest256 token_digest;        // SHA-256 of the token; unused for a certificate entry
+  std::string certificate_name;  // non-empty: an `x509:NAME` entry, NAME
   std::string tenant;
   Role role = Role::kClient;
 };
@@ -100,10 +107,12 @@ class TokenStore {
                                                           AuthMetrics* metrics = nullptr);
 
   // The identity of `bearer_token` (the token of an "Authorization: Bearer" header; nullopt
-  // when there was none). UNAUTHENTICATED when it is missing or unknown; PERMISSION_DENIED when
-  // the identity may not do what `required` allows (a client token on a worker-only service).
-  absl::StatusOr<Identity> Authenticate(std::optional<std::string_view> bearer_token,
-                                        Role required);
+  // when there was none) or, without a token, of `certificate_name` (the subject common name of
+  // the client certificate the TLS handshake verified; nullopt without one). UNAUTHENTICATED
+  // when neither names a listed identity; PERMISSION_DENIED when the identity may not do what
+  // `required` allows (a client's token or certificate on a worker-only service).
+  absl::StatusOr<Identity> Authenticate(std::optional<std::string_view> bearer_token, Role required,
+                                        std::optional<std::string_view> certificate_name = {});
 
   // Rereads the file now if it changed (tests; Authenticate does it on its own).
   void ReloadIfChanged();
@@ -120,7 +129,8 @@ class TokenStore {
   TokenStore(std::string path, absl::Duration poll, AuthMetrics* metrics)
       : path_(std::move(path)), poll_(poll), metrics_(metrics) {}
   absl::Status Load() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<Identity> Lookup(std::optional<std::string_view> bearer_token, Role required);
+  absl::StatusOr<Identity> Lookup(std::optional<std::string_view> bearer_token, Role required,
+                                  std::optional<std::string_view> certificate_name);
   void MaybeReload();
 
   const std::string path_;

@@ -21,6 +21,13 @@ std::string TempPath(const std::string& name) {
   return absl::StrCat(::testing::TempDir(), "/auth_test_", getpid(), "_", name);
 }
 
+// A file under TempPath(name), removed when the test ends.
+struct TempFile {
+  explicit TempFile(const std::string& name) : path(TempPath(name)) {}
+  ~TempFile() { std::remove(path.c_str()); }
+  const std::string path;
+};
+
 void WriteFile(const std::string& path, const std::string& text) {
   // Written beside and renamed over, as a Secret update does: a reader never sees half a file.
   const std::string tmp = path + ".tmp";
@@ -48,6 +55,10 @@ TEST(ParseTokensFile, RejectsMalformedLinesNamingThem) {
       {absl::StrCat(kClientToken, " ac/me client\n"), "tenant 'ac/me'"},
       {absl::StrCat(kClientToken, " acme admin\n"), "role 'admin'"},
       {absl::StrCat(kClientToken, " a client\n", kClientToken, " b worker\n"), "listed twice"},
+      {"x509: acme client\n", "certificate name"},
+      {"x509:\x01bad acme client\n", "certificate name"},
+      {absl::StrCat("x509:", std::string(256, 'n'), " acme client\n"), "certificate name"},
+      {"x509:w cluster worker\nx509:w acme client\n", "certificate name is listed twice"},
   };
   for (const Case& c : cases) {
     auto e = ParseTokensFile(c.text, "f");
@@ -58,7 +69,8 @@ TEST(ParseTokensFile, RejectsMalformedLinesNamingThem) {
 }
 
 TEST(TokenStore, AuthenticatesByRole) {
-  const std::string path = TempPath("roles");
+  const TempFile file("roles");
+  const std::string& path = file.path;
   WriteFile(path, absl::StrCat(kClientToken, " acme client\n", kWorkerToken, " cluster worker\n"));
   auto store = TokenStore::Open(path);
   ASSERT_TRUE(store.ok()) << store.status();
@@ -78,16 +90,47 @@ TEST(TokenStore, AuthenticatesByRole) {
             absl::StatusCode::kUnauthenticated);
 }
 
+TEST(TokenStore, AuthenticatesCertificateNamesWhenNoTokenIsSent) {
+  const TempFile file("certs");
+  WriteFile(file.path,
+            absl::StrCat(kClientToken, " acme client\n", "x509:lazyrag-worker cluster worker\n",
+                         "x509:acme-client acme client\n"));
+  auto store = TokenStore::Open(file.path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto worker = (*store)->Authenticate(std::nullopt, Role::kWorker, "lazyrag-worker");
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  EXPECT_EQ(worker->tenant, "cluster");
+  EXPECT_EQ(worker->role, Role::kWorker);
+  auto client = (*store)->Authenticate(std::nullopt, Role::kWorker, "acme-client");
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(client.status().message().find("client certificate"), std::string::npos);
+  EXPECT_TRUE((*store)->Authenticate(std::nullopt, Role::kClient, "acme-client").ok());
+  // Unlisted, and empty, names count for nothing.
+  auto unknown = (*store)->Authenticate(std::nullopt, Role::kClient, "localhost");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_NE(unknown.status().message().find("'localhost' is not listed"), std::string::npos);
+  EXPECT_EQ((*store)->Authenticate(std::nullopt, Role::kClient, "").status().code(),
+            absl::StatusCode::kUnauthenticated);
+  // A token, when sent, decides: a client token with a worker's certificate is a client.
+  EXPECT_EQ((*store)->Authenticate(kClientToken, Role::kWorker, "lazyrag-worker").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  // A certificate entry is never a token.
+  EXPECT_EQ((*store)->Authenticate("x509:lazyrag-worker", Role::kClient).status().code(),
+            absl::StatusCode::kUnauthenticated);
+}
+
 TEST(TokenStore, OpenRejectsMissingOrMalformedFile) {
   EXPECT_EQ(TokenStore::Open(TempPath("absent")).status().code(),
             absl::StatusCode::kInvalidArgument);
-  const std::string path = TempPath("bad");
+  const TempFile file("bad");
+  const std::string& path = file.path;
   WriteFile(path, "x y z\n");
   EXPECT_EQ(TokenStore::Open(path).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(TokenStore, ReloadsWhenTheFileChangesAndKeepsTokensOnABadReload) {
-  const std::string path = TempPath("reload");
+  const TempFile file("reload");
+  const std::string& path = file.path;
   WriteFile(path, absl::StrCat(kClientToken, " acme client\n"));
   auto store = TokenStore::Open(path, absl::ZeroDuration());
   ASSERT_TRUE(store.ok()) << store.status();
@@ -127,7 +170,8 @@ TEST(AuthMetrics, EverySeriesExistsAtZeroBeforeAnyCall) {
 }
 
 TEST(TokenStore, CountsEveryRefusalByReasonAndEveryReload) {
-  const std::string path = TempPath("counted");
+  const TempFile file("counted");
+  const std::string& path = file.path;
   WriteFile(path, absl::StrCat(kClientToken, " acme client\n", kWorkerToken, " cluster worker\n"));
   metrics::Registry registry;
   AuthMetrics m(&registry);
@@ -174,7 +218,8 @@ TEST(BearerTokenOf, ParsesTheBearerScheme) {
 }
 
 TEST(BearerToken, ReadsTheFirstLineAndFollowsRotation) {
-  const std::string path = TempPath("own");
+  const TempFile file("own");
+  const std::string& path = file.path;
   WriteFile(path, "# mine\n  tok-one  \n");
   auto t = BearerToken::FromFile(path);
   ASSERT_TRUE(t.ok()) << t.status();

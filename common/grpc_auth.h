@@ -17,8 +17,10 @@
 namespace lazyrag {
 
 // The caller of `context`. `tokens` null (authentication off): Identity{} (accepted).
-// Otherwise as TokenStore::Authenticate: UNAUTHENTICATED without a known token,
-// PERMISSION_DENIED when its role may not make calls that need `required`.
+// Otherwise as TokenStore::Authenticate of the call's bearer token or, when it sends none, of
+// the subject common name of the client certificate its TLS handshake verified (an `x509:NAME`
+// entry): UNAUTHENTICATED without a listed identity, PERMISSION_DENIED when its role may not
+// make calls that need `required`.
 absl::StatusOr<Identity> AuthenticateCall(TokenStore* tokens, const grpc::ServerContext& context,
                                           Role required);
 

@@ -2,7 +2,10 @@
 // worker writing documents back to it and a router in front, all serving TLS with the test
 // certificate of tests/fixtures/tls. A TLS client gets answers through the router; a second
 // worker reads the documents back from the kvstore over TLS; a plaintext client is refused;
-// incomplete TLS flags stop a server at startup.
+// incomplete TLS flags stop a server at startup. Certificate identities (`x509:NAME` lines of
+// --auth_tokens_file, common/auth.h): with mTLS, a worker that has no token reads and writes the
+// kvstore by its certificate alone, a client's certificate serves its tenant only, and an
+// unlisted certificate is UNAUTHENTICATED.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
@@ -15,6 +18,7 @@
 #include "common/tls.h"
 #include "kvstore/tests/test_util.h"
 #include "lazyrag/v1/inference.grpc.pb.h"
+#include "lazyrag/v1/kvstore.grpc.pb.h"
 #include "tests/worker/worker_test_util.h"
 
 namespace lazyrag {
@@ -110,6 +114,87 @@ TEST(TlsProcessTest, KvstoreWorkerAndRouterSpeakTls) {
     EXPECT_FALSE(anonymous.status.ok()) << address;
     EXPECT_EQ(anonymous.messages, 0);
   }
+}
+
+// The fixtures of tests/fixtures/tls/identities: NAME.pem, NAME-key.pem and their CA.
+const std::string kIdentitiesDir = kTlsDir + "/identities";
+TlsFiles IdentityTls(const std::string& name) {
+  return {kIdentitiesDir + "/" + name + ".pem", kIdentitiesDir + "/" + name + "-key.pem",
+          kIdentitiesDir + "/ca.pem"};
+}
+std::vector<std::string> WithIdentity(const std::string& name, std::vector<std::string> args) {
+  const TlsFiles t = IdentityTls(name);
+  args.push_back("--tls_cert=" + t.cert_file);
+  args.push_back("--tls_key=" + t.key_file);
+  args.push_back("--tls_ca=" + t.ca_file);
+  return args;
+}
+
+// A kvstore Stat of one absent key, made with the certificate of `name`.
+grpc::Status StatAs(const std::string& address, const std::string& name) {
+  auto creds = ChannelCredentialsFor(IdentityTls(name));
+  if (!creds.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, "no credentials");
+  auto stub = v1::KvStore::NewStub(grpc::CreateChannel(address, *creds));
+  v1::StatRequest req;
+  req.add_keys()->set_raw("absent-key");
+  v1::StatResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  return stub->Stat(&ctx, req, &resp);
+}
+
+TEST(TlsProcessTest, CertificateIdentitiesNeedNoTokens) {
+  TempDir dir;
+  const std::string tokens = dir.path() + "/tokens";
+  {
+    std::ofstream(tokens) << "x509:lazyrag-worker cluster worker\nx509:acme-client acme client\n";
+  }
+  ReadyProcess kv;
+  ASSERT_TRUE(kv.Start(WithIdentity("server", {LAZYRAG_KVSTORE_BINARY, "--listen=127.0.0.1:0",
+                                                "--metrics_port=-1", "--sync_commits=false",
+                                                "--data_dir=" + dir.path() + "/kv",
+                                                "--auth_tokens_file=" + tokens}))
+                  .ok());
+  // The worker's certificate is a worker; the client's is not; an unlisted one is nobody.
+  grpc::Status as_worker = StatAs(kv.address(), "worker");
+  EXPECT_TRUE(as_worker.ok()) << as_worker.error_message();
+  grpc::Status as_client = StatAs(kv.address(), "client");
+  EXPECT_EQ(as_client.error_code(), grpc::StatusCode::PERMISSION_DENIED) << as_client.error_message();
+  grpc::Status unlisted = StatAs(kv.address(), "server");
+  EXPECT_EQ(unlisted.error_code(), grpc::StatusCode::UNAUTHENTICATED) << unlisted.error_message();
+
+  // A worker with no --auth_token_file writes documents back by its certificate; a second one
+  // reads them. Clients reach the workers by their own certificate.
+  auto worker_args = [&] {
+    return WithIdentity("worker", {LAZYRAG_WORKER_BINARY, "--listen=127.0.0.1:0",
+                                   "--metrics_port=-1", "--model=synthetic:tiny",
+                                   "--kvstore=" + kv.address(), "--auth_tokens_file=" + tokens});
+  };
+  ReadyProcess worker;
+  ASSERT_TRUE(worker.Start(worker_args()).ok());
+  auto client = ChannelCredentialsFor(IdentityTls("client"));
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::vector<std::string> docs = {"The Vantor river freezes once a year.",
+                                         "Mira Ostrova built the lighthouse."};
+  Reply first = Generate(worker.address(), *client, docs);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  ReadyProcess second;
+  ASSERT_TRUE(second.Start(worker_args()).ok());
+  Reply again;
+  for (int i = 0; i < 50; ++i) {  // write-back is asynchronous
+    again = Generate(second.address(), *client, docs);
+    ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+    if (again.last.usage().store_document_tokens() == again.last.usage().document_tokens()) break;
+    second.Stop(SIGKILL);
+    ASSERT_TRUE(second.Start(worker_args()).ok());
+  }
+  EXPECT_GT(again.last.usage().document_tokens(), 0);
+  EXPECT_EQ(again.last.usage().store_document_tokens(), again.last.usage().document_tokens());
+  // An unlisted certificate gets no answer from a worker either.
+  auto unlisted_creds = ChannelCredentialsFor(IdentityTls("server"));
+  ASSERT_TRUE(unlisted_creds.ok());
+  Reply refused = Generate(worker.address(), *unlisted_creds, docs);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
 }
 
 TEST(TlsProcessTest, IncompleteTlsFlagsStopTheServer) {
