@@ -16,7 +16,9 @@
 //     (gRPC streams, --sync_commits=false), one started with --auth_tokens_file and called with a
 //     worker token, one without (and the token sent to that one, unchecked: the client's share),
 //     for --size_mib values and for --auth_small_kib values (many calls per round, where the
-//     per-call cost shows), printed as a cost table.
+//     per-call cost shows), printed as a cost table; with the certificates of --auth_tls_dir the
+//     same over mTLS, the worker known by its certificate (no token) or by its token, against
+//     mTLS without a token file.
 // Every value is --size_mib MiB of pseudo-random bytes; N concurrent clients each put and get
 // their own key; GB/s = N * size / wall time / 1e9, median over the repetitions. Every value
 // read back is compared with what was written (outside the timed region).
@@ -25,6 +27,7 @@
 //                 [--clients 1,4] [--reps 5] [--reps_multi 3] [--breakdown] [--tmp_dir DIR]
 //                 [--commit SHA] [--mac] [--only mac|auth] [--gmac_impl auto|openssl|vpclmulqdq]
 //                 [--auth] [--auth_small_kib 4] [--auth_small_calls 200]
+//                 [--auth_tls_dir tests/fixtures/tls/identities]
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -57,7 +60,9 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/auth.h"
@@ -111,6 +116,10 @@ ABSL_FLAG(int, auth_small_kib, 4,
           "the small value of the authentication rows, KiB (0: only the --size_mib value)");
 ABSL_FLAG(int, auth_small_calls, 200,
           "calls per client per round of the small-value authentication rows");
+ABSL_FLAG(std::string, auth_tls_dir, "tests/fixtures/tls/identities",
+          "certificates (ca.pem, server.pem, worker.pem and their -key.pem) for the mTLS "
+          "authentication rows: certificate identity and token over mTLS against mTLS alone; "
+          "empty or absent: plaintext rows only");
 
 namespace lazyrag::kvstore {
 namespace {
@@ -729,6 +738,16 @@ void MeasureKvStoreProcess(Bench& bench, const std::string& binary, const std::s
   server.Stop();
 }
 
+// A token file like a cluster's: a few client tokens and the workers' token, last.
+constexpr char kBenchWorkerToken[] = "kvstore-bench-worker-token-0123456789abcdef";
+std::string BenchTokensFile() {
+  std::string out;
+  for (int i = 0; i < 8; ++i) {
+    out += absl::StrCat("kvstore-bench-client-token-", i, "-0123456789 t", i, " client\n");
+  }
+  return absl::StrCat(out, kBenchWorkerToken, " cluster worker\n");
+}
+
 // Bearer-token authentication's cost (issue 28) for values of `value_bytes`: three lazyrag-kvstore
 // processes on loopback (gRPC streams, --sync_commits=false, so that neither the disk nor an
 // fsync hides a per-call cost), one started with --auth_tokens_file and called with a worker
@@ -736,15 +755,24 @@ void MeasureKvStoreProcess(Bench& bench, const std::string& binary, const std::s
 // SHA-256 and constant-time compare against every entry), two without. Three kinds of client, one
 // process each: without a token to a shard without authentication (`system`), with the worker
 // token to the shard that checks it (`system` + " + token") and with the token to the other
-// shard that does not check it (`system` + " + token, unchecked": the client's and the header's share alone). With one call
-// per round (large values) each repetition puts then gets every client's value with each kind,
-// the order rotating between repetitions; with `calls` > 1 (small values) the kinds alternate
-// call by call and every call is a sample. Either way all kinds see the same machine load.
-// Ops put and get.
+// shard that does not check it (`system` + " + token, unchecked": the client's and the header's
+// share alone). With one call per round (large values) each repetition puts then gets every
+// client's value with each kind, the order rotating between repetitions; with `calls` > 1 (small
+// values) the kinds alternate call by call and every call is a sample. Either way all kinds see the
+// same machine load. Ops put and get.
+//
+// With `tls_dir` (the certificates of tests/fixtures/tls/identities) every shard and client speaks
+// mTLS and the kinds are: no token file (`system` + " (mTLS)"), a shard with the token file whose
+// `x509:lazyrag-worker` line the client's certificate matches, no token sent (" + certificate":
+// the per-call cost of certificate identities), and another such shard called with the worker
+// token (" + token").
 void MeasureAuth(Bench& bench, const std::string& binary, const std::string& dir,
-                 uint64_t value_bytes, int calls, const std::string& system) {
-  const std::string auth_system = system + " + token";
-  const std::string sent_system = system + " + token, unchecked";
+                 uint64_t value_bytes, int calls, const std::string& plain_system,
+                 const std::string& tls_dir = "") {
+  const bool tls = !tls_dir.empty();
+  const std::string system = tls ? plain_system + " (mTLS)" : plain_system;
+  const std::string auth_system = system + (tls ? " + certificate" : " + token");
+  const std::string sent_system = system + (tls ? " + token" : " + token, unchecked");
   auto skip = [&](const std::string& why) {
     for (const std::string& sys : {system, auth_system, sent_system}) {
       for (const char* op : {"put", "get"}) {
@@ -758,26 +786,39 @@ void MeasureAuth(Bench& bench, const std::string& binary, const std::string& dir
     return skip("no lazyrag-kvstore binary (--kvstore_binary)");
   }
   std::filesystem::create_directories(dir);
-  // A token file like a cluster's: a few client tokens and the workers' token, last.
-  const std::string worker_token = "kvstore-bench-worker-token-0123456789abcdef";
+  const std::string worker_token = kBenchWorkerToken;
   {
     std::ofstream f(dir + "/tokens");
-    for (int i = 0; i < 8; ++i)
-      f << "kvstore-bench-client-token-" << i << "-0123456789 t" << i << " client\n";
-    f << worker_token << " cluster worker\n";
+    f << BenchTokensFile();
+    if (tls) f << "x509:lazyrag-worker cluster worker\n";
   }
+  std::vector<std::string> server_tls;
+  TlsFiles client_tls;
+  if (tls) {
+    server_tls = {"--tls_cert=" + tls_dir + "/server.pem",
+                  "--tls_key=" + tls_dir + "/server-key.pem", "--tls_ca=" + tls_dir + "/ca.pem"};
+    client_tls = {tls_dir + "/worker.pem", tls_dir + "/worker-key.pem", tls_dir + "/ca.pem"};
+  }
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), server_tls.begin(), server_tls.end());
+    return extra;
+  };
+  const std::string tokens_flag = "--auth_tokens_file=" + dir + "/tokens";
   // One process per kind, so that each serves the same share of the calls (how often a
   // process is called changes how soon its threads wake for the next small call).
   KvStoreChild plain_server, auth_server, sent_server;
-  if (absl::Status s = plain_server.Start(binary, dir + "/plain", false); !s.ok()) {
+  if (absl::Status s = plain_server.Start(binary, dir + "/plain", false, with({})); !s.ok()) {
     return skip(std::string(s.message()));
   }
-  if (absl::Status s = sent_server.Start(binary, dir + "/sent", false); !s.ok()) {
+  // Plaintext: the token sent unchecked; mTLS: the token checked.
+  if (absl::Status s = sent_server.Start(
+          binary, dir + "/sent", false,
+          with(tls ? std::vector<std::string>{tokens_flag} : std::vector<std::string>{}));
+      !s.ok()) {
     plain_server.Stop();
     return skip(std::string(s.message()));
   }
-  if (absl::Status s = auth_server.Start(binary, dir + "/auth", false,
-                                         {"--auth_tokens_file=" + dir + "/tokens"});
+  if (absl::Status s = auth_server.Start(binary, dir + "/auth", false, with({tokens_flag}));
       !s.ok()) {
     plain_server.Stop();
     sent_server.Stop();
@@ -807,7 +848,9 @@ void MeasureAuth(Bench& bench, const std::string& binary, const std::string& dir
                                  : sent_server.address()};
       options.call_timeout = absl::Seconds(600);
       options.local_fast_path = false;
-      if (k != 0) options.auth_token = BearerToken::Fixed(worker_token);
+      options.tls = client_tls;
+      // mTLS: the certificate is the identity on side 1, the token on side 2.
+      if (k == 2 || (k == 1 && !tls)) options.auth_token = BearerToken::Fixed(worker_token);
       absl::StatusOr<std::unique_ptr<KvClient>> client = KvClient::Create(options);
       if (!client.ok()) {
         plain_server.Stop();
@@ -859,8 +902,8 @@ void MeasureAuth(Bench& bench, const std::string& binary, const std::string& dir
                 const int k = (i + j + rep) % kSides;
                 KvClient* client = sides[k].clients[c].get();
                 const auto t0 = Clock::now();
-                absl::Status st = op == 0 ? client->Put(key(c), header, sources[c])
-                                          : get_once(client, c);
+                absl::Status st =
+                    op == 0 ? client->Put(key(c), header, sources[c]) : get_once(client, c);
                 if (!st.ok()) return st;
                 secs[c][k].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
               }
@@ -868,8 +911,8 @@ void MeasureAuth(Bench& bench, const std::string& binary, const std::string& dir
             return absl::OkStatus();
           });
           if (!round.ok()) {
-            failed = std::string(op == 0 ? "put" : "get") + " failed: " +
-                     std::string(round.status().message());
+            failed = std::string(op == 0 ? "put" : "get") +
+                     " failed: " + std::string(round.status().message());
             break;
           }
           for (int c = 0; c < n; ++c) {
@@ -911,11 +954,10 @@ void MeasureAuth(Bench& bench, const std::string& binary, const std::string& dir
         if (failed.empty()) rows[k][1].gbps.push_back(bytes_per_round / *seconds / 1e9);
       }
     }
-    std::fprintf(stderr,
-                 " put %.4f/%.4f/%.4f GB/s, get %.4f/%.4f/%.4f GB/s (without/with/unchecked "
-                 "token)%s\n",
+    std::fprintf(stderr, " put %.4f/%.4f/%.4f GB/s, get %.4f/%.4f/%.4f GB/s (%s)%s\n",
                  Median(rows[0][0].gbps), Median(rows[1][0].gbps), Median(rows[2][0].gbps),
                  Median(rows[0][1].gbps), Median(rows[1][1].gbps), Median(rows[2][1].gbps),
+                 tls ? "mTLS: no token file / certificate / token" : "without/with/unchecked token",
                  failed.empty() ? "" : (" " + failed).c_str());
     for (int k = 0; k < kSides; ++k) {
       for (Row& r : rows[k]) {
@@ -936,14 +978,8 @@ void MeasureAuth(Bench& bench, const std::string& binary, const std::string& dir
 // 5 rounds of 100000 calls; -1 when the store cannot be opened.
 double MeasureAuthenticateNs(const std::string& dir) {
   std::filesystem::create_directories(dir);
-  const std::string worker_token = "kvstore-bench-worker-token-0123456789abcdef";
-  {
-    std::ofstream f(dir + "/tokens");
-    for (int i = 0; i < 8; ++i) {
-      f << "kvstore-bench-client-token-" << i << "-0123456789 t" << i << " client\n";
-    }
-    f << worker_token << " cluster worker\n";
-  }
+  const std::string worker_token = kBenchWorkerToken;
+  std::ofstream(dir + "/tokens") << BenchTokensFile();
   absl::StatusOr<std::unique_ptr<TokenStore>> store = TokenStore::Open(dir + "/tokens");
   if (!store.ok()) return -1;
   constexpr int kCalls = 100000;
@@ -1253,8 +1289,9 @@ void PrintMacCosts(const Bench& bench) {
 // bearer token adds, (t_auth - t_plain) / t_plain = plain_gbps / auth_gbps - 1 (medians), and the
 // same as time per call of one client (value_bytes * clients / GB/s).
 struct AuthCost {
-  std::string system;  // the row without the token
-  std::string op;      // put or get
+  std::string system;      // the row without authentication
+  std::string credential;  // "token" or "certificate"
+  std::string op;          // put or get
   int clients = 0;
   uint64_t value_bytes = 0;
   int calls_per_round = 1;
@@ -1266,20 +1303,20 @@ struct AuthCost {
   double auth_us() const { return 1e-3 * static_cast<double>(value_bytes) * clients / auth_gbps; }
 };
 std::vector<AuthCost> AuthCosts(const Bench& bench) {
-  constexpr std::string_view kSuffix = " + token";
   std::vector<AuthCost> out;
   for (const Row& a : bench.rows()) {
-    if (a.gbps.empty() || a.system.size() <= kSuffix.size() ||
-        a.system.compare(a.system.size() - kSuffix.size(), kSuffix.size(), kSuffix) != 0) {
-      continue;
+    std::string credential;
+    for (const char* c : {"token", "certificate"}) {
+      if (absl::EndsWith(a.system, absl::StrCat(" + ", c))) credential = c;
     }
-    const std::string plain = a.system.substr(0, a.system.size() - kSuffix.size());
+    if (a.gbps.empty() || credential.empty()) continue;
+    const std::string plain = a.system.substr(0, a.system.size() - credential.size() - 3);
     for (const Row& p : bench.rows()) {
       if (p.system == plain && p.op == a.op && p.clients == a.clients &&
           p.value_bytes == a.value_bytes && !p.gbps.empty()) {
         const uint64_t bytes = a.value_bytes != 0 ? a.value_bytes : bench.size();
-        AuthCost cost{plain,          a.op,          a.clients, bytes, a.calls_per_round,
-                      Median(p.gbps), Median(a.gbps)};
+        AuthCost cost{plain, credential,        a.op,           a.clients,
+                      bytes, a.calls_per_round, Median(p.gbps), Median(a.gbps)};
         for (const Row& u : bench.rows()) {
           if (u.system == a.system + ", unchecked" && u.op == a.op && u.clients == a.clients &&
               u.value_bytes == a.value_bytes && !u.gbps.empty()) {
@@ -1297,15 +1334,18 @@ void PrintAuthCosts(const Bench& bench) {
   const std::vector<AuthCost> costs = AuthCosts(bench);
   if (costs.empty()) return;
   std::printf(
-      "\nBearer-token authentication (--auth_tokens_file, a worker token on every call), same "
-      "values,\nrotating repetitions; us/call: one client's time per call; unchecked: the token "
-      "sent to\nthe shard without --auth_tokens_file (the client's and the header's share)\n");
-  std::printf("%-36s %-4s %7s %9s %9s %10s %10s %8s %10s\n", "system", "op", "clients", "GB/s",
-              "w/ token", "us/call", "w/ token", "cost", "unchecked");
+      "\nAuthentication (--auth_tokens_file; the worker's token, or with mTLS its certificate, on "
+      "every\ncall) against none, same values; us/call: one client's time per call; unchecked: "
+      "the token sent\nto the shard without --auth_tokens_file (the client's and the header's "
+      "share)\n");
+  std::printf("%-43s %-11s %-4s %7s %9s %9s %10s %10s %8s %10s\n", "system", "credential", "op",
+              "clients", "GB/s", "w/ auth", "us/call", "w/ auth", "cost", "unchecked");
   for (const AuthCost& c : costs) {
-    std::printf("%-36s %-4s %7d %9.4f %9.4f %10.1f %10.1f %7.1f%% %9.1f%%\n", c.system.c_str(),
-                c.op.c_str(), c.clients, c.plain_gbps, c.auth_gbps, c.plain_us(), c.auth_us(),
-                100 * c.cost(), 100 * c.sent_cost());
+    const std::string unchecked =
+        c.sent_gbps > 0 ? absl::StrFormat("%.1f%%", 100 * c.sent_cost()) : std::string("-");
+    std::printf("%-43s %-11s %-4s %7d %9.4f %9.4f %10.1f %10.1f %7.1f%% %10s\n", c.system.c_str(),
+                c.credential.c_str(), c.op.c_str(), c.clients, c.plain_gbps, c.auth_gbps,
+                c.plain_us(), c.auth_us(), 100 * c.cost(), unchecked.c_str());
   }
 }
 
@@ -1363,6 +1403,7 @@ std::string ToJson(const Bench& bench, const std::vector<PassRow>& pass,
   for (const AuthCost& c : AuthCosts(bench)) {
     Json& e = auth.emplace_back(Json::object());
     e["system"] = c.system;
+    e["credential"] = c.credential;
     e["op"] = c.op;
     e["clients"] = c.clients;
     e["value_bytes"] = static_cast<int64_t>(c.value_bytes);
@@ -1478,12 +1519,21 @@ int Main() {
       const double ns = MeasureAuthenticateNs(tmp + "/authenticate");
       info["authenticate_ns_per_call"] = absl::StrCat(static_cast<int64_t>(ns + 0.5));
       std::fprintf(stderr, "  TokenStore::Authenticate in-process: %.0f ns a call\n", ns);
-      MeasureAuth(bench, binary, tmp + "/kvstore-auth", size, 1,
-                  absl::StrCat("kvstore gRPC (no sync), ", size >> 20, " MiB"));
-      if (const int kib = absl::GetFlag(FLAGS_auth_small_kib); kib > 0) {
-        const int calls = std::max(1, absl::GetFlag(FLAGS_auth_small_calls));
-        MeasureAuth(bench, binary, tmp + "/kvstore-auth-small", uint64_t(kib) << 10, calls,
-                    absl::StrCat("kvstore gRPC (no sync), ", kib, " KiB x", calls));
+      const std::string tls_dir = absl::GetFlag(FLAGS_auth_tls_dir);
+      const bool tls = !tls_dir.empty() && access((tls_dir + "/worker.pem").c_str(), R_OK) == 0;
+      if (!tls_dir.empty() && !tls) {
+        std::fprintf(stderr, "  no %s/worker.pem: the mTLS authentication rows are skipped\n",
+                     tls_dir.c_str());
+      }
+      for (const std::string& d :
+           tls ? std::vector<std::string>{"", tls_dir} : std::vector<std::string>{""}) {
+        MeasureAuth(bench, binary, tmp + "/kvstore-auth", size, 1,
+                    absl::StrCat("kvstore gRPC (no sync), ", size >> 20, " MiB"), d);
+        if (const int kib = absl::GetFlag(FLAGS_auth_small_kib); kib > 0) {
+          const int calls = std::max(1, absl::GetFlag(FLAGS_auth_small_calls));
+          MeasureAuth(bench, binary, tmp + "/kvstore-auth-small", uint64_t(kib) << 10, calls,
+                      absl::StrCat("kvstore gRPC (no sync), ", kib, " KiB x", calls), d);
+        }
       }
     }
     if (only.empty()) {
