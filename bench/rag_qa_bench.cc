@@ -7,9 +7,9 @@
 //                [--shared_prefix none|template] [--default_k K]
 //                [--max_questions N] [--max_tokens N] [--device cpu|cuda]
 //
-// --configs: comma-separated "MODE[:k=K][:t=T][:s=S]" (MODE full|prefix|lazy|materialize; K, T,
-// S = the per-request recompute_first_tokens, document_temperature, document_scale; unset =
-// the server defaults: --default_k, 1, 1). Default:
+// --configs: comma-separated "MODE[:k=K][:d=D][:t=T][:s=S]" (MODE full|prefix|lazy|materialize;
+// K, D, T, S = the per-request recompute_first_tokens, drop_first_tokens, document_temperature,
+// document_scale; unset = the server defaults: --default_k, 0, 1, 1). Default:
 // "full,prefix,lazy,materialize". Every configuration runs on every question, question by
 // question, so a question's documents stay resident across its LAZY / MATERIALIZE runs.
 //
@@ -100,6 +100,8 @@ std::optional<Config> ParseConfig(const std::string& spec) {
   for (size_t i = 1; i < parts.size(); ++i) {
     if (parts[i].rfind("k=", 0) == 0) {
       c.quality.recompute_first_tokens = std::stoi(parts[i].substr(2));
+    } else if (parts[i].rfind("d=", 0) == 0) {
+      c.quality.drop_first_tokens = std::stoi(parts[i].substr(2));
     } else if (parts[i].rfind("t=", 0) == 0) {
       c.quality.document_temperature = std::stof(parts[i].substr(2));
     } else if (parts[i].rfind("s=", 0) == 0) {
@@ -157,7 +159,7 @@ int Main(int argc, char** argv) {
     if (depths_only) break;
     auto c = ParseConfig(spec);
     if (!c) {
-      std::fprintf(stderr, "rag_qa_bench: bad config '%s' (MODE[:k=K][:t=T][:s=S])\n",
+      std::fprintf(stderr, "rag_qa_bench: bad config '%s' (MODE[:k=K][:d=D][:t=T][:s=S])\n",
                    spec.c_str());
       return 2;
     }
@@ -301,6 +303,7 @@ int Main(int argc, char** argv) {
       j5["config"] = c.name;
       j5["mode"] = std::string(AttentionModeName(c.mode));
       if (c.quality.recompute_first_tokens) j5["k"] = *c.quality.recompute_first_tokens;
+      if (c.quality.drop_first_tokens) j5["drop_first_tokens"] = *c.quality.drop_first_tokens;
       if (c.quality.document_temperature) {
         j5["document_temperature"] = *c.quality.document_temperature;
       }

@@ -213,10 +213,12 @@ absl::Status ParseQuality(const json& q, const std::string& p, lazyrag::v1::Qual
   for (const auto& [key, value] : q.items()) {
     const std::string name = p + "." + key;
     if (value.is_null()) continue;
-    if (key == "recompute_first_tokens") {
+    if (key == "recompute_first_tokens" || key == "drop_first_tokens") {
       absl::StatusOr<int64_t> k = IntegerOf(value, name, 0, 1 << 20);
       if (!k.ok()) return k.status();
-      out->mutable_recompute_first_tokens()->set_value(static_cast<int32_t>(*k));
+      (key == "recompute_first_tokens" ? out->mutable_recompute_first_tokens()
+                                       : out->mutable_drop_first_tokens())
+          ->set_value(static_cast<int32_t>(*k));
     } else if (key == "document_temperature" || key == "document_scale") {
       absl::StatusOr<double> v = NumberOf(value, name);
       if (!v.ok()) return v.status();
@@ -226,7 +228,8 @@ absl::Status ParseQuality(const json& q, const std::string& p, lazyrag::v1::Qual
     } else {
       return Invalid(name, absl::StrCat("'", name,
                                         "' is not a quality option (recompute_first_tokens, "
-                                        "document_temperature, document_scale)"));
+                                        "drop_first_tokens, document_temperature, "
+                                        "document_scale)"));
     }
   }
   return absl::OkStatus();
@@ -427,7 +430,14 @@ json ExtensionJson(const GenerateResponse& last) {
             {"pool_document_tokens", u.pool_document_tokens()},
             {"host_document_tokens", u.host_document_tokens()},
             {"store_document_tokens", u.store_document_tokens()},
-            {"computed_tokens", u.computed_tokens()}}},
+            {"computed_tokens", u.computed_tokens()},
+            {"recomputed_document_tokens", u.recomputed_document_tokens()},
+            // The quality settings that ran (the request's over the worker's defaults).
+            {"quality",
+             {{"recompute_first_tokens", u.recompute_first_tokens()},
+              {"drop_first_tokens", u.drop_first_tokens()},
+              {"document_temperature", u.document_temperature()},
+              {"document_scale", u.document_scale()}}}}},
           {"document_ids",
            json(std::vector<std::string>(last.document_ids().begin(), last.document_ids().end()))},
           {"timings",

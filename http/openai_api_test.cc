@@ -224,6 +224,10 @@ TEST(OpenAiParse, DocumentsAndExtensionErrors) {
                 "lazyrag.quality.recompute_first_tokens", "between 0 and");
   ExpectInvalid(with("lazyrag", {{"quality", {{"k", 1}}}}), "lazyrag.quality.k",
                 "not a quality option");
+  absl::StatusOr<OpenAiRequest> d = with("lazyrag", {{"quality", {{"drop_first_tokens", 2}}}});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->generate.quality().drop_first_tokens().value(), 2);
+  EXPECT_FALSE(d->generate.quality().has_recompute_first_tokens());
 }
 
 TEST(OpenAiErrors, HttpStatusAndShape) {
@@ -267,6 +271,10 @@ GenerateResponse Message(const std::string& text, lazyrag::v1::FinishReason fini
     u->set_host_document_tokens(5);
     u->set_store_document_tokens(15);
     u->set_computed_tokens(40);
+    u->set_recomputed_document_tokens(12);
+    u->set_recompute_first_tokens(4);
+    u->set_document_temperature(1.0f);
+    u->set_document_scale(1.0f);
     m.mutable_timings()->set_ttft_ms(12.5);
     m.add_document_ids("id1");
     m.add_document_ids("id2");
@@ -296,6 +304,10 @@ TEST(OpenAiResponder, NonStreamingBody) {
   EXPECT_EQ(b["lazyrag"]["usage"]["host_document_tokens"], 5);
   EXPECT_EQ(b["lazyrag"]["usage"]["store_document_tokens"], 15);
   EXPECT_EQ(b["lazyrag"]["usage"]["computed_tokens"], 40);
+  EXPECT_EQ(b["lazyrag"]["usage"]["recomputed_document_tokens"], 12);
+  EXPECT_EQ(b["lazyrag"]["usage"]["quality"]["recompute_first_tokens"], 4);
+  EXPECT_EQ(b["lazyrag"]["usage"]["quality"]["drop_first_tokens"], 0);
+  EXPECT_EQ(b["lazyrag"]["usage"]["quality"]["document_temperature"], 1.0);
   EXPECT_EQ(b["lazyrag"]["document_ids"], json({"id1", "id2"}));
   EXPECT_EQ(b["lazyrag"]["finish_reason"], "eos");
   EXPECT_EQ(b["lazyrag"]["timings"]["ttft_ms"], 12.5);

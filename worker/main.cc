@@ -97,6 +97,10 @@ ABSL_FLAG(double, document_temperature, 1.0,
 ABSL_FLAG(double, document_scale, 1.0,
           "LAZY/MATERIALIZE: weight of the attention to documents (0.01 .. 100; 1: off); a "
           "request's quality.document_scale overrides it");
+ABSL_FLAG(int, drop_first_tokens, 0,
+          "LAZY/MATERIALIZE: leave each document's first m tokens (its own attention sink) out "
+          "of the request's attention (0 .. 64; a request's quality.drop_first_tokens overrides "
+          "it; excludes --recompute_first_tokens > 0)");
 ABSL_FLAG(int, recompute_first_tokens, 0,
           "LAZY/MATERIALIZE: recompute each document's first k tokens at their true positions "
           "per request (0 .. 512; a request's quality.recompute_first_tokens overrides it). -1: "
@@ -133,6 +137,7 @@ int main(int argc, char **argv) {
   options.runtime.parse_special_tokens_in_text = absl::GetFlag(FLAGS_parse_special_tokens_in_text);
   options.runtime.quality.document_temperature = float(absl::GetFlag(FLAGS_document_temperature));
   options.runtime.quality.document_scale = float(absl::GetFlag(FLAGS_document_scale));
+  options.runtime.quality.drop_first_tokens = absl::GetFlag(FLAGS_drop_first_tokens);
   options.runtime.page_size = absl::GetFlag(FLAGS_page_size);
   options.runtime.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   options.runtime.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);

@@ -73,9 +73,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<Backend> 
   }
   if (options.quality.NeedsQualityViews() && !backend->SupportsQualityViews()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "engine: recompute_first_tokens > 0 and document temperature / scale need a backend that "
-        "skips and scales segment keys; ",
-        backend->name(), " does not (the CPU backend does)"));
+        "engine: recompute_first_tokens > 0, drop_first_tokens > 0 and document temperature / "
+        "scale need a backend that skips and scales segment keys; ",
+        backend->name(), " does not (the CPU and CUDA backends do)"));
   }
   if (auto st = backend->InitPool(options.num_pages, options.page_size); !st.ok()) return st;
   // A tier over `bytes` of the backend's host memory (`what` names it in errors).
@@ -148,8 +148,9 @@ absl::Status Engine::Validate(const TokenPrompt &prompt, const TokenRunOptions &
   } else if (q->NeedsQualityViews() && !backend_->SupportsQualityViews() &&
              (o.mode == AttentionMode::kLazy || o.mode == AttentionMode::kMaterialize)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "recompute_first_tokens > 0 and document temperature / scale are not supported by the ",
-        backend_->name(), " backend (the CPU backend only, for now)"));
+        "recompute_first_tokens > 0, drop_first_tokens > 0 and document temperature / scale are "
+        "not supported by the ",
+        backend_->name(), " backend (the CPU and CUDA backends support them)"));
   }
   int64_t total = prompt.total_tokens() + o.max_tokens;
   if (total > c.max_position) {

@@ -5,6 +5,8 @@
 //   * zero-copy holds: k = 0 writes no KV for document tokens; k > 0 writes exactly
 //     min(k, size) per document, into the request's own pages, never into a document's;
 //   * bad values are INVALID_ARGUMENT, and a backend without segment skips refuses k > 0;
+//   * drop_first_tokens: LAZY == MATERIALIZE, no KV written for document tokens, excluded
+//     with recompute_first_tokens;
 //   * the shared prefix (attention sink): opens every mode's prompt (FULL with it equals FULL
 //     of a prompt that starts with its tokens), LAZY == MATERIALIZE after it, whole-document
 //     recompute after it == FULL, block ids differ across prefixes, and a stored document
@@ -488,6 +490,129 @@ TEST(EngineQualityTest, BadTemperatureAndScaleAreRejected) {
   TestEngine no_views = MakeEngine(c, 16, 2, 0, /*skips=*/false);
   o.quality = {};
   o.quality.document_temperature = 0.9f;
+  EXPECT_EQ(no_views.engine->RunTokens(p, o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+QualityOptions Drop(int m) {
+  QualityOptions q;
+  q.drop_first_tokens = m;
+  return q;
+}
+
+TEST(EngineQualityTest, DropFirstTokensKeepsLazyEqualToMaterialize) {
+  std::mt19937 rng(34);
+  ModelConfig c = SmallConfig(6, 2);
+  for (bool sink : {false, true}) {
+    for (int page_size : {1, 16}) {
+      TestEngine e = MakeEngine(c, page_size, 8, 0, true,
+                                sink ? Sink(4, 7, c.vocab_size) : std::vector<int32_t>{});
+      for (auto [m, t] : {std::pair{1, 1.0f}, {3, 1.0f}, {40, 1.0f}, {2, 0.8f}}) {
+        SCOPED_TRACE(testing::Message() << "sink " << sink << " page " << page_size << " m " << m
+                                        << " T " << t);
+        TokenPrompt p = RandomPrompt(rng, 1 + rng() % 5, c.vocab_size);
+        p.documents[0].resize(std::min<size_t>(p.documents[0].size(), 2));  // dropped whole for m >= 2
+        QualityOptions q = Drop(m);
+        if (t != 1.0f) q.document_temperature = t;
+        ModeRun a = RunWith(*e.engine, p, AttentionMode::kLazy, 3, q);
+        ModeRun b = RunWith(*e.engine, p, AttentionMode::kMaterialize, 3, q);
+        ASSERT_EQ(a.logits.size(), 3u);
+        EXPECT_LE(MaxRelError(a.logits, b.logits), 1e-4);
+        EXPECT_EQ(a.result.token_ids, b.result.token_ids);
+        EXPECT_EQ(a.result.usage.drop_first_tokens, m);
+        EXPECT_EQ(b.result.usage.drop_first_tokens, m);
+        EXPECT_EQ(a.result.usage.recomputed_document_tokens, 0);
+        // The setting changes the function (the test can fail).
+        QualityOptions plain;
+        if (t != 1.0f) plain.document_temperature = t;
+        ModeRun c0 = RunWith(*e.engine, p, AttentionMode::kLazy, 3, plain);
+        EXPECT_GT(MaxRelError(a.logits, c0.logits), 1e-4);
+      }
+    }
+  }
+}
+
+// Dropping is free: a LAZY request computes and writes only its query and generated tokens,
+// into as many own pages as plain LAZY, and its view skips exactly min(m, size) keys of each
+// document.
+TEST(EngineQualityTest, DropFirstTokensWritesNoDocumentKv) {
+  std::mt19937 rng(35);
+  ModelConfig c = SmallConfig(4, 2);
+  const int ps = 16;
+  TestEngine e = MakeEngine(c, ps, 5);
+  TokenPrompt p = RandomPrompt(rng, 4, c.vocab_size);
+  p.documents[0].resize(2);  // shorter than m
+  ASSERT_TRUE(e.engine->RunTokens(p, [] {
+                TokenRunOptions o;
+                o.max_tokens = 1;
+                return o;
+              }()).ok());  // every block resident
+  const int gen = 3, m = 4;
+  e.backend->batches.clear();
+  ModeRun r = RunWith(*e.engine, p, AttentionMode::kLazy, gen, Drop(m));
+  EXPECT_EQ(r.result.usage.cached_document_tokens, r.result.usage.document_tokens);
+  EXPECT_EQ(r.result.usage.computed_tokens, int64_t(p.suffix.size()));
+  int rows = 0;
+  std::set<int32_t> own_pages;
+  for (const ForwardBatch& b : e.backend->batches) {
+    rows += int(b.tokens.size());
+    for (int64_t slot : b.kv_slot) own_pages.insert(int32_t(slot / ps));
+    // Segments: the prefix, the documents (skipping their first tokens), the own run; the
+    // document dropped whole has none.
+    std::vector<int32_t> skips(b.view.seg_skip.begin(), b.view.seg_skip.end());
+    std::vector<int32_t> want = {0};
+    for (size_t d = 1; d < p.documents.size(); ++d) {
+      want.push_back(std::min<int32_t>(m, int32_t(p.documents[d].size())));
+    }
+    want.push_back(0);
+    EXPECT_EQ(skips, want);
+  }
+  EXPECT_EQ(rows, int(p.suffix.size()) + gen - 1);
+  EXPECT_EQ(int64_t(own_pages.size()), PagesFor(int64_t(p.suffix.size()) + gen - 1, ps));
+  // Each m is its own function (m = 1 and m = 3 both change what the query sees).
+  ModeRun one = RunWith(*e.engine, p, AttentionMode::kLazy, gen, Drop(1));
+  ModeRun three = RunWith(*e.engine, p, AttentionMode::kLazy, gen, Drop(3));
+  EXPECT_GT(MaxRelError(one.logits, three.logits), 1e-4);
+}
+
+TEST(EngineQualityTest, DropFirstTokensSettingsAreChecked) {
+  ModelConfig c = SmallConfig(4, 2);
+  std::mt19937 rng(36);
+  TokenPrompt p = RandomPrompt(rng, 2, c.vocab_size);
+  TestEngine e = MakeEngine(c, 16, 2, /*default_k=*/6);
+  TokenRunOptions o;
+  o.max_tokens = 2;
+  for (int m : {-1, kMaxDropFirstTokens + 1}) {
+    o.quality = Drop(m);
+    auto r = e.engine->RunTokens(p, o);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << m;
+    EXPECT_NE(r.status().message().find("drop_first_tokens"), std::string::npos);
+  }
+  // Both in one request: refused, naming both.
+  o.quality = Drop(2);
+  o.quality.recompute_first_tokens = 4;
+  auto both = e.engine->RunTokens(p, o);
+  EXPECT_EQ(both.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(both.status().message().find("recompute_first_tokens"), std::string::npos);
+  // A request's drop clears the server's default k, and a request's k a default drop.
+  ModeRun drop = RunWith(*e.engine, p, AttentionMode::kLazy, 2, Drop(2));
+  EXPECT_EQ(drop.result.usage.drop_first_tokens, 2);
+  EXPECT_EQ(drop.result.usage.recompute_first_tokens, 0);
+  EXPECT_EQ(drop.result.usage.recomputed_document_tokens, 0);
+  ModeRun def = RunMode(*e.engine, p, AttentionMode::kLazy, 2);
+  EXPECT_EQ(def.result.usage.recompute_first_tokens, 6);
+  EXPECT_EQ(def.result.usage.drop_first_tokens, 0);
+  // Both as server defaults: refused at Create.
+  auto cpu = CreateCpuBackend(RandomWeights(c, 2), {});
+  ASSERT_TRUE(cpu.ok());
+  EngineOptions bad;
+  bad.quality.recompute_first_tokens = 4;
+  bad.quality.drop_first_tokens = 1;
+  EXPECT_EQ(Engine::Create(std::move(*cpu), bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // A backend without segment skips refuses it.
+  TestEngine no_views = MakeEngine(c, 16, 2, 0, /*skips=*/false);
+  o.quality = Drop(1);
   EXPECT_EQ(no_views.engine->RunTokens(p, o).status().code(),
             absl::StatusCode::kInvalidArgument);
 }

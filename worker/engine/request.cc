@@ -19,10 +19,30 @@ absl::StatusOr<QualitySettings> ResolveQuality(const QualityOptions &request,
   if (request.recompute_first_tokens) q.recompute_first_tokens = *request.recompute_first_tokens;
   if (request.document_temperature) q.document_temperature = *request.document_temperature;
   if (request.document_scale) q.document_scale = *request.document_scale;
+  if (request.drop_first_tokens) q.drop_first_tokens = *request.drop_first_tokens;
+  // The two first-token settings exclude each other; a request's choice of one clears the
+  // server's default of the other.
+  if (request.drop_first_tokens && !request.recompute_first_tokens && q.drop_first_tokens > 0) {
+    q.recompute_first_tokens = 0;
+  }
+  if (request.recompute_first_tokens && !request.drop_first_tokens &&
+      q.recompute_first_tokens > 0) {
+    q.drop_first_tokens = 0;
+  }
   if (q.recompute_first_tokens < 0 || q.recompute_first_tokens > kMaxRecomputeFirstTokens) {
     return absl::InvalidArgumentError(absl::StrCat("recompute_first_tokens must be in 0 .. ",
                                                    kMaxRecomputeFirstTokens, ", got ",
                                                    q.recompute_first_tokens));
+  }
+  if (q.drop_first_tokens < 0 || q.drop_first_tokens > kMaxDropFirstTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("drop_first_tokens must be in 0 .. ",
+                                                   kMaxDropFirstTokens, ", got ",
+                                                   q.drop_first_tokens));
+  }
+  if (q.drop_first_tokens > 0 && q.recompute_first_tokens > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "drop_first_tokens (", q.drop_first_tokens, ") and recompute_first_tokens (",
+        q.recompute_first_tokens, ") exclude each other: set one of them to 0"));
   }
   // Written so that NaN fails too.
   if (!(q.document_temperature >= 0.05f && q.document_temperature <= 20.0f)) {

@@ -53,17 +53,28 @@ struct QualityOptions {
   // Temperature in [0.05, 20], scale in [0.01, 100]; 1 and 1: off.
   std::optional<float> document_temperature;
   std::optional<float> document_scale;
+  // m: the first m tokens of every document are left out of the request's attention. A
+  // document encoded alone opens with its own attention sink (tokens that take a large share
+  // of every query's attention), which the concatenated prompt does not have; masking it
+  // costs nothing and keeps the whole document shared. The document's other tokens keep the
+  // KV they were computed with. 0 .. kMaxDropFirstTokens. Excludes recompute_first_tokens > 0
+  // (which replaces those tokens instead): a request that sets only one of the two clears the
+  // server's default of the other; both > 0 in one place is INVALID_ARGUMENT.
+  std::optional<int> drop_first_tokens;
 };
 inline constexpr int kMaxRecomputeFirstTokens = 512;
+inline constexpr int kMaxDropFirstTokens = 64;
 
 // QualityOptions with every field set.
 struct QualitySettings {
   int recompute_first_tokens = 0;
   float document_temperature = 1.0f;
   float document_scale = 1.0f;
+  int drop_first_tokens = 0;
   // True when the settings need Backend::SupportsQualityViews.
   bool NeedsQualityViews() const {
-    return recompute_first_tokens > 0 || document_temperature != 1.0f || document_scale != 1.0f;
+    return recompute_first_tokens > 0 || drop_first_tokens > 0 || document_temperature != 1.0f ||
+           document_scale != 1.0f;
   }
 };
 // `request`'s fields over `defaults`. INVALID_ARGUMENT for a value out of range (the message
@@ -86,6 +97,7 @@ struct Usage {
   int32_t recompute_first_tokens = 0;
   float document_temperature = 1.0f;
   float document_scale = 1.0f;
+  int32_t drop_first_tokens = 0;
   int64_t recomputed_document_tokens = 0;
 };
 

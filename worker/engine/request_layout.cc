@@ -40,6 +40,8 @@ RequestLayout LayoutBlocks(const TokenPrompt &prompt, const std::vector<Document
   const float doc_scale = 1.0f / quality.document_temperature;
   const float doc_bias = std::log(quality.document_scale);
   const bool scaled = doc_scale != 1.0f || doc_bias != 0.0f;
+  // Blocks that drop tokens or scale scores are spans of their own when MATERIALIZE copies them.
+  const bool spans = scaled || quality.drop_first_tokens > 0;
   RequestLayout l;
   const std::vector<BlockRef> blocks = RequestBlocks(prompt, AttentionMode::kLazy);
   int32_t start = 0, reserved = 0;
@@ -47,11 +49,14 @@ RequestLayout LayoutBlocks(const TokenPrompt &prompt, const std::vector<Document
     const DocumentRun &run = runs[b];
     const bool is_doc = b < blocks.size() && blocks[b].is_doc;
     const int32_t k = is_doc ? RecomputedTokens(recompute_first_tokens, run.num_tokens) : 0;
+    const int32_t dropped =
+        is_doc ? int32_t(std::min<int64_t>(quality.drop_first_tokens, run.num_tokens)) : 0;
     const float scale = is_doc ? doc_scale : 1.0f, bias = is_doc ? doc_bias : 0.0f;
-    if (scaled) l.block_spans.push_back(Segment{start, run.num_tokens, {}, 0, scale, bias});
-    // A document recomputed whole keeps no shared segment.
-    if (k < run.num_tokens) {
-      l.fixed.push_back(Segment{start, run.num_tokens, run.pages, k, scale, bias});
+    if (spans) l.block_spans.push_back(Segment{start, run.num_tokens, {}, dropped, scale, bias});
+    // A document recomputed (or dropped) whole keeps no shared segment.
+    const int32_t skip = std::max(k, dropped);
+    if (skip < run.num_tokens) {
+      l.fixed.push_back(Segment{start, run.num_tokens, run.pages, skip, scale, bias});
     }
     if (k > 0) {
       // Own-run slots [reserved, reserved + k) at logical [start, start + k).
@@ -85,7 +90,9 @@ std::vector<MaterializeCopy> MaterializeInto(RequestLayout *l, const std::vector
   l->own_pieces.clear();
   if (!l->block_spans.empty()) {
     for (const Segment &b : l->block_spans) {
-      l->own_pieces.push_back(Segment{0, b.start + b.len, {}, b.start, b.scale, b.bias});
+      if (b.skip < b.len) {
+        l->own_pieces.push_back(Segment{0, b.start + b.len, {}, b.start + b.skip, b.scale, b.bias});
+      }
     }
     l->own.skip = l->blocks_tokens;
   }

@@ -70,8 +70,9 @@ struct RequestLayout {
   std::vector<int32_t> fill_slot;
   std::vector<int32_t> fill_pos;
   int32_t blocks_tokens = 0;    // LAZY / MATERIALIZE: tokens of the prefix and documents
-  // LAZY / MATERIALIZE with document temperature / scale: each block's logical range
-  // (start, len) and score scale and bias (pages empty), for MaterializeInto.
+  // LAZY / MATERIALIZE with document temperature / scale or dropped first tokens: each
+  // block's logical range (start, len), its dropped first tokens (skip) and its score scale
+  // and bias (pages empty), for MaterializeInto.
   std::vector<Segment> block_spans;
   int64_t computed_tokens = 0;  // prompt tokens this request runs (usage)
   int64_t recomputed_document_tokens = 0;  // of those, document tokens (first-k)
@@ -85,7 +86,9 @@ struct RequestLayout {
 // positions), its shared segment skips them, and the query follows; with k = 0
 // the own segment starts after the blocks, empty, and nothing is reserved.
 // Document segments (shared and recomputed) carry the settings' temperature and
-// scale as their score scale and bias.
+// scale as their score scale and bias. With drop_first_tokens = m > 0 each
+// document's shared segment skips its first min(m, size) tokens and nothing
+// replaces them.
 RequestLayout LayoutBlocks(const TokenPrompt &prompt, const std::vector<DocumentRun> &runs,
                            const QualitySettings &quality = {});
 
@@ -94,9 +97,10 @@ RequestLayout LayoutBlocks(const TokenPrompt &prompt, const std::vector<Document
 // re-rotated by the segment's start, its skipped first tokens left out (they
 // are fed into their logical slots: fill_slot becomes fill_pos). Afterwards the
 // own segment holds the blocks (start 0, len = blocks_tokens, `pages`) and
-// `layout` has no fixed segment; when blocks scale their scores, the own run is
-// instead cut into one piece per block (start 0, skip = the block's start) and
-// an own segment skipping all blocks, so MATERIALIZE scores as LAZY does.
+// `layout` has no fixed segment; when blocks scale their scores or drop tokens,
+// the own run is instead cut into one piece per block (start 0, skip = the
+// block's start plus its dropped tokens) and an own segment skipping all
+// blocks, so MATERIALIZE attends and scores as LAZY does.
 std::vector<MaterializeCopy> MaterializeInto(RequestLayout *layout,
                                              const std::vector<int32_t> &pages);
 

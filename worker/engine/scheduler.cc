@@ -479,6 +479,7 @@ bool Scheduler::Setup(const RequestPtr &rp) {
       u.recompute_first_tokens = r.quality.recompute_first_tokens;
       u.document_temperature = r.quality.document_temperature;
       u.document_scale = r.quality.document_scale;
+      u.drop_first_tokens = r.quality.drop_first_tokens;
       u.recomputed_document_tokens = layout.recomputed_document_tokens;
     }
   } else {

@@ -175,7 +175,8 @@ absl::StatusOr<GenerateRequest> ParseGenerateRequest(const v1::GenerateRequest &
   if (!q.GetReflection()->GetUnknownFields(q).empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "quality: unknown option (field ", q.GetReflection()->GetUnknownFields(q).field(0).number(),
-        "); this worker knows recompute_first_tokens, document_temperature, document_scale"));
+        "); this worker knows recompute_first_tokens, document_temperature, document_scale, "
+        "drop_first_tokens"));
   }
   if (q.has_recompute_first_tokens()) {
     r.quality.recompute_first_tokens = q.recompute_first_tokens().value();
@@ -184,6 +185,7 @@ absl::StatusOr<GenerateRequest> ParseGenerateRequest(const v1::GenerateRequest &
     r.quality.document_temperature = q.document_temperature().value();
   }
   if (q.has_document_scale()) r.quality.document_scale = q.document_scale().value();
+  if (q.has_drop_first_tokens()) r.quality.drop_first_tokens = q.drop_first_tokens().value();
   if (auto checked = ResolveQuality(r.quality, QualitySettings{}); !checked.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("quality.", checked.status().message()));
   }
@@ -274,6 +276,7 @@ absl::Status InferenceService::GenerateStream(const v1::GenerateRequest &request
   u->set_recomputed_document_tokens(result->usage.recomputed_document_tokens);
   u->set_document_temperature(result->usage.document_temperature);
   u->set_document_scale(result->usage.document_scale);
+  u->set_drop_first_tokens(result->usage.drop_first_tokens);
   v1::Timings *t = last.mutable_timings();
   t->set_queue_ms(result->timings.queue_ms);
   t->set_ttft_ms(result->timings.ttft_ms);

@@ -79,6 +79,18 @@ TEST(ParseGenerateRequestTest, RejectsBadInput) {
     EXPECT_EQ(set->quality.recompute_first_tokens, 16);
     EXPECT_EQ(set->quality.document_temperature, 0.9f);
     EXPECT_EQ(set->quality.document_scale, 1.5f);
+    EXPECT_FALSE(set->quality.drop_first_tokens.has_value());
+  }
+  r.mutable_quality()->mutable_drop_first_tokens()->set_value(2);
+  ExpectInvalid(r, "drop_first_tokens (2) and recompute_first_tokens (16) exclude each other");
+  r.mutable_quality()->clear_recompute_first_tokens();
+  r.mutable_quality()->mutable_drop_first_tokens()->set_value(65);
+  ExpectInvalid(r, "quality.drop_first_tokens must be in 0 .. 64");
+  r.mutable_quality()->mutable_drop_first_tokens()->set_value(2);
+  {
+    auto set = ParseGenerateRequest(r, InferenceServiceOptions{});
+    ASSERT_TRUE(set.ok());
+    EXPECT_EQ(set->quality.drop_first_tokens, 2);
   }
   r = Good();
   r.add_documents();

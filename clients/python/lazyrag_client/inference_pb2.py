@@ -13,17 +13,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1alazyrag/v1/inference.proto\x12\nlazyrag.v1\"2\n\x08\x44ocument\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x0c\n\x02id\x18\x02 \x01(\tH\x00\x42\x08\n\x06source\"Q\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"\xc7\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rsystem_prompt\x18\x02 \x01(\t\x12\'\n\tdocuments\x18\x03 \x03(\x0b\x32\x14.lazyrag.v1.Document\x12\r\n\x05query\x18\x04 \x01(\t\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.lazyrag.v1.SamplingParams\x12\x12\n\nmax_tokens\x18\x06 \x01(\x05\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\'\n\x04mode\x18\t \x01(\x0e\x32\x19.lazyrag.v1.AttentionMode\x12\x17\n\x0f\x63\x61\x63he_namespace\x18\n \x01(\t\x12+\n\x07quality\x18\x0b \x01(\x0b\x32\x1a.lazyrag.v1.QualityOptions\"\x1b\n\nIntSetting\x12\r\n\x05value\x18\x01 \x01(\x05\"\x1d\n\x0c\x46loatSetting\x12\r\n\x05value\x18\x01 \x01(\x02\"\xb2\x01\n\x0eQualityOptions\x12\x36\n\x16recompute_first_tokens\x18\x01 \x01(\x0b\x32\x16.lazyrag.v1.IntSetting\x12\x36\n\x14\x64ocument_temperature\x18\x02 \x01(\x0b\x32\x18.lazyrag.v1.FloatSetting\x12\x30\n\x0e\x64ocument_scale\x18\x03 \x01(\x0b\x32\x18.lazyrag.v1.FloatSetting\"\xe0\x02\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x03\x12\x17\n\x0f\x64ocument_tokens\x18\x02 \x01(\x03\x12\x1e\n\x16\x63\x61\x63hed_document_tokens\x18\x03 \x01(\x03\x12\x1c\n\x14pool_document_tokens\x18\x04 \x01(\x03\x12\x1d\n\x15store_document_tokens\x18\x05 \x01(\x03\x12\x17\n\x0f\x63omputed_tokens\x18\x06 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x07 \x01(\x03\x12\x1c\n\x14host_document_tokens\x18\x08 \x01(\x03\x12\x1e\n\x16recompute_first_tokens\x18\t \x01(\x05\x12\"\n\x1arecomputed_document_tokens\x18\n \x01(\x03\x12\x1c\n\x14\x64ocument_temperature\x18\x0b \x01(\x02\x12\x16\n\x0e\x64ocument_scale\x18\x0c \x01(\x02\">\n\x07Timings\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x0f\n\x07ttft_ms\x18\x02 \x01(\x01\x12\x10\n\x08total_ms\x18\x03 \x01(\x01\"\xd6\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.lazyrag.v1.FinishReason\x12 \n\x05usage\x18\x05 \x01(\x0b\x32\x11.lazyrag.v1.Usage\x12$\n\x07timings\x18\x06 \x01(\x0b\x32\x13.lazyrag.v1.Timings\x12\x14\n\x0c\x64ocument_ids\x18\x07 \x03(\t\"A\n\x17PrepareDocumentsRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\x17\n\x0f\x63\x61\x63he_namespace\x18\x02 \x01(\t\"D\n\x10PreparedDocument\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\x05\x12\x10\n\x08\x63omputed\x18\x03 \x01(\x08\"K\n\x18PrepareDocumentsResponse\x12/\n\tdocuments\x18\x01 \x03(\x0b\x32\x1c.lazyrag.v1.PreparedDocument\"\"\n\x0cStatsRequest\x12\x12\n\nfor_tenant\x18\x01 \x01(\t\"q\n\tPoolStats\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x13\n\x0bpages_total\x18\x02 \x01(\x03\x12\x12\n\npages_free\x18\x03 \x01(\x03\x12\x12\n\npages_used\x18\x04 \x01(\x03\x12\x14\n\x0cpages_pinned\x18\x05 \x01(\x03\"M\n\x0eHostCacheStats\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x01 \x01(\x03\x12\x12\n\nused_bytes\x18\x02 \x01(\x03\x12\x0f\n\x07\x65ntries\x18\x03 \x01(\x03\"\xe1\x01\n\rStatsResponse\x12\x1d\n\x15resident_document_ids\x18\x01 \x03(\t\x12#\n\x04pool\x18\x02 \x01(\x0b\x32\x15.lazyrag.v1.PoolStats\x12\x18\n\x10running_requests\x18\x03 \x01(\x05\x12\x18\n\x10waiting_requests\x18\x04 \x01(\x05\x12\r\n\x05model\x18\x05 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x06 \x01(\t\x12.\n\nhost_cache\x18\x07 \x01(\x0b\x32\x1a.lazyrag.v1.HostCacheStats*|\n\rAttentionMode\x12\x17\n\x13\x41TTENTION_MODE_LAZY\x10\x00\x12\x1e\n\x1a\x41TTENTION_MODE_MATERIALIZE\x10\x01\x12\x19\n\x15\x41TTENTION_MODE_PREFIX\x10\x02\x12\x17\n\x13\x41TTENTION_MODE_FULL\x10\x03*\x93\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x03\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x04\x32\xf1\x01\n\tInference\x12G\n\x08Generate\x12\x1b.lazyrag.v1.GenerateRequest\x1a\x1c.lazyrag.v1.GenerateResponse0\x01\x12]\n\x10PrepareDocuments\x12#.lazyrag.v1.PrepareDocumentsRequest\x1a$.lazyrag.v1.PrepareDocumentsResponse\x12<\n\x05Stats\x12\x18.lazyrag.v1.StatsRequest\x1a\x19.lazyrag.v1.StatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1alazyrag/v1/inference.proto\x12\nlazyrag.v1\"2\n\x08\x44ocument\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x0c\n\x02id\x18\x02 \x01(\tH\x00\x42\x08\n\x06source\"Q\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"\xc7\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rsystem_prompt\x18\x02 \x01(\t\x12\'\n\tdocuments\x18\x03 \x03(\x0b\x32\x14.lazyrag.v1.Document\x12\r\n\x05query\x18\x04 \x01(\t\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.lazyrag.v1.SamplingParams\x12\x12\n\nmax_tokens\x18\x06 \x01(\x05\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\'\n\x04mode\x18\t \x01(\x0e\x32\x19.lazyrag.v1.AttentionMode\x12\x17\n\x0f\x63\x61\x63he_namespace\x18\n \x01(\t\x12+\n\x07quality\x18\x0b \x01(\x0b\x32\x1a.lazyrag.v1.QualityOptions\"\x1b\n\nIntSetting\x12\r\n\x05value\x18\x01 \x01(\x05\"\x1d\n\x0c\x46loatSetting\x12\r\n\x05value\x18\x01 \x01(\x02\"\xe5\x01\n\x0eQualityOptions\x12\x36\n\x16recompute_first_tokens\x18\x01 \x01(\x0b\x32\x16.lazyrag.v1.IntSetting\x12\x36\n\x14\x64ocument_temperature\x18\x02 \x01(\x0b\x32\x18.lazyrag.v1.FloatSetting\x12\x30\n\x0e\x64ocument_scale\x18\x03 \x01(\x0b\x32\x18.lazyrag.v1.FloatSetting\x12\x31\n\x11\x64rop_first_tokens\x18\x04 \x01(\x0b\x32\x16.lazyrag.v1.IntSetting\"\xfb\x02\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x03\x12\x17\n\x0f\x64ocument_tokens\x18\x02 \x01(\x03\x12\x1e\n\x16\x63\x61\x63hed_document_tokens\x18\x03 \x01(\x03\x12\x1c\n\x14pool_document_tokens\x18\x04 \x01(\x03\x12\x1d\n\x15store_document_tokens\x18\x05 \x01(\x03\x12\x17\n\x0f\x63omputed_tokens\x18\x06 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x07 \x01(\x03\x12\x1c\n\x14host_document_tokens\x18\x08 \x01(\x03\x12\x1e\n\x16recompute_first_tokens\x18\t \x01(\x05\x12\"\n\x1arecomputed_document_tokens\x18\n \x01(\x03\x12\x1c\n\x14\x64ocument_temperature\x18\x0b \x01(\x02\x12\x16\n\x0e\x64ocument_scale\x18\x0c \x01(\x02\x12\x19\n\x11\x64rop_first_tokens\x18\r \x01(\x05\">\n\x07Timings\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x0f\n\x07ttft_ms\x18\x02 \x01(\x01\x12\x10\n\x08total_ms\x18\x03 \x01(\x01\"\xd6\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.lazyrag.v1.FinishReason\x12 \n\x05usage\x18\x05 \x01(\x0b\x32\x11.lazyrag.v1.Usage\x12$\n\x07timings\x18\x06 \x01(\x0b\x32\x13.lazyrag.v1.Timings\x12\x14\n\x0c\x64ocument_ids\x18\x07 \x03(\t\"A\n\x17PrepareDocumentsRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\x17\n\x0f\x63\x61\x63he_namespace\x18\x02 \x01(\t\"D\n\x10PreparedDocument\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\x05\x12\x10\n\x08\x63omputed\x18\x03 \x01(\x08\"K\n\x18PrepareDocumentsResponse\x12/\n\tdocuments\x18\x01 \x03(\x0b\x32\x1c.lazyrag.v1.PreparedDocument\"\"\n\x0cStatsRequest\x12\x12\n\nfor_tenant\x18\x01 \x01(\t\"q\n\tPoolStats\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x13\n\x0bpages_total\x18\x02 \x01(\x03\x12\x12\n\npages_free\x18\x03 \x01(\x03\x12\x12\n\npages_used\x18\x04 \x01(\x03\x12\x14\n\x0cpages_pinned\x18\x05 \x01(\x03\"M\n\x0eHostCacheStats\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x01 \x01(\x03\x12\x12\n\nused_bytes\x18\x02 \x01(\x03\x12\x0f\n\x07\x65ntries\x18\x03 \x01(\x03\"\xe1\x01\n\rStatsResponse\x12\x1d\n\x15resident_document_ids\x18\x01 \x03(\t\x12#\n\x04pool\x18\x02 \x01(\x0b\x32\x15.lazyrag.v1.PoolStats\x12\x18\n\x10running_requests\x18\x03 \x01(\x05\x12\x18\n\x10waiting_requests\x18\x04 \x01(\x05\x12\r\n\x05model\x18\x05 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x06 \x01(\t\x12.\n\nhost_cache\x18\x07 \x01(\x0b\x32\x1a.lazyrag.v1.HostCacheStats*|\n\rAttentionMode\x12\x17\n\x13\x41TTENTION_MODE_LAZY\x10\x00\x12\x1e\n\x1a\x41TTENTION_MODE_MATERIALIZE\x10\x01\x12\x19\n\x15\x41TTENTION_MODE_PREFIX\x10\x02\x12\x17\n\x13\x41TTENTION_MODE_FULL\x10\x03*\x93\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x03\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x04\x32\xf1\x01\n\tInference\x12G\n\x08Generate\x12\x1b.lazyrag.v1.GenerateRequest\x1a\x1c.lazyrag.v1.GenerateResponse0\x01\x12]\n\x10PrepareDocuments\x12#.lazyrag.v1.PrepareDocumentsRequest\x1a$.lazyrag.v1.PrepareDocumentsResponse\x12<\n\x05Stats\x12\x18.lazyrag.v1.StatsRequest\x1a\x19.lazyrag.v1.StatsResponseb\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lazyrag.v1.inference_pb2', globals())
 if _descriptor._USE_C_DESCRIPTORS == False:
 
   DESCRIPTOR._options = None
-  _ATTENTIONMODE._serialized_start=2056
-  _ATTENTIONMODE._serialized_end=2180
-  _FINISHREASON._serialized_start=2183
-  _FINISHREASON._serialized_end=2330
+  _ATTENTIONMODE._serialized_start=2134
+  _ATTENTIONMODE._serialized_end=2258
+  _FINISHREASON._serialized_start=2261
+  _FINISHREASON._serialized_end=2408
   _DOCUMENT._serialized_start=42
   _DOCUMENT._serialized_end=92
   _SAMPLINGPARAMS._serialized_start=94
@@ -35,27 +35,27 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _FLOATSETTING._serialized_start=536
   _FLOATSETTING._serialized_end=565
   _QUALITYOPTIONS._serialized_start=568
-  _QUALITYOPTIONS._serialized_end=746
-  _USAGE._serialized_start=749
-  _USAGE._serialized_end=1101
-  _TIMINGS._serialized_start=1103
-  _TIMINGS._serialized_end=1165
-  _GENERATERESPONSE._serialized_start=1168
-  _GENERATERESPONSE._serialized_end=1382
-  _PREPAREDOCUMENTSREQUEST._serialized_start=1384
-  _PREPAREDOCUMENTSREQUEST._serialized_end=1449
-  _PREPAREDDOCUMENT._serialized_start=1451
-  _PREPAREDDOCUMENT._serialized_end=1519
-  _PREPAREDOCUMENTSRESPONSE._serialized_start=1521
-  _PREPAREDOCUMENTSRESPONSE._serialized_end=1596
-  _STATSREQUEST._serialized_start=1598
-  _STATSREQUEST._serialized_end=1632
-  _POOLSTATS._serialized_start=1634
-  _POOLSTATS._serialized_end=1747
-  _HOSTCACHESTATS._serialized_start=1749
-  _HOSTCACHESTATS._serialized_end=1826
-  _STATSRESPONSE._serialized_start=1829
-  _STATSRESPONSE._serialized_end=2054
-  _INFERENCE._serialized_start=2333
-  _INFERENCE._serialized_end=2574
+  _QUALITYOPTIONS._serialized_end=797
+  _USAGE._serialized_start=800
+  _USAGE._serialized_end=1179
+  _TIMINGS._serialized_start=1181
+  _TIMINGS._serialized_end=1243
+  _GENERATERESPONSE._serialized_start=1246
+  _GENERATERESPONSE._serialized_end=1460
+  _PREPAREDOCUMENTSREQUEST._serialized_start=1462
+  _PREPAREDOCUMENTSREQUEST._serialized_end=1527
+  _PREPAREDDOCUMENT._serialized_start=1529
+  _PREPAREDDOCUMENT._serialized_end=1597
+  _PREPAREDOCUMENTSRESPONSE._serialized_start=1599
+  _PREPAREDOCUMENTSRESPONSE._serialized_end=1674
+  _STATSREQUEST._serialized_start=1676
+  _STATSREQUEST._serialized_end=1710
+  _POOLSTATS._serialized_start=1712
+  _POOLSTATS._serialized_end=1825
+  _HOSTCACHESTATS._serialized_start=1827
+  _HOSTCACHESTATS._serialized_end=1904
+  _STATSRESPONSE._serialized_start=1907
+  _STATSRESPONSE._serialized_end=2132
+  _INFERENCE._serialized_start=2411
+  _INFERENCE._serialized_end=2652
 # @@protoc_insertion_point(module_scope)

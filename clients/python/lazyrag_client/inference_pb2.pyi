@@ -128,14 +128,16 @@ class PreparedDocument(_message.Message):
     def __init__(self, id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., computed: bool = ...) -> None: ...
 
 class QualityOptions(_message.Message):
-    __slots__ = ["document_scale", "document_temperature", "recompute_first_tokens"]
+    __slots__ = ["document_scale", "document_temperature", "drop_first_tokens", "recompute_first_tokens"]
     DOCUMENT_SCALE_FIELD_NUMBER: _ClassVar[int]
     DOCUMENT_TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    DROP_FIRST_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RECOMPUTE_FIRST_TOKENS_FIELD_NUMBER: _ClassVar[int]
     document_scale: FloatSetting
     document_temperature: FloatSetting
+    drop_first_tokens: IntSetting
     recompute_first_tokens: IntSetting
-    def __init__(self, recompute_first_tokens: _Optional[_Union[IntSetting, _Mapping]] = ..., document_temperature: _Optional[_Union[FloatSetting, _Mapping]] = ..., document_scale: _Optional[_Union[FloatSetting, _Mapping]] = ...) -> None: ...
+    def __init__(self, recompute_first_tokens: _Optional[_Union[IntSetting, _Mapping]] = ..., document_temperature: _Optional[_Union[FloatSetting, _Mapping]] = ..., document_scale: _Optional[_Union[FloatSetting, _Mapping]] = ..., drop_first_tokens: _Optional[_Union[IntSetting, _Mapping]] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ["seed", "temperature", "top_k", "top_p"]
@@ -184,13 +186,14 @@ class Timings(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ["cached_document_tokens", "completion_tokens", "computed_tokens", "document_scale", "document_temperature", "document_tokens", "host_document_tokens", "pool_document_tokens", "prompt_tokens", "recompute_first_tokens", "recomputed_document_tokens", "store_document_tokens"]
+    __slots__ = ["cached_document_tokens", "completion_tokens", "computed_tokens", "document_scale", "document_temperature", "document_tokens", "drop_first_tokens", "host_document_tokens", "pool_document_tokens", "prompt_tokens", "recompute_first_tokens", "recomputed_document_tokens", "store_document_tokens"]
     CACHED_DOCUMENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DOCUMENT_SCALE_FIELD_NUMBER: _ClassVar[int]
     DOCUMENT_TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     DOCUMENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DROP_FIRST_TOKENS_FIELD_NUMBER: _ClassVar[int]
     HOST_DOCUMENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     POOL_DOCUMENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -203,13 +206,14 @@ class Usage(_message.Message):
     document_scale: float
     document_temperature: float
     document_tokens: int
+    drop_first_tokens: int
     host_document_tokens: int
     pool_document_tokens: int
     prompt_tokens: int
     recompute_first_tokens: int
     recomputed_document_tokens: int
     store_document_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., document_tokens: _Optional[int] = ..., cached_document_tokens: _Optional[int] = ..., pool_document_tokens: _Optional[int] = ..., store_document_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., host_document_tokens: _Optional[int] = ..., recompute_first_tokens: _Optional[int] = ..., recomputed_document_tokens: _Optional[int] = ..., document_temperature: _Optional[float] = ..., document_scale: _Optional[float] = ...) -> None: ...
+    def __init__(self, prompt_tokens: _Optional[int] = ..., document_tokens: _Optional[int] = ..., cached_document_tokens: _Optional[int] = ..., pool_document_tokens: _Optional[int] = ..., store_document_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., host_document_tokens: _Optional[int] = ..., recompute_first_tokens: _Optional[int] = ..., recomputed_document_tokens: _Optional[int] = ..., document_temperature: _Optional[float] = ..., document_scale: _Optional[float] = ..., drop_first_tokens: _Optional[int] = ...) -> None: ...
 
 class AttentionMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
