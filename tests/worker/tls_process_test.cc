@@ -64,6 +64,28 @@ Reply Generate(const std::string& address, const std::shared_ptr<grpc::ChannelCr
   return worker_test::Generate(*stub, req, /*timeout_s=*/30);
 }
 
+// Starts a worker with `args` until one answers `docs` with every document from the kvstore
+// (write-back is asynchronous; 50 workers at most) and returns its answer, or the first error.
+Reply AnswerFromStore(const std::vector<std::string>& args,
+                      const std::shared_ptr<grpc::ChannelCredentials>& creds,
+                      const std::vector<std::string>& docs) {
+  Reply again;
+  for (int i = 0; i < 50; ++i) {
+    ReadyProcess worker;
+    if (absl::Status st = worker.Start(args); !st.ok()) {
+      again.status = grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(st.message()));
+      return again;
+    }
+    again = Generate(worker.address(), creds, docs);
+    if (!again.status.ok() ||
+        again.last.usage().store_document_tokens() == again.last.usage().document_tokens()) {
+      return again;
+    }
+    worker.Stop(SIGKILL);
+  }
+  return again;
+}
+
 TEST(TlsProcessTest, KvstoreWorkerAndRouterSpeakTls) {
   TempDir dir;
   ReadyProcess kv;
@@ -87,16 +109,8 @@ TEST(TlsProcessTest, KvstoreWorkerAndRouterSpeakTls) {
   EXPECT_EQ(first.last.usage().completion_tokens(), 4);
 
   // The worker wrote the documents back over TLS: a second worker reads them from the kvstore.
-  ReadyProcess second;
-  ASSERT_TRUE(second.Start(Worker(kv.address())).ok());
-  Reply again;
-  for (int i = 0; i < 50; ++i) {  // write-back is asynchronous
-    again = Generate(second.address(), *tls, docs);
-    ASSERT_TRUE(again.status.ok()) << again.status.error_message();
-    if (again.last.usage().store_document_tokens() == again.last.usage().document_tokens()) break;
-    second.Stop(SIGKILL);
-    ASSERT_TRUE(second.Start(Worker(kv.address())).ok());
-  }
+  Reply again = AnswerFromStore(Worker(kv.address()), *tls, docs);
+  ASSERT_TRUE(again.status.ok()) << again.status.error_message();
   EXPECT_GT(again.last.usage().document_tokens(), 0);
   EXPECT_EQ(again.last.usage().store_document_tokens(), again.last.usage().document_tokens());
 
@@ -178,16 +192,8 @@ TEST(TlsProcessTest, CertificateIdentitiesNeedNoTokens) {
                                          "Mira Ostrova built the lighthouse."};
   Reply first = Generate(worker.address(), *client, docs);
   ASSERT_TRUE(first.status.ok()) << first.status.error_message();
-  ReadyProcess second;
-  ASSERT_TRUE(second.Start(worker_args()).ok());
-  Reply again;
-  for (int i = 0; i < 50; ++i) {  // write-back is asynchronous
-    again = Generate(second.address(), *client, docs);
-    ASSERT_TRUE(again.status.ok()) << again.status.error_message();
-    if (again.last.usage().store_document_tokens() == again.last.usage().document_tokens()) break;
-    second.Stop(SIGKILL);
-    ASSERT_TRUE(second.Start(worker_args()).ok());
-  }
+  Reply again = AnswerFromStore(worker_args(), *client, docs);
+  ASSERT_TRUE(again.status.ok()) << again.status.error_message();
   EXPECT_GT(again.last.usage().document_tokens(), 0);
   EXPECT_EQ(again.last.usage().store_document_tokens(), again.last.usage().document_tokens());
   // An unlisted certificate gets no answer from a worker either.
