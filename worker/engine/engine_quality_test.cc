@@ -19,6 +19,7 @@
 #include <set>
 #include <tuple>
 
+#include "absl/algorithm/container.h"
 #include "gtest/gtest.h"
 #include "worker/backend/cpu/cpu_backend.h"
 #include "worker/cache/memory_store_test_util.h"
@@ -153,6 +154,22 @@ double MaxRelError(const std::vector<std::vector<float>>& a,
   return max_diff / std::max(max_ref, 1e-30);
 }
 
+// A run with the quality options `q` (RunMode sets only k).
+ModeRun RunWith(Engine& e, const TokenPrompt& p, AttentionMode mode, int steps,
+                const QualityOptions& q) {
+  ModeRun r;
+  TokenRunOptions o;
+  o.mode = mode;
+  o.max_tokens = steps;
+  o.ignore_eos = true;
+  o.step_logits = &r.logits;
+  o.quality = q;
+  auto res = e.RunTokens(p, o);
+  EXPECT_TRUE(res.ok()) << res.status();
+  if (res.ok()) r.result = *res;
+  return r;
+}
+
 TEST(EngineQualityTest, FirstKLazyEqualsMaterialize) {
   std::mt19937 rng(25);
   for (int page_size : {1, 16, 64}) {
@@ -202,7 +219,9 @@ TEST(EngineQualityTest, RecomputingWholeDocumentsEqualsFull) {
 }
 
 // Zero-copy: document pages are never written by a LAZY request; k > 0 writes exactly
-// min(k, size) tokens per document, at the document's logical positions, into own pages.
+// min(k, size) tokens per document, at the document's logical positions, into own pages;
+// drop_first_tokens = m writes none and its view skips exactly min(m, size) keys of each
+// document (the one dropped whole has no segment).
 TEST(EngineQualityTest, LazyWritesOnlyTheRecomputedTokensIntoOwnPages) {
   std::mt19937 rng(27);
   ModelConfig c = SmallConfig(4, 2);
@@ -237,11 +256,14 @@ TEST(EngineQualityTest, LazyWritesOnlyTheRecomputedTokensIntoOwnPages) {
     pos += int(d.size());
   }
   const int gen = 3;
-  for (int k : {0, 8}) {
-    SCOPED_TRACE(testing::Message() << "k " << k);
+  for (auto [k, m] : {std::pair{0, 0}, {8, 0}, {0, 4}}) {
+    SCOPED_TRACE(testing::Message() << "k " << k << " m " << m);
     e.backend->batches.clear();
     const int free_before = e.engine->pages().num_free();
-    ModeRun r = RunMode(*e.engine, p, AttentionMode::kLazy, gen, k);
+    QualityOptions q;
+    q.recompute_first_tokens = k;
+    q.drop_first_tokens = m;
+    ModeRun r = RunWith(*e.engine, p, AttentionMode::kLazy, gen, q);
     EXPECT_EQ(e.engine->pages().num_free(), free_before);
     EXPECT_EQ(r.result.usage.cached_document_tokens, r.result.usage.document_tokens);
     std::vector<int> per_doc(spans.size(), 0);
@@ -258,6 +280,15 @@ TEST(EngineQualityTest, LazyWritesOnlyTheRecomputedTokensIntoOwnPages) {
             EXPECT_LT(b.view.q_pos[t] - spans[d].first, k) << "not a first token";
           }
         }
+      }
+      if (m > 0) {
+        // Segments: the prefix, the documents skipping their first tokens, the own run.
+        std::vector<int32_t> want = {0};
+        for (const auto& d : p.documents) {
+          if (int(d.size()) > m) want.push_back(m);
+        }
+        want.push_back(0);
+        EXPECT_EQ(b.view.seg_skip, want);
       }
     }
     int64_t recomputed = 0;
@@ -427,21 +458,6 @@ TEST(EngineQualityTest, StoredDocumentOfAnotherPrefixIsNeverUsed) {
   EXPECT_EQ(r.result.usage.store_document_tokens, doc_tokens);
 }
 
-ModeRun RunWith(Engine& e, const TokenPrompt& p, AttentionMode mode, int steps,
-                const QualityOptions& q) {
-  ModeRun r;
-  TokenRunOptions o;
-  o.mode = mode;
-  o.max_tokens = steps;
-  o.ignore_eos = true;
-  o.step_logits = &r.logits;
-  o.quality = q;
-  auto res = e.RunTokens(p, o);
-  EXPECT_TRUE(res.ok()) << res.status();
-  if (res.ok()) r.result = *res;
-  return r;
-}
-
 TEST(EngineQualityTest, DocumentTemperatureAndScaleKeepLazyEqualToMaterialize) {
   std::mt19937 rng(32);
   ModelConfig c = SmallConfig(6, 2);
@@ -527,52 +543,16 @@ TEST(EngineQualityTest, DropFirstTokensKeepsLazyEqualToMaterialize) {
         if (t != 1.0f) plain.document_temperature = t;
         ModeRun c0 = RunWith(*e.engine, p, AttentionMode::kLazy, 3, plain);
         EXPECT_GT(MaxRelError(a.logits, c0.logits), 1e-4);
+        // And each m is its own function (when some document is longer than m).
+        if (absl::c_any_of(p.documents, [&](const auto& d) { return int(d.size()) > m; })) {
+          QualityOptions other = q;
+          other.drop_first_tokens = m + 1;
+          ModeRun c1 = RunWith(*e.engine, p, AttentionMode::kLazy, 3, other);
+          EXPECT_GT(MaxRelError(a.logits, c1.logits), 1e-4);
+        }
       }
     }
   }
-}
-
-// Dropping is free: a LAZY request computes and writes only its query and generated tokens,
-// into as many own pages as plain LAZY, and its view skips exactly min(m, size) keys of each
-// document.
-TEST(EngineQualityTest, DropFirstTokensWritesNoDocumentKv) {
-  std::mt19937 rng(35);
-  ModelConfig c = SmallConfig(4, 2);
-  const int ps = 16;
-  TestEngine e = MakeEngine(c, ps, 5);
-  TokenPrompt p = RandomPrompt(rng, 4, c.vocab_size);
-  p.documents[0].resize(2);  // shorter than m
-  ASSERT_TRUE(e.engine->RunTokens(p, [] {
-                TokenRunOptions o;
-                o.max_tokens = 1;
-                return o;
-              }()).ok());  // every block resident
-  const int gen = 3, m = 4;
-  e.backend->batches.clear();
-  ModeRun r = RunWith(*e.engine, p, AttentionMode::kLazy, gen, Drop(m));
-  EXPECT_EQ(r.result.usage.cached_document_tokens, r.result.usage.document_tokens);
-  EXPECT_EQ(r.result.usage.computed_tokens, int64_t(p.suffix.size()));
-  int rows = 0;
-  std::set<int32_t> own_pages;
-  for (const ForwardBatch& b : e.backend->batches) {
-    rows += int(b.tokens.size());
-    for (int64_t slot : b.kv_slot) own_pages.insert(int32_t(slot / ps));
-    // Segments: the prefix, the documents (skipping their first tokens), the own run; the
-    // document dropped whole has none.
-    std::vector<int32_t> skips(b.view.seg_skip.begin(), b.view.seg_skip.end());
-    std::vector<int32_t> want = {0};
-    for (size_t d = 1; d < p.documents.size(); ++d) {
-      want.push_back(std::min<int32_t>(m, int32_t(p.documents[d].size())));
-    }
-    want.push_back(0);
-    EXPECT_EQ(skips, want);
-  }
-  EXPECT_EQ(rows, int(p.suffix.size()) + gen - 1);
-  EXPECT_EQ(int64_t(own_pages.size()), PagesFor(int64_t(p.suffix.size()) + gen - 1, ps));
-  // Each m is its own function (m = 1 and m = 3 both change what the query sees).
-  ModeRun one = RunWith(*e.engine, p, AttentionMode::kLazy, gen, Drop(1));
-  ModeRun three = RunWith(*e.engine, p, AttentionMode::kLazy, gen, Drop(3));
-  EXPECT_GT(MaxRelError(one.logits, three.logits), 1e-4);
 }
 
 TEST(EngineQualityTest, DropFirstTokensSettingsAreChecked) {
