@@ -5,7 +5,7 @@
 //
 //   rag_qa_bench --model PATH --sets A.jsonl,B.jsonl [--configs LIST] [--out FILE]
 //                [--shared_prefix none|template] [--default_k K]
-//                [--max_questions N] [--max_tokens N] [--device cpu|cuda]
+//                [--max_questions N] [--max_tokens N] [--device cpu|cuda] [--commit SHA]
 //
 // --configs: comma-separated "MODE[:k=K][:d=D][:t=T][:s=S]" (MODE full|prefix|lazy|materialize;
 // K, D, T, S = the per-request recompute_first_tokens, drop_first_tokens, document_temperature,
@@ -142,7 +142,8 @@ int Main(int argc, char** argv) {
       {"max_tokens", "32"},
       {"device", "cpu"},
       {"default_k", "0"},
-      {"shared_prefix", "none"}};
+      {"shared_prefix", "none"},
+      {"commit", ""}};
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string key = argv[i];
     if (key.rfind("--", 0) != 0 || !a.count(key.substr(2))) {
@@ -195,6 +196,7 @@ int Main(int argc, char** argv) {
   Json j;
   j = Json::object();
   j["model"] = ro.model;
+  j["commit"] = a["commit"];  // --commit: what the binary was built from (not known to it)
   j["device"] = ro.device;
   j["blas_kernels"] = BlasCoreName();
   j["threads"] = NumWorkerThreads();
