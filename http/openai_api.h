@@ -22,11 +22,14 @@
 //                   booleans.
 //   n               1 if present; logprobs, echo, tools, functions: absent, null, false or [].
 //   lazyrag         extension object: mode ("lazy" | "materialize" | "prefix" | "full"),
-//                   cache_namespace, top_k, ignore_eos, request_id, timeout_s (> 0).
+//                   cache_namespace, top_k, ignore_eos, request_id, timeout_s (> 0), quality
+//                   (recompute_first_tokens, drop_first_tokens, document_temperature,
+//                   document_scale: GenerateRequest.quality; the worker checks the ranges).
 //   Other members are ignored. Each violation is INVALID_ARGUMENT naming the member (ParamOf).
 // Responses carry OpenAI's fields, usage.prompt_tokens_details.cached_tokens (document tokens
 // not computed for this request) and an extension object "lazyrag" with the per-tier token
-// counts, the document ids (in request order), the server timings and the exact finish reason.
+// counts and the quality settings that ran (usage.quality), the document ids (in request
+// order), the server timings and the exact finish reason.
 #pragma once
 
 #include <cstdint>
