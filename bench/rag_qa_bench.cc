@@ -170,6 +170,9 @@ int Main(int argc, char** argv) {
   ro.model = a["model"];
   ro.device = a["device"];
   ro.kv_pool_bytes = int64_t(512) << 20;
+  // No host tier: answers do not depend on where a document's KV waited, and the CUDA default
+  // (a quarter of the machine's memory, pinned) would let only a few of these run side by side.
+  ro.host_cache_bytes = 0;
   ro.quality.recompute_first_tokens = std::stoi(a["default_k"]);
   ro.shared_prefix = a["shared_prefix"];
   auto rt_or = CreateRuntime(ro);

@@ -14,7 +14,8 @@
 //                   [--warmup N] [--cold_runs N] [--chunk N] [--page_size N]
 //                   [--decode_steps N] [--cuda_graphs 0|1] [--step_times 0|1]
 //                   [--idle_ms N] [--early_kv 0|1] [--profile] [--out PATH]
-//                   [--kvstore_binary PATH] [--quality_k K] [--decode_batches B,B]
+//                   [--kvstore_binary PATH] [--quality_k K] [--quality_d D]
+//                   [--decode_batches B,B]
 //
 // With --kvstore_binary: a lazyrag-kvstore shard on this host (a child process, data under
 // $TMPDIR) stores one document's KV; rows for fetching it through the client library into
@@ -45,6 +46,7 @@
 #include "worker/backend/cuda/cuda_backend.h"
 #include "worker/engine/engine.h"
 #include "worker/model/model_source.h"
+#include "worker/runtime/runtime.h"
 
 namespace lazyrag {
 namespace {
@@ -74,6 +76,9 @@ struct BenchOptions {
   // A LAZY row with QualityOptions::recompute_first_tokens = K (0: no row): the cost of the
   // quality default (issue 25) beside plain LAZY, interleaved with it.
   int quality_k = 32;
+  // A LAZY row with QualityOptions::drop_first_tokens = D (0: no row): the worker's default
+  // (kMeasuredDropFirstTokens) beside plain LAZY, interleaved with it (issue 25: <= 5%).
+  int quality_d = kMeasuredDropFirstTokens;
   // Decode steps at these batch sizes: that many LAZY requests over the same cached documents
   // (distinct queries) started together; each row is the median GPU time of the steps that
   // decode all of them, beside its byte floor (needs --step_times 1).
@@ -129,6 +134,8 @@ int Main(int argc, char** argv) {
       }
     } else if (arg("--quality_k"))
       o.quality_k = std::atoi(argv[++i]);
+    else if (arg("--quality_d"))
+      o.quality_d = std::atoi(argv[++i]);
     else if (arg("--host_cache_gb"))
       o.host_cache_gb = std::max(0.0, std::atof(argv[++i]));
     else if (!std::strcmp(argv[i], "--profile"))
@@ -144,7 +151,8 @@ int Main(int argc, char** argv) {
           "[--warmup N] [--cold_runs N] [--chunk N] [--page_size N] "
           "[--decode_steps N] [--cuda_graphs 0|1] "
           "[--step_times 0|1] [--idle_ms N] [--early_kv 0|1] [--host_cache_gb G] [--profile] "
-          "[--out PATH] [--kvstore_binary PATH] [--quality_k K] [--decode_batches B,B]\n",
+          "[--out PATH] [--kvstore_binary PATH] [--quality_k K] [--quality_d D] "
+          "[--decode_batches B,B]\n",
           argv[0]);
       return 2;
     }
@@ -192,7 +200,7 @@ int Main(int argc, char** argv) {
   prompt.suffix = random_tokens(o.query);
 
   auto run = [&](AttentionMode mode, const std::string& ns, int max_tokens, TokenResult* result,
-                 int recompute_first_tokens = 0) -> absl::Status {
+                 int recompute_first_tokens = 0, int drop_first_tokens = 0) -> absl::Status {
     // --idle_ms: the request finds the GPU idle (not straight after another mode's request:
     // after a 300 ms FULL prefill the next request's kernels run slower for a while).
     if (o.idle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.idle_ms));
@@ -202,6 +210,7 @@ int Main(int argc, char** argv) {
     ro.ignore_eos = true;
     ro.cache_namespace = ns;
     ro.quality.recompute_first_tokens = recompute_first_tokens;
+    ro.quality.drop_first_tokens = drop_first_tokens;
     auto r = engine.RunTokens(prompt, ro);
     if (!r.ok()) return r.status();
     *result = *r;
@@ -259,7 +268,7 @@ int Main(int argc, char** argv) {
   }
   // Warm: documents cached once in the "warm" namespace.
   if (auto st = run(AttentionMode::kLazy, "warm", 1, &r); !st.ok()) return Fail(st, "warm fill");
-  Stats lazy, mat, full, lazy_k;
+  Stats lazy, mat, full, lazy_k, lazy_d;
   Stats lazy_gpu, lazy_host;  // each LAZY run's step: device time, and the rest of its TTFT
   for (int i = 0; i < o.runs; ++i) {
     if (o.step_times) (void)TakeCudaStepTimings(engine.backend());
@@ -286,6 +295,17 @@ int Main(int argc, char** argv) {
                     "LAZY with first-k recompute");
       }
       lazy_k.ms.push_back(r.timings.ttft_ms);
+    }
+    if (o.quality_d > 0) {
+      if (auto st = run(AttentionMode::kLazy, "warm", 1, &r, 0, o.quality_d); !st.ok()) {
+        return Fail(st, "LAZY with first tokens dropped");
+      }
+      if (r.usage.computed_tokens != o.query || r.usage.drop_first_tokens != o.quality_d) {
+        return Fail(absl::InternalError(absl::StrCat("LAZY d=", o.quality_d, " computed ",
+                                                     r.usage.computed_tokens, " tokens")),
+                    "LAZY with first tokens dropped");
+      }
+      lazy_d.ms.push_back(r.timings.ttft_ms);
     }
     if (auto st = run(AttentionMode::kMaterialize, "warm", 1, &r); !st.ok()) {
       return Fail(st, "MATERIALIZE");
@@ -495,6 +515,9 @@ int Main(int argc, char** argv) {
   row("TTFT LAZY, LAZY requests only", lazy_solo);
   const std::string k_name = absl::StrCat("TTFT LAZY, first ", o.quality_k, " recomputed");
   if (!lazy_k.ms.empty()) row(k_name.c_str(), lazy_k);
+  const std::string d_name =
+      absl::StrCat("TTFT LAZY, defaults (first ", o.quality_d, " dropped)");
+  if (!lazy_d.ms.empty()) row(d_name.c_str(), lazy_d);
   row("TTFT MATERIALIZE (copy + re-rotate)", mat);
   row("TTFT FULL (chunked causal prefill)", full);
   row("TTFT LAZY cold (documents encoded)", cold);
@@ -584,6 +607,7 @@ int Main(int argc, char** argv) {
       << "  \"ttft_ms\": {\n    \"lazy\": " << lazy.Json()
       << ",\n    \"lazy_requests_only\": " << lazy_solo.Json()
       << ",\n    \"lazy_first_k\": " << lazy_k.Json() << ", \"quality_k\": " << o.quality_k
+      << ",\n    \"lazy_defaults\": " << lazy_d.Json() << ", \"quality_d\": " << o.quality_d
       << ",\n    \"materialize\": " << mat.Json() << ",\n    \"full\": " << full.Json()
       << ",\n    \"lazy_cold\": " << cold.Json() << "\n  },\n"
       << "  \"doc_encode_ms\": " << encode_ms << ",\n"

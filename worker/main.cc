@@ -97,10 +97,12 @@ ABSL_FLAG(double, document_temperature, 1.0,
 ABSL_FLAG(double, document_scale, 1.0,
           "LAZY/MATERIALIZE: weight of the attention to documents (0.01 .. 100; 1: off); a "
           "request's quality.document_scale overrides it");
-ABSL_FLAG(int, drop_first_tokens, 0,
+ABSL_FLAG(int, drop_first_tokens, -1,
           "LAZY/MATERIALIZE: leave each document's first m tokens (its own attention sink) out "
           "of the request's attention (0 .. 64; a request's quality.drop_first_tokens overrides "
-          "it; excludes --recompute_first_tokens > 0)");
+          "it; excludes --recompute_first_tokens > 0). -1: the value measured best on "
+          "bench/rag_qa's dev splits (lazyrag::kMeasuredDropFirstTokens) on backends that "
+          "support it (CPU, CUDA) when no first-k recompute is set, 0 otherwise; 0: plain LAZY");
 ABSL_FLAG(int, recompute_first_tokens, 0,
           "LAZY/MATERIALIZE: recompute each document's first k tokens at their true positions "
           "per request (0 .. 512; a request's quality.recompute_first_tokens overrides it). -1: "

@@ -145,6 +145,12 @@ absl::StatusOr<std::unique_ptr<Runtime>> CreateRuntime(const RuntimeOptions& o) 
     eo.quality.recompute_first_tokens =
         (*backend)->SupportsQualityViews() ? kMeasuredRecomputeFirstTokens : 0;
   }
+  if (eo.quality.drop_first_tokens == -1) {  // "measured", unless first-k runs
+    eo.quality.drop_first_tokens =
+        (*backend)->SupportsQualityViews() && eo.quality.recompute_first_tokens == 0
+            ? kMeasuredDropFirstTokens
+            : 0;
+  }
   if (o.shared_prefix == "template") {
     if (tmpl.Opening().empty()) {
       return absl::InvalidArgumentError(

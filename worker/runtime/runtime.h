@@ -22,6 +22,11 @@ namespace lazyrag {
 // Quality).
 inline constexpr int kMeasuredRecomputeFirstTokens = 32;
 
+// The drop_first_tokens that --drop_first_tokens=-1 (the worker's default) selects: of the
+// settings that cost no TTFT, the best exact match summed over bench/rag_qa's 300-question dev
+// splits (make_quality_sets.py --large; SmolLM2-135M, CPU and GPU; bench/README.md, Quality).
+inline constexpr int kMeasuredDropFirstTokens = 1;
+
 struct RuntimeOptions {
   std::string model;           // GGUF path, HF directory or synthetic:NAME[@SEED]
   std::string device = "cpu";  // cpu | cuda
@@ -54,9 +59,11 @@ struct RuntimeOptions {
   // too). Below -1: CreateRuntime fails with INVALID_ARGUMENT.
   int64_t host_cache_bytes = -1;
   // Server defaults of the answer-quality settings (EngineOptions::quality; the worker's
-  // --recompute_first_tokens). recompute_first_tokens -1: kMeasuredRecomputeFirstTokens where
-  // the backend supports it (Backend::SupportsQualityViews: CPU and CUDA), else 0. Otherwise out of
-  // range: CreateRuntime fails with INVALID_ARGUMENT.
+  // --recompute_first_tokens, --drop_first_tokens). recompute_first_tokens -1:
+  // kMeasuredRecomputeFirstTokens where the backend supports it (Backend::SupportsQualityViews:
+  // CPU and CUDA), else 0. drop_first_tokens -1: kMeasuredDropFirstTokens where the backend
+  // supports it and recompute_first_tokens resolved to 0 (the two exclude each other), else 0.
+  // Otherwise out of range: CreateRuntime fails with INVALID_ARGUMENT.
   QualitySettings quality;
   // The engine's shared prefix (EngineOptions::shared_prefix, the worker's --shared_prefix):
   // "none" (or empty): documents encoded alone; "template": the prompt layout's fixed opening

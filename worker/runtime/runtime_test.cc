@@ -1,5 +1,6 @@
 // RuntimeOptions::host_cache_bytes: the machine-sized default, 0 and explicit sizes, and the
-// INVALID_ARGUMENT of a value below -1 (before the model is loaded).
+// INVALID_ARGUMENT of a value below -1 (before the model is loaded). RuntimeOptions::quality:
+// the "measured" values -1 resolve to the engine's server defaults.
 #include "worker/runtime/runtime.h"
 
 #include "gtest/gtest.h"
@@ -55,6 +56,37 @@ TEST(HostCacheBytesTest, RuntimeBuildsTheEngineHostTier) {
   ASSERT_NE((*on)->engine->host_tier(), nullptr);
   EXPECT_GT((*on)->engine->Stats().host.capacity_bytes, 0);
   EXPECT_LE((*on)->engine->Stats().host.capacity_bytes, 1 << 20);
+}
+
+// -1 ("measured", the worker's default for --drop_first_tokens) becomes
+// kMeasuredDropFirstTokens, unless first-k recompute is set, which it excludes; explicit values
+// stay.
+TEST(QualityDefaultsTest, MeasuredValuesResolveAndExcludeEachOther) {
+  auto engine_quality = [](int k, int d) -> QualitySettings {
+    RuntimeOptions o;
+    o.model = "synthetic:tiny";
+    o.kv_pool_bytes = 8 << 20;
+    o.host_cache_bytes = 0;
+    o.quality.recompute_first_tokens = k;
+    o.quality.drop_first_tokens = d;
+    auto rt = CreateRuntime(o);
+    EXPECT_TRUE(rt.ok()) << rt.status();
+    return rt.ok() ? (*rt)->engine->options().quality : QualitySettings{};
+  };
+  QualitySettings q = engine_quality(0, -1);
+  EXPECT_EQ(q.drop_first_tokens, kMeasuredDropFirstTokens);
+  EXPECT_EQ(q.recompute_first_tokens, 0);
+  q = engine_quality(0, 0);  // plain LAZY
+  EXPECT_EQ(q.drop_first_tokens, 0);
+  q = engine_quality(0, 5);
+  EXPECT_EQ(q.drop_first_tokens, 5);
+  q = engine_quality(8, -1);  // first-k chosen: no drop
+  EXPECT_EQ(q.drop_first_tokens, 0);
+  EXPECT_EQ(q.recompute_first_tokens, 8);
+  q = engine_quality(-1, -1);
+  EXPECT_EQ(q.recompute_first_tokens, kMeasuredRecomputeFirstTokens);
+  EXPECT_EQ(q.drop_first_tokens, 0);
+  EXPECT_GT(kMeasuredDropFirstTokens, 0);
 }
 
 }  // namespace
