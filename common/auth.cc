@@ -200,7 +200,10 @@ void TokenStore::MaybeReload() {
   }
   ++reloads_;
   if (metrics_ != nullptr) metrics_->CountReload(true);
-  LOG_INFO << "auth tokens file reloaded: " << entries_.size() << " tokens";
+  const auto certificates = absl::c_count_if(
+      entries_, [](const TokenEntry& e) { return !e.certificate_name.empty(); });
+  LOG_INFO << "auth tokens file reloaded: " << entries_.size() - certificates << " tokens, "
+           << certificates << " certificate names";
 }
 
 void TokenStore::ReloadIfChanged() {
