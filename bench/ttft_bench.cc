@@ -516,7 +516,8 @@ int Main(int argc, char** argv) {
   const std::string k_name = absl::StrCat("TTFT LAZY, first ", o.quality_k, " recomputed");
   if (!lazy_k.ms.empty()) row(k_name.c_str(), lazy_k);
   const std::string d_name =
-      absl::StrCat("TTFT LAZY, defaults (first ", o.quality_d, " dropped)");
+      absl::StrCat("TTFT LAZY, first ", o.quality_d, " dropped",
+                   o.quality_d == kMeasuredDropFirstTokens ? " (default)" : "");
   if (!lazy_d.ms.empty()) row(d_name.c_str(), lazy_d);
   row("TTFT MATERIALIZE (copy + re-rotate)", mat);
   row("TTFT FULL (chunked causal prefill)", full);
