@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/debugging/failure_signal_handler.h"
+#include "absl/debugging/symbolize.h"
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -90,6 +92,10 @@ std::string FlagsHelp(bool all) {
 
 BinaryCommandLine ParseBinaryCommandLine(int argc, char** argv, const std::string& binary,
                                          const std::string& usage) {
+  // A crash (SIGSEGV, SIGBUS, SIGABRT, ...) prints its signal and a symbolized stack on stderr
+  // before the default action; RunServerUntilSignal later takes SIGINT and SIGTERM back.
+  absl::InitializeSymbolizer(argv[0]);
+  absl::InstallFailureSignalHandler(absl::FailureSignalHandlerOptions());
   absl::SetProgramUsageMessage(usage);
   absl::FlagsUsageConfig config;
   config.contains_helpshort_flags = IsLazyragFlagFile;

@@ -21,7 +21,8 @@ struct BinaryCommandLine {
   std::vector<char*> positional;  // argv[0] and the arguments that are not flags
 };
 
-// Handles --help/--helpfull/--version, parses the flags (absl: an unknown flag or a bad value
+// Installs absl's failure signal handler (a crash prints its stack on stderr), handles
+// --help/--helpfull/--version, parses the flags (absl: an unknown flag or a bad value
 // prints absl's message and exits 1), then applies --log_level and --log_format.
 // `binary` names the program ("lazyrag-worker"); `usage` is its one-line synopsis.
 BinaryCommandLine ParseBinaryCommandLine(int argc, char** argv, const std::string& binary,

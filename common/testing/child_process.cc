@@ -110,8 +110,14 @@ absl::StatusOr<std::string> ChildProcess::WaitForLine(const std::string& prefix,
     char buf[4096];
     const ssize_t n = read(stdout_fd_, buf, sizeof(buf));
     if (n <= 0) {
+      // Usually the child ended: say how, so that a crash reads as one.
+      const int code = Wait(absl::Seconds(2));
+      const std::string how = code == -1000 ? "still running"
+                              : code < 0    ? absl::StrCat("killed by signal ", -code)
+                                            : absl::StrCat("exit code ", code);
       return absl::UnavailableError(absl::StrCat(argv_[0], " closed stdout before '", prefix,
-                                                 "' (after '", buffered_.substr(0, 200), "')"));
+                                                 "' (after '", buffered_.substr(0, 200), "'; ",
+                                                 how, ")"));
     }
     buffered_.append(buf, static_cast<size_t>(n));
   }
