@@ -34,6 +34,24 @@ int PickFreePort() {
   return port;
 }
 
+namespace {
+// How the child ended, read without reaping it (a later Wait or Stop still returns its code);
+// "still running" when it has not within 2 s.
+std::string HowItEnded(pid_t pid) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  while (pid > 0) {
+    siginfo_t info{};
+    if (waitid(P_PID, pid, &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid) {
+      return info.si_code == CLD_EXITED ? absl::StrCat("exit code ", info.si_status)
+                                        : absl::StrCat("killed by signal ", info.si_status);
+    }
+    if (absl::Now() >= deadline) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return "still running";
+}
+}  // namespace
+
 ChildProcess::ChildProcess(std::vector<std::string> argv, bool capture_stdout)
     : argv_(std::move(argv)), capture_stdout_(capture_stdout) {
   if (argv_.empty()) argv_.push_back("");
@@ -111,13 +129,9 @@ absl::StatusOr<std::string> ChildProcess::WaitForLine(const std::string& prefix,
     const ssize_t n = read(stdout_fd_, buf, sizeof(buf));
     if (n <= 0) {
       // Usually the child ended: say how, so that a crash reads as one.
-      const int code = Wait(absl::Seconds(2));
-      const std::string how = code == -1000 ? "still running"
-                              : code < 0    ? absl::StrCat("killed by signal ", -code)
-                                            : absl::StrCat("exit code ", code);
       return absl::UnavailableError(absl::StrCat(argv_[0], " closed stdout before '", prefix,
                                                  "' (after '", buffered_.substr(0, 200), "'; ",
-                                                 how, ")"));
+                                                 HowItEnded(pid_), ")"));
     }
     buffered_.append(buf, static_cast<size_t>(n));
   }

@@ -150,7 +150,8 @@ std::string ReadFile(const std::string &path) {
 }
 
 // A bad size stops the worker before it loads the model: exit code 2 (INVALID_ARGUMENT, see
-// common/server_main.h), the flag's name and the value on stderr, no ready line.
+// common/server_main.h), the flag's name and the value on stderr, no ready line; the harness's
+// error for the missing line names the exit code.
 TEST(HostTierProcessTest, NegativeHostCacheBytesStopsTheWorkerWithAMessage) {
   TempDir dir;
   const std::string err = dir.path() + "/stderr.txt";
@@ -159,7 +160,10 @@ TEST(HostTierProcessTest, NegativeHostCacheBytesStopsTheWorkerWithAMessage) {
                                     "--host_cache_bytes=-5"});
   p.SetOutputFiles("", err);
   ASSERT_TRUE(p.Start().ok());
-  EXPECT_FALSE(p.WaitForLine("lazyrag-worker ready", absl::Seconds(30)).ok());
+  const auto line = p.WaitForLine("lazyrag-worker ready", absl::Seconds(30));
+  ASSERT_FALSE(line.ok());
+  // ChildProcess says how the child ended, and still leaves the exit code to Wait.
+  EXPECT_NE(line.status().message().find("exit code 2"), std::string::npos) << line.status();
   EXPECT_EQ(p.Wait(absl::Seconds(30)), 2);
   const std::string message = ReadFile(err);
   EXPECT_NE(message.find("host_cache_bytes"), std::string::npos) << message;
