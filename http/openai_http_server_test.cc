@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 
@@ -30,7 +31,10 @@ class ScriptedBackend : public InferenceBackend {
  public:
   absl::Status Generate(const GenerateRequest& request, const BackendCall& call,
                         const MessageSink& on_message) override {
-    last_request = request;
+    {
+      absl::MutexLock lock(&mu);
+      last_request = request;
+    }
     const std::string& q = request.query();
     if (q.rfind("error:", 0) == 0) {
       return absl::Status(static_cast<absl::StatusCode>(std::stoi(q.substr(6))), "scripted");
@@ -66,7 +70,13 @@ class ScriptedBackend : public InferenceBackend {
     return healthy ? absl::OkStatus() : absl::UnavailableError("no");
   }
 
-  GenerateRequest last_request;
+  // Calls run on their own threads (ManyConnectionsAtOnce: many at once).
+  GenerateRequest LastRequest() {
+    absl::MutexLock lock(&mu);
+    return last_request;
+  }
+  absl::Mutex mu;
+  GenerateRequest last_request ABSL_GUARDED_BY(mu);
   // absl::Notification is not reusable: Reset() makes fresh ones (no call may be running).
   void Reset() {
     started = std::make_unique<absl::Notification>();
@@ -122,7 +132,7 @@ TEST_F(OpenAiHttpServerTest, NonStreamingAnswer) {
   EXPECT_EQ(b["lazyrag"]["document_ids"][0], "d1");
   EXPECT_EQ(b["model"], "m");
   // The response id is the request id the backend saw.
-  EXPECT_EQ(backend_.last_request.request_id(), b["id"]);
+  EXPECT_EQ(backend_.LastRequest().request_id(), b["id"]);
 }
 
 TEST_F(OpenAiHttpServerTest, StreamingAnswer) {

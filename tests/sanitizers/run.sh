@@ -3,7 +3,8 @@
 #   Usage: tests/sanitizers/run.sh asan|tsan [BUILD_DIR]    (default build/KIND)
 #   asan: AddressSanitizer + UndefinedBehaviorSanitizer (-fno-sanitize-recover: UB aborts) over
 #         the unit tests of common/, kvstore/, worker/cache, worker/engine and http/.
-#   tsan: ThreadSanitizer over the engine, cache and kvstore engine tests; Debian's absl is not
+#   tsan: ThreadSanitizer over the same unit tests less the gRPC-level ones (common_grpc_test,
+#         kvstore_service_test, document_store_test); Debian's absl is not
 #         instrumented, so test binaries link tests/sanitizers/tsan_absl_shim.cc (absl::Mutex
 #         made visible).
 # gcc with its own runtime libraries; ccache when present. Prints one line per test binary.
@@ -17,7 +18,7 @@ extra=()
 case "$kind" in
   asan)
     flags="-O1 -g1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined"
-    tests=(common_test logging_test kv_checksum_test metrics_test json_test common_grpc_test
+    tests=(common_test logging_test kv_checksum_test metrics_test json_test auth_test common_grpc_test
            kvstore_format_test kvstore_engine_test kvstore_service_test
            cache_test host_tier_test document_store_test
            engine_scheduler_test engine_modes_test host_tier_engine_test fetch_cost_test
@@ -31,8 +32,10 @@ case "$kind" in
     flags="-O1 -g1 -fno-omit-frame-pointer -fsanitize=thread"
     # Not the gRPC-level tests: gRPC hands buffers between its threads through its own
     # uninstrumented lock-free code, which TSan reports as races.
-    tests=(kvstore_engine_test cache_test host_tier_test engine_scheduler_test
-           host_tier_engine_test engine_modes_test)
+    tests=(common_test logging_test kv_checksum_test metrics_test json_test auth_test
+           kvstore_format_test kvstore_engine_test cache_test host_tier_test
+           engine_scheduler_test host_tier_engine_test engine_modes_test fetch_cost_test
+           engine_metrics_test openai_api_test openai_http_server_test)
     extra=(-DLAZYRAG_TSAN_ABSL_SHIM=ON)
     export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 allocator_may_return_null=1 suppressions=$src/tests/sanitizers/tsan.supp"
     # OpenBLAS hands a GEMM to its own threads through its uninstrumented synchronisation, which
