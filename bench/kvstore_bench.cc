@@ -48,9 +48,9 @@
 #include <latch>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
-#include <optional>
 #include <string_view>
 #include <thread>
 #include <unordered_map>
