@@ -15,19 +15,26 @@
 #   ../shared/device/collect-libs.sh /tmp/g/lib .gpu-g/bin/* .gpu-g/base/*
 #   tar cJf .gpu-g/lib.tar.xz -C /tmp/g lib
 # Then one device call carrying [".gpu-g"]:  GPU_DIR=.gpu-g OUT=$OUT bash bench/gpu_gemv_run.sh
-# Knobs: ROUNDS=2 (new/base pairs), TTFT_ARGS (extra ttft_bench flags), TESTS=1, NCU=0 (1: an
-# Nsight Compute profile of one LAZY request, prefill and one decode step, for each build, and
-# its per-kernel breakdown by bench/ncu_breakdown.py; kernels are serialised and timed alone).
+# Knobs: ROUNDS=2 (new/base pairs), TTFT_ARGS (extra ttft_bench flags), TESTS=1, GEMV=1
+# (gemv_bench), NCU=0 (1: an Nsight Compute profile of one LAZY request, prefill and one decode
+# step, for each build, and its per-kernel breakdown by bench/ncu_breakdown.py; kernels are
+# serialised and timed alone), TRACE=0 (1: the same request's kernels as they ran, CUDA graphs
+# and PDL overlap included, from bench/dev/kernel_trace, carried in $GPU_DIR/tools with
+# libcupti; TRACE_ARGS adds ttft_bench flags, e.g. "--quality_k 8").
+# Packing for TRACE: mkdir .gpu-g/tools; cp build/bench/dev/libkernel_trace.so
+#   /usr/local/cuda/lib/libcupti.so.13 .gpu-g/tools/
 # Results in $OUT: log.txt, gemv.json, ttft-new-<i>.json, ttft-base-<i>.json, <test>.xml,
-# ncu-<new|base>.csv.xz and ncu-<new|base>.json (clocks and caches as the run left them, not
-# locked or flushed by ncu: closer to the served step; NCU_BUILDS picks builds, default all).
+# trace-<new|base>.csv.xz and .json, ncu-<new|base>.csv.xz and ncu-<new|base>.json (clocks and
+# caches as the run left them, not locked or flushed by ncu: closer to the served step;
+# NCU_BUILDS picks builds, default all).
 set -uo pipefail
 OUT=${OUT:?set OUT to the output folder}
 GPU_DIR=${GPU_DIR:-.gpu-g}
 ROUNDS=${ROUNDS:-2}
 # bin first, then every other folder holding a ttft_bench; "new" names bin in the results.
-BUILDS=$(cd "$GPU_DIR" && echo bin && for d in */; do d=${d%/}; [[ $d != bin && $d != lib && -x $d/ttft_bench ]] && echo "$d"; done)
+BUILDS=$(cd "$GPU_DIR" && echo bin && for d in */; do d=${d%/}; [[ $d != bin && $d != lib && $d != tools && -x $d/ttft_bench ]] && echo "$d"; done)
 TTFT_ARGS=${TTFT_ARGS:-}
+TRACE_ARGS=${TRACE_ARGS:-}
 mkdir -p "$OUT"
 LIB="$PWD/$GPU_DIR/lib"
 if [[ ! -d "$LIB" ]]; then
@@ -47,7 +54,7 @@ export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
       echo "$name rc=$? in $(( $(date +%s) - start )) s"
     done
   fi
-  if [[ -x "$GPU_DIR/bin/gemv_bench" ]]; then
+  if [[ -x "$GPU_DIR/bin/gemv_bench" && "${GEMV:-1}" == 1 ]]; then
     echo "== gemv_bench"
     timeout 120 "$GPU_DIR/bin/gemv_bench" --out "$OUT/gemv.json"
     echo "gemv_bench rc=$?"
@@ -62,6 +69,21 @@ export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
       echo "ttft_bench $name rc=$?"
     done
   done
+  if [[ "${TRACE:-0}" == 1 && -f "$GPU_DIR/tools/libkernel_trace.so" ]]; then
+    for which in $BUILDS; do
+      [[ -x "$GPU_DIR/$which/ttft_bench" ]] || continue
+      name=$([[ $which == bin ]] && echo new || echo "$which")
+      echo "== kernel trace $name (ttft_bench --profile $TRACE_ARGS)"
+      # shellcheck disable=SC2086
+      LD_LIBRARY_PATH="$PWD/$GPU_DIR/tools:$LD_LIBRARY_PATH" \
+        CUDA_INJECTION64_PATH="$PWD/$GPU_DIR/tools/libkernel_trace.so" \
+        KERNEL_TRACE_OUT="$OUT/trace-$name.csv" \
+        timeout 200 "$GPU_DIR/$which/ttft_bench" --profile $TRACE_ARGS | tail -n 2
+      python3 bench/dev/kernel_trace/trace_timeline.py "$OUT/trace-$name.csv" \
+        --json "$OUT/trace-$name.json"
+      xz -f "$OUT/trace-$name.csv"
+    done
+  fi
   if [[ "${NCU:-0}" == 1 ]]; then
     ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
     for which in $BUILDS; do

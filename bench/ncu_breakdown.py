@@ -70,14 +70,18 @@ def split_steps(kernels):
     return steps
 
 
-def breakdown(step):
+def step_labels(step):
+    """The group of each kernel of a step: its kind, GEMMs by their place in the layer."""
     gemms = [i for i, k in enumerate(step) if kind_of(k["name"]) == "GEMM"]
     label = {}
     for n, i in enumerate(gemms):
         label[i] = "GEMM LM head" if i == gemms[-1] else "GEMM " + GEMM_NAMES[n % 4]
+    return [label.get(i, kind_of(k["name"])) for i, k in enumerate(step)]
+
+
+def breakdown(step):
     groups = {}
-    for i, k in enumerate(step):
-        g = label.get(i, kind_of(k["name"]))
+    for k, g in zip(step, step_labels(step)):
         e = groups.setdefault(g, {"count": 0, "us": 0.0, "bytes": 0.0})
         e["count"] += 1
         e["us"] += k["us"]
