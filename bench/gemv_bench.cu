@@ -4,7 +4,7 @@
 // chose the launcher's (gemv_internal.cuh: rN rows per block, uN steps of loads in flight, pN
 // steps loaded before the wait on the previous kernel); then one layer's four projections back
 // to back (qkv, o, gate_up + SwiGLU, down) as the decode step runs them, without and with the
-// two RMSNorms between them (no attention).
+// two RMSNorms between them, and with the norms folded into the GEMVs (no attention).
 //
 // Timing as kernel_bench's TimeMedianMs: 20 calls (weights rotating over enough copies to exceed
 // 4x the L2, so every call reads HBM) captured in a CUDA graph, replayed between two events after
@@ -258,6 +258,39 @@ std::vector<Result> Run(int iters, size_t l2_bytes) {
            TimeMedianMs(5, iters, [&](int i, cudaStream_t st) { layer_norms(v.launch, i, st); }),
            layer_bytes});
     }
+    // The norms folded into the GEMVs (gemv.h, GemvResidualOut / GemvNormIn), as a one-token
+    // step of the CUDA backend runs them: O and down update the residual, QKV and gate_up
+    // apply 1/rms; no norm kernel.
+    float* parts = DeviceAlloc<float>(4096);
+    BENCH_CUDA(cudaMemset(parts, 0, 4096 * sizeof(float)));
+    const auto layer_folded = [&](int i, cudaStream_t st) {
+      const GemvResidualOut out{x_res, norm_w, h, parts};
+      const GemvNormIn in{parts, GemvNormParts(4096), 1e-5f};
+      const auto run = [&](const Shape& s, const uint16_t* w, const uint16_t* x_in, void* y,
+                           bool residual) {
+        GemvParams p;
+        p.w = w;
+        p.x = x_in;
+        p.y = y;
+        p.y_fp32 = s.fp32;
+        p.swiglu = s.swiglu;
+        p.n = s.n;
+        p.k = s.k;
+        if (residual) {
+          p.residual_out = out;
+        } else {
+          p.norm_in = in;
+        }
+        BENCH_OK(LaunchGemv(p, st));
+      };
+      run(qkv, ws[0].At(i), h, qkv_out, false);
+      run(o, ws[1].At(i), attn, nullptr, true);
+      run(gu, ws[2].At(i), h, c.act, false);
+      run(down, ws[3].At(i), c.act, nullptr, true);
+    };
+    results.push_back({"layer_folded_norms", "gemv", 0, 4096,
+                       TimeMedianMs(5, iters, layer_folded), layer_bytes});
+    BENCH_CUDA(cudaFree(parts));
     BENCH_CUDA(cudaFree(x_res));
     BENCH_CUDA(cudaFree(norm_w));
     for (Weights& w : ws) BENCH_CUDA(cudaFree(w.base));

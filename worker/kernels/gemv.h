@@ -15,6 +15,25 @@ typedef struct CUstream_st* cudaStream_t;
 
 namespace lazyrag::cuda_model {
 
+// The RMSNorm between two one-row projections, folded into them (a one-token step where every
+// projection takes the GEMV): the projection before the norm (O, down) adds its bf16-rounded
+// output to the fp32 residual and writes the norm's input times the norm weight and each
+// block's sum of squares; the projection after it (QKV, gate|up) sums those parts in every block
+// (in a fixed order: deterministic) and multiplies its sums by 1/rms. So y = (1/rms) W bf16(v * g)
+// where LaunchRmsNorm then LaunchGemv compute W bf16(v (1/rms) g): one bf16 rounding moves, and
+// the norm kernel and its launch go. Both run blocks of 4 outputs (fewer parts to read).
+struct GemvResidualOut {
+  float* residual = nullptr;           // fp32 [n], in place: v_j = residual_j + bf16(y_j)
+  const float* norm_weight = nullptr;  // fp32 [n]: the next RMSNorm's weight g
+  uint16_t* scaled = nullptr;          // bf16 [n]: bf16(v_j * g_j), the next GEMV's x
+  float* sum_squares = nullptr;        // [GemvNormParts(n)]: block b's sum of v_j^2
+};
+struct GemvNormIn {
+  const float* sum_squares = nullptr;  // a GemvResidualOut's parts (and x its `scaled`)
+  int parts = 0;                       // GemvNormParts of that projection's n
+  float eps = 0.f;                     // 1/rms = 1 / sqrt(sum(parts) / k + eps)
+};
+
 struct GemvParams {
   const uint16_t* w = nullptr;  // [n, k] bf16 row-major; with swiglu [2 * n, k]: gate, then up
   const uint16_t* x = nullptr;  // [k] bf16
@@ -25,10 +44,19 @@ struct GemvParams {
   bool swiglu = false;
   int n = 0;
   int k = 0;
+  // On when residual is set: y is not written (may be null). REQUIRES: !swiglu, !y_fp32, norm_in
+  // off.
+  GemvResidualOut residual_out;
+  GemvNormIn norm_in;  // on when sum_squares is set
 };
 
+// The number of GemvResidualOut::sum_squares parts of a projection with n outputs.
+int GemvNormParts(int n);
+
 // Whether LaunchGemv takes these operands: k a positive multiple of 8, n > 0, w and x 16-byte
-// aligned, y 4-byte aligned (fp32) or 2-byte aligned (bf16), no fp32 output with swiglu.
+// aligned, y 4-byte aligned (fp32) or 2-byte aligned (bf16), no fp32 output with swiglu; a
+// residual output with every pointer set and aligned, and none of swiglu, fp32 y and norm_in; a
+// norm input with parts > 0 and eps >= 0.
 bool GemvSupports(const GemvParams& p);
 
 // Whether the GEMV is the faster choice (bench/gemv_bench on an H200): supported, k >= 2048 (below,

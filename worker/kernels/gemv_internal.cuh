@@ -46,11 +46,18 @@ __device__ __forceinline__ float RoundBf16(float f) {
 // t chunk t of each. The first kPre steps' weights are loaded before the wait on the previous
 // kernel (no kernel of a step writes weights), so they stream while that kernel finishes; then
 // kUnroll steps at a time. Sums go warp then block wide in fixed order (deterministic).
-template <int kRows, int kUnroll, int kPre, bool kSwiGlu, bool kFp32Out>
+// kNormIn: the block also sums the norm's parts (one more row of the same reduction) and scales
+// its sums by 1/rms; kResidualOut: the outputs update the residual (GemvResidualOut), their
+// inputs loaded before the weight loop so that the epilogue waits on no load.
+template <int kRows, int kUnroll, int kPre, bool kSwiGlu, bool kFp32Out, bool kNormIn = false,
+          bool kResidualOut = false>
 __global__ void __launch_bounds__(kThreads) GemvKernel(const __grid_constant__ GemvParams p) {
+  static_assert(!(kResidualOut && (kSwiGlu || kFp32Out || kNormIn)), "see GemvSupports");
+  static_assert(kRows <= 32, "one warp writes a block's outputs");
   constexpr int kWeightRows = kSwiGlu ? 2 * kRows : kRows;
+  constexpr int kSums = kWeightRows + (kNormIn ? 1 : 0);
   constexpr int kWarps = kThreads / 32;
-  __shared__ float partial[kWarps][kWeightRows];
+  __shared__ float partial[kWarps][kSums];
   const int chunks = p.k / 8;
   const int first_row = blockIdx.x * kRows;
   const uint4* w = reinterpret_cast<const uint4*>(p.w);
@@ -60,9 +67,17 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const __grid_constant__ G
     const int out = min(first_row + (kSwiGlu ? r % kRows : r), p.n - 1);
     return kSwiGlu && r >= kRows ? int64_t(p.n) + out : int64_t(out);
   };
-  float acc[kWeightRows];
+  float acc[kSums];
 #pragma unroll
-  for (int r = 0; r < kWeightRows; ++r) acc[r] = 0.f;
+  for (int r = 0; r < kSums; ++r) acc[r] = 0.f;
+  // Epilogue inputs of lane r < kRows of warp 0: the residual (written by an earlier kernel, so
+  // read after the wait) and the norm weight.
+  const int lane_out = first_row + int(threadIdx.x);
+  const bool epilogue_lane = threadIdx.x < kRows && lane_out < p.n;
+  float residual_in = 0.f, norm_weight = 0.f;
+  if constexpr (kResidualOut) {
+    if (epilogue_lane) norm_weight = __ldg(p.residual_out.norm_weight + lane_out);
+  }
   {
     uint4 wp[kWeightRows][kPre];
 #pragma unroll
@@ -74,6 +89,14 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const __grid_constant__ G
       }
     }
     kernels::detail::PdlWait();
+    if constexpr (kNormIn) {  // the previous kernel's; summed with the dot products
+      for (int i = threadIdx.x; i < p.norm_in.parts; i += kThreads) {
+        acc[kWeightRows] += __ldg(p.norm_in.sum_squares + i);
+      }
+    }
+    if constexpr (kResidualOut) {
+      if (epilogue_lane) residual_in = p.residual_out.residual[lane_out];
+    }
 #pragma unroll
     for (int s = 0; s < kPre; ++s) {
       const int c = threadIdx.x + s * kThreads;
@@ -108,32 +131,54 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const __grid_constant__ G
   kernels::detail::PdlLaunchDependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
-  for (int r = 0; r < kWeightRows; ++r) {
+  for (int r = 0; r < kSums; ++r) {
     float v = acc[r];
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
     if (lane == 0) partial[warp][r] = v;
   }
   __syncthreads();
-  if (threadIdx.x < kRows) {
-    const int r = threadIdx.x, out = first_row + r;
-    if (out < p.n) {
-      float s = 0.f, u = 0.f;
+  if (warp != 0) return;
+  const int r = lane, out = first_row + r;
+  float square = 0.f;  // kResidualOut: v_j^2 of this lane's output
+  if (r < kRows && out < p.n) {
+    float s = 0.f, u = 0.f;
 #pragma unroll
-      for (int i = 0; i < kWarps; ++i) s += partial[i][r];
-      if constexpr (kSwiGlu) {
+    for (int i = 0; i < kWarps; ++i) s += partial[i][r];
+    if constexpr (kSwiGlu) {
 #pragma unroll
-        for (int i = 0; i < kWarps; ++i) u += partial[i][kRows + r];
-        // As LaunchSwiGlu on the bf16-rounded gate_up row (model_kernels.cu's Silu).
-        const float g = RoundBf16(s);
-        s = g / (1.0f + expf(-g)) * RoundBf16(u);
-      }
-      if constexpr (kFp32Out) {
-        static_cast<float*>(p.y)[out] = s;
-      } else {
-        static_cast<__nv_bfloat16*>(p.y)[out] = __float2bfloat16_rn(s);
-      }
+      for (int i = 0; i < kWarps; ++i) u += partial[i][kRows + r];
     }
+    if constexpr (kNormIn) {
+      float ss = 0.f;
+#pragma unroll
+      for (int i = 0; i < kWarps; ++i) ss += partial[i][kWeightRows];
+      const float inv = 1.0f / sqrtf(ss / float(p.k) + p.norm_in.eps);
+      s *= inv;
+      u *= inv;
+    }
+    if constexpr (kSwiGlu) {
+      // As LaunchSwiGlu on the bf16-rounded gate_up row (model_kernels.cu's Silu).
+      const float g = RoundBf16(s);
+      s = g / (1.0f + expf(-g)) * RoundBf16(u);
+    }
+    if constexpr (kResidualOut) {
+      // As LaunchRmsNorm's residual add of the bf16 projection output.
+      const float v = residual_in + RoundBf16(s);
+      p.residual_out.residual[out] = v;
+      p.residual_out.scaled[out] = __bfloat16_as_ushort(__float2bfloat16_rn(v * norm_weight));
+      square = v * v;
+    } else if constexpr (kFp32Out) {
+      static_cast<float*>(p.y)[out] = s;
+    } else {
+      static_cast<__nv_bfloat16*>(p.y)[out] = __float2bfloat16_rn(s);
+    }
+  }
+  if constexpr (kResidualOut) {
+    float total = 0.f;  // lanes in order: the same part on every run
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) total += __shfl_sync(0xffffffffu, square, i);
+    if (lane == 0) p.residual_out.sum_squares[blockIdx.x] = total;
   }
 }
 
@@ -143,6 +188,14 @@ absl::Status LaunchGemvKernel(const GemvParams& p, cudaStream_t stream) {
     return kernels::detail::LaunchPdlKernel(kernel, dim3((p.n + kRows - 1) / kRows), kThreads, 0,
                                             nullptr, stream, p);
   };
+  if (p.residual_out.residual != nullptr) {
+    return launch(GemvKernel<kRows, kUnroll, kPre, false, false, false, true>);
+  }
+  if (p.norm_in.sum_squares != nullptr) {
+    if (p.swiglu) return launch(GemvKernel<kRows, kUnroll, kPre, true, false, true>);
+    if (p.y_fp32) return launch(GemvKernel<kRows, kUnroll, kPre, false, true, true>);
+    return launch(GemvKernel<kRows, kUnroll, kPre, false, false, true>);
+  }
   if (p.swiglu) return launch(GemvKernel<kRows, kUnroll, kPre, true, false>);
   if (p.y_fp32) return launch(GemvKernel<kRows, kUnroll, kPre, false, true>);
   return launch(GemvKernel<kRows, kUnroll, kPre, false, false>);

@@ -2,9 +2,9 @@
 // CUDA backend's cublasGemmEx call at one row) on every projection shape of the served models
 // (Llama-3-8B, its tensor-parallel halves, SmolLM2-135M, synthetic:tiny) and shapes off every
 // block and chunk boundary; the fused SwiGLU against cuBLAS + cuda_model::LaunchSwiGlu; repeated
-// and graph-captured launches; bad operands. Outputs are poisoned (NaN) before each run, with
-// poisoned elements past the end that must stay untouched. Weights come from the synthetic fill
-// on the device (fresh seed per test).
+// and graph-captured launches; the RMSNorm folded into the GEMVs around it; bad operands.
+// Outputs are poisoned (NaN) before each run, with poisoned elements past the end that must stay
+// untouched. Weights come from the synthetic fill on the device (fresh seed per test).
 #include "worker/kernels/gemv.h"
 
 #include <cublas_v2.h>
@@ -205,6 +205,129 @@ TEST(Gemv, FusedSwiGluMatchesCublasThenSwiGlu) {
   }
 }
 
+// The RMSNorm folded into the GEMVs around it (GemvResidualOut, GemvNormIn) against the path it
+// replaces: GEMV to bf16, LaunchRmsNorm adding it to the residual, GEMV of the normed row. The
+// residual is the same bits, the scaled row and the parts are what they say, and the next
+// projection (fp32 out, bf16 out, SwiGLU) equals the unfolded one but for the one bf16 rounding
+// that moves (each input rounded before 1/rms instead of after).
+TEST(Gemv, FoldedRmsNormMatchesRmsNormThenGemv) {
+  GPU_TEST_SETUP(rng);
+  const struct {
+    int d, k_before, n_after;
+    bool swiglu, fp32;
+  } cases[] = {{4096, 4096, 6144, false, true},    // 8B: O then QKV
+               {4096, 14336, 14336, true, false},  // 8B: down then gate|up (ff 14336)
+               {2048, 2048, 3000, false, false},   // odd n after, bf16 out
+               {8, 24, 5, false, true}};           // a few outputs, one chunk of k after
+  for (const auto& c : cases) {
+    SCOPED_TRACE(absl::StrCat("d ", c.d, " k ", c.k_before, " n ", c.n_after));
+    const float eps = 1e-5f;
+    DeviceArray<uint16_t> w_before(size_t(c.d) * c.k_before);
+    FillWeights(w_before, int64_t(c.d) * c.k_before, c.k_before, rng());
+    const int after_rows = c.swiglu ? 2 * c.n_after : c.n_after;
+    DeviceArray<uint16_t> w_after(size_t(after_rows) * c.d);
+    FillWeights(w_after, int64_t(after_rows) * c.d, c.d, rng());
+    DeviceArray<uint16_t> x(RandomBf16(c.k_before, rng));
+    std::normal_distribution<float> normal(0.f, 1.f);
+    std::uniform_real_distribution<float> gain(0.5f, 1.5f);
+    std::vector<float> residual_h(c.d), g_h(c.d);
+    for (float& v : residual_h) v = normal(rng);
+    for (float& v : g_h) v = gain(rng);
+    DeviceArray<float> g(g_h), residual_ref(residual_h), residual_fold(residual_h);
+    const int parts = cuda_model::GemvNormParts(c.d);
+    DeviceArray<uint16_t> delta(c.d), normed(c.d), scaled(size_t(c.d) + kPoison);
+    DeviceArray<float> sums(size_t(parts) + kPoison);
+    const size_t elem = c.fp32 ? 4 : 2;
+    DeviceArray<char> y_ref(size_t(c.n_after) * elem), y_fold((size_t(c.n_after) + kPoison) * elem);
+
+    cuda_model::GemvParams before;  // unfolded: GEMV, RMSNorm, GEMV
+    before.w = w_before.get();
+    before.x = x.get();
+    before.y = delta.get();
+    before.n = c.d;
+    before.k = c.k_before;
+    ASSERT_TRUE(cuda_model::LaunchGemv(before, nullptr).ok());
+    cuda_model::RmsNormParams norm;
+    norm.x = residual_ref.get();
+    norm.x_out = residual_ref.get();
+    norm.residual = delta.get();
+    norm.weight = g.get();
+    norm.out = normed.get();
+    norm.num_rows = 1;
+    norm.dim = c.d;
+    norm.eps = eps;
+    ASSERT_TRUE(cuda_model::LaunchRmsNorm(norm, nullptr).ok());
+    cuda_model::GemvParams after;
+    after.w = w_after.get();
+    after.x = normed.get();
+    after.y = y_ref.get();
+    after.y_fp32 = c.fp32;
+    after.swiglu = c.swiglu;
+    after.n = c.n_after;
+    after.k = c.d;
+    ASSERT_TRUE(cuda_model::LaunchGemv(after, nullptr).ok());
+
+    cuda_model::GemvParams fold_before = before;  // folded
+    fold_before.y = nullptr;
+    fold_before.residual_out.residual = residual_fold.get();
+    fold_before.residual_out.norm_weight = g.get();
+    fold_before.residual_out.scaled = scaled.get();
+    fold_before.residual_out.sum_squares = sums.get();
+    ASSERT_TRUE(cuda_model::LaunchGemv(fold_before, nullptr).ok());
+    cuda_model::GemvParams fold_after = after;
+    fold_after.x = scaled.get();
+    fold_after.y = y_fold.get();
+    fold_after.norm_in.sum_squares = sums.get();
+    fold_after.norm_in.parts = parts;
+    fold_after.norm_in.eps = eps;
+    ASSERT_TRUE(cuda_model::LaunchGemv(fold_after, nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+    const std::vector<float> v = residual_fold.Download();
+    EXPECT_EQ(v, residual_ref.Download()) << "the residual add is LaunchRmsNorm's";
+    const std::vector<uint16_t> scaled_h = scaled.Download();
+    const std::vector<float> sums_h = sums.Download();
+    double ss = 0;
+    for (int j = 0; j < c.d; ++j) {
+      ASSERT_EQ(scaled_h[j], ToBf16(v[j] * g_h[j])) << "scaled " << j;
+      ss += double(v[j]) * v[j];
+    }
+    double parts_sum = 0;
+    for (int b = 0; b < parts; ++b) parts_sum += sums_h[b];
+    EXPECT_NEAR(parts_sum, ss, 1e-5 * ss);
+    for (int i = 0; i < kPoison; ++i) {
+      EXPECT_TRUE(std::isnan(sums_h[size_t(parts) + i])) << "part past the end " << i;
+      EXPECT_EQ(scaled_h[size_t(c.d) + i], 0xffff) << "scaled past the end " << i;
+    }
+
+    // The next projection against the unfolded one: per input, one bf16 step (2^-8 relative)
+    // of |w u| / rms, then the output's own rounding (bf16, and through silu * up).
+    const double inv = 1.0 / std::sqrt(ss / c.d + eps);
+    std::vector<uint16_t> wa(size_t(after_rows) * c.d);
+    cudaMemcpy(wa.data(), w_after.get(), wa.size() * 2, cudaMemcpyDeviceToHost);
+    const std::vector<float> got = Outputs(y_fold.get(), size_t(c.n_after) + kPoison, c.fp32);
+    const std::vector<float> want = Outputs(y_ref.get(), c.n_after, c.fp32);
+    const auto magnitude = [&](int row) {
+      double m = 0;
+      for (int e = 0; e < c.d; ++e) {
+        m += std::fabs(double(FromBf16(wa[size_t(row) * c.d + e])) * FromBf16(scaled_h[e]));
+      }
+      return m * inv;
+    };
+    int bad = 0;
+    for (int j = 0; j < c.n_after && bad < 5; ++j) {
+      double tol = magnitude(j) / 128.0 + std::fabs(want[j]) / 128.0 + 1e-5;
+      if (c.swiglu) tol = 4.0 * tol * (1.0 + magnitude(c.n_after + j));
+      if (!(std::fabs(got[j] - want[j]) <= tol)) {
+        ADD_FAILURE() << "output " << j << ": " << got[j] << " vs unfolded " << want[j]
+                      << " (tolerance " << tol << ")";
+        ++bad;
+      }
+    }
+    for (int i = 0; i < kPoison; ++i) EXPECT_TRUE(std::isnan(got[size_t(c.n_after) + i]));
+  }
+}
+
 // Same inputs, same bits: eager launches and replays of a captured graph.
 TEST(Gemv, RepeatedAndGraphLaunchesAreDeterministic) {
   GPU_TEST_SETUP(rng);
@@ -284,6 +407,26 @@ TEST(GemvArgs, RejectsBadOperands) {
   p.y_fp32 = true;
   p.swiglu = true;
   rejected(p, "swiglu with fp32 output");
+  alignas(16) static float fbuf[8];
+  cuda_model::GemvParams residual = good;
+  residual.y = nullptr;
+  residual.residual_out = {fbuf, fbuf, buf, fbuf};
+  EXPECT_TRUE(cuda_model::GemvSupports(residual));
+  p = residual;
+  p.residual_out.scaled = nullptr;
+  rejected(p, "residual out without its scaled row");
+  p = residual;
+  p.swiglu = true;
+  rejected(p, "residual out with swiglu");
+  p = residual;
+  p.norm_in = {fbuf, 1, 1e-5f};
+  rejected(p, "residual out with norm in");
+  p = good;
+  p.norm_in = {fbuf, 0, 1e-5f};
+  rejected(p, "norm in without parts");
+  p = good;
+  p.norm_in = {fbuf, 4, -1.f};
+  rejected(p, "norm in with negative eps");
 }
 
 }  // namespace

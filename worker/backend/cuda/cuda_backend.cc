@@ -356,24 +356,46 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
   // it to the fp32 residual a.x (measured faster than cuBLAS's fp32 beta = 1 outputs; see
   // bench/README.md). Tensor parallelism: every rank holds the same residual; the bf16 partials
   // in a.delta are summed over the ranks and every rank's next RMSNorm adds them to its own.
+  // One token on one rank: the O and down GEMVs add to a.x themselves and write the next
+  // projection's input, which applies the norm's 1/rms (gemv.h, GemvResidualOut): the RMSNorm
+  // kernels go but the first (embedding) and the last (logit rows).
+  const bool fold = T == 1 && !tensor_parallel() &&
+                    cuda_backend::Projections::OneRowNormsFold(d, qd + 2 * kvd, qd, ff);
+  cuda_model::GemvNormIn norm_in;
+  norm_in.sum_squares = a.norm_parts;
+  norm_in.parts = cuda_model::GemvNormParts(d);
+  norm_in.eps = c.rms_norm_eps;
+  const auto to_residual = [&](const float* next_norm_weight) {
+    cuda_model::GemvResidualOut out;
+    out.residual = a.x;
+    out.norm_weight = next_norm_weight;
+    out.scaled = a.h;
+    out.sum_squares = a.norm_parts;
+    return out;
+  };
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeightsDevice& L = weights_.layer(l);
-    cuda_model::RmsNormParams norm;
-    norm.weight = L.attn_norm;
-    norm.out = a.h;
-    norm.num_rows = T;
-    norm.dim = d;
-    norm.eps = c.rms_norm_eps;
-    norm.x_out = a.x;
-    if (l == 0) {  // embedding gather fused into the first norm
-      norm.embedding = weights_.embedding();
-      norm.tokens = s.tokens;
+    if (fold && l > 0) {  // the previous layer's down GEMV did this layer's attention norm
+      RETURN_IF_ERROR(projections_.GemvFromResidual(a.h, norm_in, L.wqkv, a.qkv, CUDA_R_32F,
+                                                    /*swiglu=*/false, qd + 2 * kvd, d));
     } else {
-      norm.x = a.x;
-      norm.residual = a.delta;
+      cuda_model::RmsNormParams norm;
+      norm.weight = L.attn_norm;
+      norm.out = a.h;
+      norm.num_rows = T;
+      norm.dim = d;
+      norm.eps = c.rms_norm_eps;
+      norm.x_out = a.x;
+      if (l == 0) {  // embedding gather fused into the first norm
+        norm.embedding = weights_.embedding();
+        norm.tokens = s.tokens;
+      } else {
+        norm.x = a.x;
+        norm.residual = a.delta;
+      }
+      RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(norm, stream_));
+      RETURN_IF_ERROR(projections_.Gemm(a.h, L.wqkv, a.qkv, CUDA_R_32F, T, qd + 2 * kvd, d));
     }
-    RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(norm, stream_));
-    RETURN_IF_ERROR(projections_.Gemm(a.h, L.wqkv, a.qkv, CUDA_R_32F, T, qd + 2 * kvd, d));
     cuda_model::QkvScatterParams scatter;
     scatter.qkv = a.qkv;
     scatter.rope = a.rope;
@@ -421,21 +443,32 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
       ap.view = s.view;
       RETURN_IF_ERROR(cuda_model::LaunchFallbackAttention(ap, stream_));
     }
-    RETURN_IF_ERROR(projections_.Gemm(a.attn, L.wo, a.delta, CUDA_R_16BF, T, d, qd));
-    RETURN_IF_ERROR(all_reduce_.SumBf16(a.delta, int64_t(T) * d, stream_));
-    cuda_model::RmsNormParams ffn_norm;
-    ffn_norm.x = a.x;
-    ffn_norm.x_out = a.x;
-    ffn_norm.residual = a.delta;
-    ffn_norm.weight = L.ffn_norm;
-    ffn_norm.out = a.h;
-    ffn_norm.num_rows = T;
-    ffn_norm.dim = d;
-    ffn_norm.eps = c.rms_norm_eps;
-    RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(ffn_norm, stream_));
-    RETURN_IF_ERROR(projections_.GateUpSwiGlu(a.h, L.w_gate_up, a.gate_up, a.act, T, ff, d));
-    RETURN_IF_ERROR(projections_.Gemm(a.act, L.w_down, a.delta, CUDA_R_16BF, T, d, ff));
-    RETURN_IF_ERROR(all_reduce_.SumBf16(a.delta, int64_t(T) * d, stream_));
+    if (fold) {
+      RETURN_IF_ERROR(projections_.GemvToResidual(a.attn, L.wo, d, qd, to_residual(L.ffn_norm)));
+      RETURN_IF_ERROR(projections_.GemvFromResidual(a.h, norm_in, L.w_gate_up, a.act, CUDA_R_16BF,
+                                                    /*swiglu=*/true, ff, d));
+    } else {
+      RETURN_IF_ERROR(projections_.Gemm(a.attn, L.wo, a.delta, CUDA_R_16BF, T, d, qd));
+      RETURN_IF_ERROR(all_reduce_.SumBf16(a.delta, int64_t(T) * d, stream_));
+      cuda_model::RmsNormParams ffn_norm;
+      ffn_norm.x = a.x;
+      ffn_norm.x_out = a.x;
+      ffn_norm.residual = a.delta;
+      ffn_norm.weight = L.ffn_norm;
+      ffn_norm.out = a.h;
+      ffn_norm.num_rows = T;
+      ffn_norm.dim = d;
+      ffn_norm.eps = c.rms_norm_eps;
+      RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(ffn_norm, stream_));
+      RETURN_IF_ERROR(projections_.GateUpSwiGlu(a.h, L.w_gate_up, a.gate_up, a.act, T, ff, d));
+    }
+    if (fold && l + 1 < c.num_layers) {
+      RETURN_IF_ERROR(projections_.GemvToResidual(a.act, L.w_down, d, ff,
+                                                  to_residual(weights_.layer(l + 1).attn_norm)));
+    } else {
+      RETURN_IF_ERROR(projections_.Gemm(a.act, L.w_down, a.delta, CUDA_R_16BF, T, d, ff));
+      RETURN_IF_ERROR(all_reduce_.SumBf16(a.delta, int64_t(T) * d, stream_));
+    }
   }
   if (R == 0) return absl::OkStatus();
   cuda_model::RmsNormParams final_norm;

@@ -25,6 +25,7 @@
 #include "common/kv_checksum.h"
 #include "gtest/gtest.h"
 #include "worker/backend/cpu/cpu_backend.h"
+#include "worker/backend/cuda/projections.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_test_util.h"
 #include "worker/kernels/gemv.h"
@@ -83,19 +84,8 @@ std::unique_ptr<Engine> MakeEngine(std::unique_ptr<Backend> backend, int page_si
 
 // Whether every projection of a one-token step of `c` takes the GEMV (gemv.h's preference).
 bool AllOneRowProjectionsTakeTheGemv(const ModelConfig& c) {
-  static uint16_t* const aligned = reinterpret_cast<uint16_t*>(uintptr_t(1) << 20);
-  const auto gemv = [](int n, int k, bool swiglu) {
-    cuda_model::GemvParams g;
-    g.w = g.x = aligned;
-    g.y = aligned;
-    g.swiglu = swiglu;
-    g.n = n;
-    g.k = k;
-    return cuda_model::GemvPreferred(g);
-  };
-  const int d = c.hidden_size, qd = c.q_dim(), ff = c.intermediate_size;
-  return gemv(qd + 2 * c.kv_dim(), d, false) && gemv(d, qd, false) && gemv(ff, d, true) &&
-         gemv(d, ff, false);
+  return cuda_backend::Projections::OneRowNormsFold(
+      c.hidden_size, c.q_dim() + 2 * c.kv_dim(), c.q_dim(), c.intermediate_size);
 }
 
 // A CPU engine and a CUDA engine over the same synthetic model.

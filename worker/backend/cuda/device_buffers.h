@@ -150,6 +150,9 @@ class StepActivations {
   float* rope = nullptr;        // [T, head_dim / 2, 2]
   uint16_t* h_rows = nullptr;   // [R, hidden] bf16 final-normed logit rows
   float* logits = nullptr;      // [R, vocab] fp32
+  // [hidden]: the sum-of-squares parts of a one-token step's folded RMSNorms (gemv.h), at most
+  // one per output of the projection before the norm.
+  float* norm_parts = nullptr;
 
  private:
   const ModelConfig config_;

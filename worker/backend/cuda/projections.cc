@@ -62,4 +62,45 @@ absl::Status Projections::GateUpSwiGlu(const uint16_t* x, const uint16_t* w, uin
   return cuda_model::LaunchSwiGlu({gate_up, act, rows, ff}, stream_);
 }
 
+bool Projections::OneRowNormsFold(int hidden, int qkv_n, int q_dim, int ff) {
+  static uint16_t* const aligned = reinterpret_cast<uint16_t*>(uintptr_t(1) << 20);
+  const auto gemv = [](int n, int k, bool swiglu) {
+    cuda_model::GemvParams g;
+    g.w = g.x = aligned;
+    g.y = aligned;
+    g.swiglu = swiglu;
+    g.n = n;
+    g.k = k;
+    return cuda_model::GemvPreferred(g);
+  };
+  return gemv(qkv_n, hidden, false) && gemv(hidden, q_dim, false) && gemv(ff, hidden, true) &&
+         gemv(hidden, ff, false);
+}
+
+absl::Status Projections::GemvToResidual(const uint16_t* x, const uint16_t* w, int n, int k,
+                                         const cuda_model::GemvResidualOut& out) {
+  cuda_model::GemvParams g;
+  g.w = w;
+  g.x = x;
+  g.n = n;
+  g.k = k;
+  g.residual_out = out;
+  return cuda_model::LaunchGemv(g, stream_);
+}
+
+absl::Status Projections::GemvFromResidual(const uint16_t* x, const cuda_model::GemvNormIn& norm,
+                                           const uint16_t* w, void* y, cudaDataType y_type,
+                                           bool swiglu, int n, int k) {
+  cuda_model::GemvParams g;
+  g.w = w;
+  g.x = x;
+  g.y = y;
+  g.y_fp32 = y_type == CUDA_R_32F;
+  g.swiglu = swiglu;
+  g.n = n;
+  g.k = k;
+  g.norm_in = norm;
+  return cuda_model::LaunchGemv(g, stream_);
+}
+
 }  // namespace lazyrag::cuda_backend

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "worker/backend/cuda/device_buffers.h"
+#include "worker/kernels/gemv.h"
 
 namespace lazyrag::cuda_backend {
 
@@ -30,6 +31,19 @@ class Projections {
   // [rows, 2 * ff] is scratch (unused at one row, where the GEMV fuses the SwiGLU).
   absl::Status GateUpSwiGlu(const uint16_t* x, const uint16_t* w, uint16_t* gate_up, uint16_t* act,
                             int rows, int ff, int k);
+
+  // One-token steps with each RMSNorm folded into the GEMVs around it (gemv.h): whether every
+  // projection of a layer of these sizes takes the GEMV at one row (QKV [qkv_n, hidden], O
+  // [hidden, q_dim], gate|up [2 ff, hidden], down [hidden, ff]).
+  static bool OneRowNormsFold(int hidden, int qkv_n, int q_dim, int ff);
+  // y[n] = w[n, k] x[k] added to the residual: `out` as GemvResidualOut describes (O, down).
+  absl::Status GemvToResidual(const uint16_t* x, const uint16_t* w, int n, int k,
+                              const cuda_model::GemvResidualOut& out);
+  // The projection after a folded norm: x is GemvToResidual's `scaled`, `norm` its parts; y as
+  // Gemm's at one row, or with swiglu as GateUpSwiGlu's act (n = ff).
+  absl::Status GemvFromResidual(const uint16_t* x, const cuda_model::GemvNormIn& norm,
+                                const uint16_t* w, void* y, cudaDataType y_type, bool swiglu,
+                                int n, int k);
 
  private:
   cudaStream_t stream_ = nullptr;
