@@ -114,8 +114,7 @@ struct Context {
       BENCH_OK(LaunchSwiGlu({gate_up, static_cast<uint16_t*>(y_out), 1, s.n}, st));
     }
   }
-  void Gemv(Launcher launch, const Shape& s, const uint16_t* w, const uint16_t* x_in, void* y_out,
-            cudaStream_t st) {
+  static GemvParams Params(const Shape& s, const uint16_t* w, const uint16_t* x_in, void* y_out) {
     GemvParams p;
     p.w = w;
     p.x = x_in;
@@ -124,7 +123,11 @@ struct Context {
     p.swiglu = s.swiglu;
     p.n = s.n;
     p.k = s.k;
-    BENCH_OK(launch(p, st));
+    return p;
+  }
+  void Gemv(Launcher launch, const Shape& s, const uint16_t* w, const uint16_t* x_in, void* y_out,
+            cudaStream_t st) {
+    BENCH_OK(launch(Params(s, w, x_in, y_out), st));
   }
 };
 
@@ -268,14 +271,7 @@ std::vector<Result> Run(int iters, size_t l2_bytes) {
       const GemvNormIn in{parts, GemvNormParts(4096), 1e-5f};
       const auto run = [&](const Shape& s, const uint16_t* w, const uint16_t* x_in, void* y,
                            bool residual) {
-        GemvParams p;
-        p.w = w;
-        p.x = x_in;
-        p.y = y;
-        p.y_fp32 = s.fp32;
-        p.swiglu = s.swiglu;
-        p.n = s.n;
-        p.k = s.k;
+        GemvParams p = Context::Params(s, w, x_in, y);
         if (residual) {
           p.residual_out = out;
         } else {

@@ -10,6 +10,20 @@ namespace {
 
 constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;  // NVIDIA's advice for Hopper
 
+// The GEMV's operands for y[n] = w[n, k] x[k] (with swiglu: n = ff outputs of 2 ff rows).
+cuda_model::GemvParams OneRow(const uint16_t* x, const uint16_t* w, void* y, bool y_fp32,
+                              bool swiglu, int n, int k) {
+  cuda_model::GemvParams g;
+  g.w = w;
+  g.x = x;
+  g.y = y;
+  g.y_fp32 = y_fp32;
+  g.swiglu = swiglu;
+  g.n = n;
+  g.k = k;
+  return g;
+}
+
 }  // namespace
 
 Projections::~Projections() {
@@ -29,13 +43,7 @@ absl::Status Projections::Gemm(const uint16_t* x, const uint16_t* w, void* y, cu
                                int rows, int n, int k) {
   if (rows == 0) return absl::OkStatus();
   if (rows == 1) {  // one token: the GEMV reads the weights closer to the HBM roof (gemv.h)
-    cuda_model::GemvParams g;
-    g.w = w;
-    g.x = x;
-    g.y = y;
-    g.y_fp32 = y_type == CUDA_R_32F;
-    g.n = n;
-    g.k = k;
+    const cuda_model::GemvParams g = OneRow(x, w, y, y_type == CUDA_R_32F, false, n, k);
     if (cuda_model::GemvPreferred(g)) return cuda_model::LaunchGemv(g, stream_);
   }
   const float alpha = 1.0f, beta = 0.0f;
@@ -49,13 +57,7 @@ absl::Status Projections::Gemm(const uint16_t* x, const uint16_t* w, void* y, cu
 absl::Status Projections::GateUpSwiGlu(const uint16_t* x, const uint16_t* w, uint16_t* gate_up,
                                        uint16_t* act, int rows, int ff, int k) {
   if (rows == 1) {  // the GEMV with SwiGLU fused: no gate_up round trip, one launch less
-    cuda_model::GemvParams g;
-    g.w = w;
-    g.x = x;
-    g.y = act;
-    g.swiglu = true;
-    g.n = ff;
-    g.k = k;
+    const cuda_model::GemvParams g = OneRow(x, w, act, false, true, ff, k);
     if (cuda_model::GemvPreferred(g)) return cuda_model::LaunchGemv(g, stream_);
   }
   RETURN_IF_ERROR(Gemm(x, w, gate_up, CUDA_R_16BF, rows, 2 * ff, k));
@@ -65,13 +67,7 @@ absl::Status Projections::GateUpSwiGlu(const uint16_t* x, const uint16_t* w, uin
 bool Projections::OneRowNormsFold(int hidden, int qkv_n, int q_dim, int ff) {
   static uint16_t* const aligned = reinterpret_cast<uint16_t*>(uintptr_t(1) << 20);
   const auto gemv = [](int n, int k, bool swiglu) {
-    cuda_model::GemvParams g;
-    g.w = g.x = aligned;
-    g.y = aligned;
-    g.swiglu = swiglu;
-    g.n = n;
-    g.k = k;
-    return cuda_model::GemvPreferred(g);
+    return cuda_model::GemvPreferred(OneRow(aligned, aligned, aligned, false, swiglu, n, k));
   };
   return gemv(qkv_n, hidden, false) && gemv(hidden, q_dim, false) && gemv(ff, hidden, true) &&
          gemv(hidden, ff, false);
@@ -79,11 +75,7 @@ bool Projections::OneRowNormsFold(int hidden, int qkv_n, int q_dim, int ff) {
 
 absl::Status Projections::GemvToResidual(const uint16_t* x, const uint16_t* w, int n, int k,
                                          const cuda_model::GemvResidualOut& out) {
-  cuda_model::GemvParams g;
-  g.w = w;
-  g.x = x;
-  g.n = n;
-  g.k = k;
+  cuda_model::GemvParams g = OneRow(x, w, nullptr, false, false, n, k);
   g.residual_out = out;
   return cuda_model::LaunchGemv(g, stream_);
 }
@@ -91,14 +83,7 @@ absl::Status Projections::GemvToResidual(const uint16_t* x, const uint16_t* w, i
 absl::Status Projections::GemvFromResidual(const uint16_t* x, const cuda_model::GemvNormIn& norm,
                                            const uint16_t* w, void* y, cudaDataType y_type,
                                            bool swiglu, int n, int k) {
-  cuda_model::GemvParams g;
-  g.w = w;
-  g.x = x;
-  g.y = y;
-  g.y_fp32 = y_type == CUDA_R_32F;
-  g.swiglu = swiglu;
-  g.n = n;
-  g.k = k;
+  cuda_model::GemvParams g = OneRow(x, w, y, y_type == CUDA_R_32F, swiglu, n, k);
   g.norm_in = norm;
   return cuda_model::LaunchGemv(g, stream_);
 }
