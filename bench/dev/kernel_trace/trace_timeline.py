@@ -10,6 +10,8 @@ durations overlap: each kernel is charged the time by which it moved the step's 
 (no kernel of the step running) before it are charged to "gaps".
 
   python3 bench/dev/kernel_trace/trace_timeline.py trace.csv [--json out.json]
+      [--layer L]   (also each step's kernels of layer L, from its QKV GEMM to the next one:
+                     start, end and how far each moved the step's end, in us)
 """
 import argparse
 import csv
@@ -61,10 +63,29 @@ def analyse(step):
     return {"kernels": len(step), "wall_us": wall, "gaps_us": gaps, "groups": groups}
 
 
+def print_layer(step, layer):
+    labels = ncu_breakdown.step_labels(step)
+    qkv = [i for i, g in enumerate(labels) if g == "GEMM QKV"]
+    if layer >= len(qkv):
+        return
+    first = max(0, qkv[layer] - 1)  # with the kernel before it (a norm, or a folded GEMV)
+    last = qkv[layer + 1] if layer + 1 < len(qkv) else len(step)
+    t0 = step[0]["start"]
+    frontier = step[first - 1]["end"] if first > 0 else t0
+    print(f"layer {layer}: {'kernel':24s} {'start':>9s} {'end':>9s} {'moved end by':>12s}")
+    for i in range(first, last):
+        k = step[i]
+        moved = max(0, k["end"] - max(frontier, k["start"]))
+        frontier = max(frontier, k["end"])
+        print(f"         {labels[i][:24]:24s} {(k['start'] - t0) / 1e3:9.2f} "
+              f"{(k['end'] - t0) / 1e3:9.2f} {moved / 1e3:12.2f}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("csv")
     ap.add_argument("--json")
+    ap.add_argument("--layer", type=int)
     a = ap.parse_args()
     kernels, marks = read(a.csv)
     out = []
@@ -82,6 +103,8 @@ def main():
                 print(f"{name:28s} {g['count']:6d} {g['duration_us']:12.1f} "
                       f"{g['critical_us']:12.1f} {100 * g['critical_us'] / res['wall_us']:8.1f}% "
                       f"{g['gaps_before_us']:12.1f}")
+            if a.layer is not None:
+                print_layer(step, a.layer)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"steps": out}, f, indent=1)
