@@ -125,6 +125,9 @@ class CudaBackend final : public Backend {
   const ModelConfig config_;
   const CudaBackendOptions options_;
   bool tensor_core_attention_ = false;  // head_dim 64/128 and group <= 16
+  // One-token steps fold their RMSNorms into the GEMVs (set by Init: one rank, every projection
+  // shape taken by the GEMV).
+  bool one_row_norms_fold_ = false;
   AttentionShape shape_;
 
   absl::Mutex mu_;
@@ -186,6 +189,9 @@ absl::Status CudaBackend::Init(const LoadedModel& model) {
   }
   const int group = c.num_heads / c.num_kv_heads;
   tensor_core_attention_ = (c.head_dim == 64 || c.head_dim == 128) && group <= 16;
+  one_row_norms_fold_ = !tensor_parallel() && cuda_backend::Projections::OneRowNormsFold(
+                                                  c.hidden_size, c.q_dim() + 2 * c.kv_dim(),
+                                                  c.q_dim(), c.intermediate_size);
   shape_ = AttentionShape{c.num_heads, c.num_kv_heads, c.head_dim,
                           float(1.0 / std::sqrt(double(c.head_dim)))};
 
@@ -359,8 +365,7 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
   // One token on one rank: the O and down GEMVs add to a.x themselves and write the next
   // projection's input, which applies the norm's 1/rms (gemv.h, GemvResidualOut): the RMSNorm
   // kernels go but the first (embedding) and the last (logit rows).
-  const bool fold = T == 1 && !tensor_parallel() &&
-                    cuda_backend::Projections::OneRowNormsFold(d, qd + 2 * kvd, qd, ff);
+  const bool fold = T == 1 && one_row_norms_fold_;
   cuda_model::GemvNormIn norm_in;
   norm_in.sum_squares = a.norm_parts;
   norm_in.parts = cuda_model::GemvNormParts(d);
