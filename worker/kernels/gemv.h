@@ -34,6 +34,22 @@ struct GemvNormIn {
   float eps = 0.f;                     // 1/rms = 1 / sqrt(sum(parts) / k + eps)
 };
 
+// The QKV projection of one token split as LaunchQkvScatter (model_kernels.h) splits it, fused
+// into its epilogue: Q to bf16, K rotated at the token's position (rotate-half) and V, both
+// written to the token's pool slot; the same values bit for bit, one kernel and its launch
+// fewer, and the attention after it launches as this kernel's dependent. A block of 4 outputs
+// in K holds two rotated pairs (i, i + 1, i + half, i + 1 + half) of one head.
+struct GemvQkvOut {
+  const float* rope = nullptr;       // [head_dim / 2, 2]: (cos, sin) at the token's position
+  const int64_t* kv_slot = nullptr;  // [1]: page * page_size + offset of the token
+  uint16_t* q = nullptr;             // [q_dim] bf16, un-rotated
+  uint16_t* k_cache = nullptr;       // [slots, kv_dim] bf16 (this layer)
+  uint16_t* v_cache = nullptr;       // [slots, kv_dim] bf16 (this layer)
+  int q_dim = 0;                     // heads * head_dim
+  int kv_dim = 0;                    // kv heads * head_dim
+  int head_dim = 0;                  // a positive multiple of 4
+};
+
 struct GemvParams {
   const uint16_t* w = nullptr;  // [n, k] bf16 row-major; with swiglu [2 * n, k]: gate, then up
   const uint16_t* x = nullptr;  // [k] bf16
@@ -48,6 +64,9 @@ struct GemvParams {
   // off.
   GemvResidualOut residual_out;
   GemvNormIn norm_in;  // on when sum_squares is set
+  // On when q is set: y is not written (may be null). REQUIRES: n == q_dim + 2 * kv_dim, !swiglu,
+  // !y_fp32, residual_out off.
+  GemvQkvOut qkv_out;
 };
 
 // The number of GemvResidualOut::sum_squares parts of a projection with n outputs.
@@ -56,7 +75,9 @@ int GemvNormParts(int n);
 // Whether LaunchGemv takes these operands: k a positive multiple of 8, n > 0, w and x 16-byte
 // aligned, y 4-byte aligned (fp32) or 2-byte aligned (bf16), no fp32 output with swiglu; a
 // residual output with every pointer set and aligned, and none of swiglu, fp32 y and norm_in; a
-// norm input with parts > 0 and eps >= 0.
+// norm input with parts > 0 and eps >= 0; a QKV output with every pointer set, head_dim a
+// positive multiple of 4, q_dim and kv_dim positive multiples of it with n = q_dim + 2 kv_dim,
+// and none of swiglu, fp32 y and a residual output.
 bool GemvSupports(const GemvParams& p);
 
 // Whether the GEMV is the faster choice (bench/gemv_bench on an H200): supported, k >= 2048 (below,

@@ -9,6 +9,7 @@
 
 #include "worker/kernels/attention_internal.cuh"  // PdlWait, LaunchPdlKernel
 #include "worker/kernels/gemv.h"
+#include "worker/kernels/rope_device.cuh"  // RotateKeyPair
 
 namespace lazyrag::cuda_model::gemv_internal {
 
@@ -48,11 +49,14 @@ __device__ __forceinline__ float RoundBf16(float f) {
 // kUnroll steps at a time. Sums go warp then block wide in fixed order (deterministic).
 // kNormIn: the block also sums the norm's parts (one more row of the same reduction) and scales
 // its sums by 1/rms; kResidualOut: the outputs update the residual (GemvResidualOut), their
-// inputs loaded before the weight loop so that the epilogue waits on no load.
+// inputs loaded before the weight loop so that the epilogue waits on no load; kQkvOut: the
+// outputs are split to q and the pool (GemvQkvOut), K blocks holding two rotate-half pairs.
 template <int kRows, int kUnroll, int kPre, bool kSwiGlu, bool kFp32Out, bool kNormIn = false,
-          bool kResidualOut = false>
+          bool kResidualOut = false, bool kQkvOut = false>
 __global__ void __launch_bounds__(kThreads) GemvKernel(const __grid_constant__ GemvParams p) {
   static_assert(!(kResidualOut && (kSwiGlu || kFp32Out || kNormIn)), "see GemvSupports");
+  static_assert(!(kQkvOut && (kSwiGlu || kFp32Out || kResidualOut || kRows != 4)),
+                "see GemvSupports; a K block is two pairs");
   static_assert(kRows <= 32, "one warp writes a block's outputs");
   constexpr int kWeightRows = kSwiGlu ? 2 * kRows : kRows;
   constexpr int kSums = kWeightRows + (kNormIn ? 1 : 0);
@@ -62,9 +66,24 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const __grid_constant__ G
   const int first_row = blockIdx.x * kRows;
   const uint4* w = reinterpret_cast<const uint4*>(p.w);
   const uint4* x = reinterpret_cast<const uint4*>(p.x);
+  // The output of local row r < kRows: first_row + r, but for a QKV output's K block (all four
+  // rows in one head: q_dim and head_dim are multiples of 4), rows i, i + 1, i + D/2, i + 1 +
+  // D/2 of its head with i half first_row's offset m in the head, so both features of each
+  // rotated pair meet in the block (m = 0, 4, ..., D - 4 covers every pair once).
+  const auto out_of = [&](int r) -> int {
+    if constexpr (kQkvOut) {
+      const GemvQkvOut& o = p.qkv_out;
+      const int j = first_row - o.q_dim;
+      if (j >= 0 && j < o.kv_dim) {
+        const int D = o.head_dim, m = j % D;
+        return o.q_dim + (j - m) + m / 2 + (r & 1) + (r >> 1) * (D / 2);
+      }
+    }
+    return first_row + r;
+  };
   // Weight row r of this block (rows past n clamp to the last: loaded, never stored).
   const auto row_of = [&](int r) -> int64_t {
-    const int out = min(first_row + (kSwiGlu ? r % kRows : r), p.n - 1);
+    const int out = min(kSwiGlu ? first_row + r % kRows : out_of(r), p.n - 1);
     return kSwiGlu && r >= kRows ? int64_t(p.n) + out : int64_t(out);
   };
   float acc[kSums];
@@ -75,6 +94,8 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const __grid_constant__ G
   const int lane_out = first_row + int(threadIdx.x);
   const bool epilogue_lane = threadIdx.x < kRows && lane_out < p.n;
   float residual_in = 0.f, norm_weight = 0.f;
+  int64_t qkv_slot = 0;                 // kQkvOut, K and V lanes: the token's pool slot
+  float2 rotation = make_float2(0, 0);  // kQkvOut, K lanes: (cos, sin) of the pair
   if constexpr (kResidualOut) {
     if (epilogue_lane) norm_weight = __ldg(p.residual_out.norm_weight + lane_out);
   }
@@ -96,6 +117,15 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const __grid_constant__ G
     }
     if constexpr (kResidualOut) {
       if (epilogue_lane) residual_in = p.residual_out.residual[lane_out];
+    }
+    if constexpr (kQkvOut) {  // the slot and the rotation (the step's RoPE table kernel wrote it)
+      const GemvQkvOut& o = p.qkv_out;
+      const int j = threadIdx.x < kRows ? out_of(threadIdx.x) - o.q_dim : -1;
+      if (j >= 0) qkv_slot = *o.kv_slot;
+      if (j >= 0 && j < o.kv_dim) {
+        const int half = o.head_dim / 2, i = j % o.head_dim;
+        rotation = *reinterpret_cast<const float2*>(o.rope + 2 * (i < half ? i : i - half));
+      }
     }
 #pragma unroll
     for (int s = 0; s < kPre; ++s) {
@@ -139,8 +169,9 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const __grid_constant__ G
   }
   __syncthreads();
   if (warp != 0) return;
-  const int r = lane, out = first_row + r;
+  const int r = lane, out = out_of(r);
   float square = 0.f;  // kResidualOut: v_j^2 of this lane's output
+  float qkv = 0.f;     // kQkvOut: this lane's output
   if (r < kRows && out < p.n) {
     float s = 0.f, u = 0.f;
 #pragma unroll
@@ -168,6 +199,8 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const __grid_constant__ G
       p.residual_out.residual[out] = v;
       p.residual_out.scaled[out] = __bfloat16_as_ushort(__float2bfloat16_rn(v * norm_weight));
       square = v * v;
+    } else if constexpr (kQkvOut) {
+      qkv = s;
     } else if constexpr (kFp32Out) {
       static_cast<float*>(p.y)[out] = s;
     } else {
@@ -180,6 +213,28 @@ __global__ void __launch_bounds__(kThreads) GemvKernel(const __grid_constant__ G
     for (int i = 0; i < kRows; ++i) total += __shfl_sync(0xffffffffu, square, i);
     if (lane == 0) p.residual_out.sum_squares[blockIdx.x] = total;
   }
+  if constexpr (kQkvOut) {
+    // As LaunchQkvScatter on the fp32 outputs: lanes 0, 1 of a K block hold feature i (+1),
+    // lanes 2, 3 its rotate-half partner.
+    const float partner = __shfl_xor_sync(0xffffffffu, qkv, 2);
+    const GemvQkvOut& o = p.qkv_out;
+    if (r < kRows && out < p.n) {
+      const __nv_bfloat16 b = __float2bfloat16_rn(qkv);
+      const int j = out - o.q_dim;
+      if (j < 0) {
+        reinterpret_cast<__nv_bfloat16*>(o.q)[out] = b;
+      } else if (j < o.kv_dim) {
+        const float c = rotation.x, sn = rotation.y;
+        const bool low = j % o.head_dim < o.head_dim / 2;
+        const float2 k = low ? kernels::detail::RotateKeyPair(qkv, partner, c, sn)
+                             : kernels::detail::RotateKeyPair(partner, qkv, c, sn);
+        reinterpret_cast<__nv_bfloat16*>(o.k_cache)[qkv_slot * o.kv_dim + j] =
+            __float2bfloat16_rn(low ? k.x : k.y);
+      } else {
+        reinterpret_cast<__nv_bfloat16*>(o.v_cache)[qkv_slot * o.kv_dim + j - o.kv_dim] = b;
+      }
+    }
+  }
 }
 
 template <int kRows, int kUnroll, int kPre>
@@ -190,6 +245,16 @@ absl::Status LaunchGemvKernel(const GemvParams& p, cudaStream_t stream) {
   };
   if (p.residual_out.residual != nullptr) {
     return launch(GemvKernel<kRows, kUnroll, kPre, false, false, false, true>);
+  }
+  if (p.qkv_out.q != nullptr) {
+    if constexpr (kRows == 4) {
+      if (p.norm_in.sum_squares != nullptr) {
+        return launch(GemvKernel<kRows, kUnroll, kPre, false, false, true, false, true>);
+      }
+      return launch(GemvKernel<kRows, kUnroll, kPre, false, false, false, false, true>);
+    } else {
+      return absl::InvalidArgumentError("gemv: a QKV output needs blocks of 4 outputs");
+    }
   }
   if (p.norm_in.sum_squares != nullptr) {
     if (p.swiglu) return launch(GemvKernel<kRows, kUnroll, kPre, true, false, true>);

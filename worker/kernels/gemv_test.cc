@@ -2,7 +2,8 @@
 // CUDA backend's cublasGemmEx call at one row) on every projection shape of the served models
 // (Llama-3-8B, its tensor-parallel halves, SmolLM2-135M, synthetic:tiny) and shapes off every
 // block and chunk boundary; the fused SwiGLU against cuBLAS + cuda_model::LaunchSwiGlu; repeated
-// and graph-captured launches; the RMSNorm folded into the GEMVs around it; bad operands.
+// and graph-captured launches; the RMSNorm folded into the GEMVs around it; the QKV split (q, RoPE
+// on K, the pool slot) fused into the QKV GEMV against LaunchQkvScatter; bad operands.
 // Outputs are poisoned (NaN) before each run, with poisoned elements past the end that must stay
 // untouched. Weights come from the synthetic fill on the device (fresh seed per test).
 #include "worker/kernels/gemv.h"
@@ -328,6 +329,90 @@ TEST(Gemv, FoldedRmsNormMatchesRmsNormThenGemv) {
   }
 }
 
+// The QKV split fused into the GEMV (GemvQkvOut) against the path it replaces: the GEMV to fp32,
+// then LaunchQkvScatter at one token. Same bits in q, in the token's K and V slots, and nothing
+// written elsewhere in the pool; with and without a folded norm in front.
+TEST(Gemv, FusedQkvSplitMatchesGemvThenScatter) {
+  GPU_TEST_SETUP(rng);
+  const struct {
+    int k, heads, kv_heads, head_dim;
+  } cases[] = {{4096, 32, 8, 128},  // Llama-3-8B
+               {2048, 16, 4, 128},  // synthetic:wide
+               {576, 9, 3, 64},     // SmolLM2-135M
+               {24, 3, 1, 12}};     // a head of 12: three blocks of two pairs
+  for (const auto& c : cases) {
+    for (const bool norm : {false, true}) {
+      SCOPED_TRACE(absl::StrCat("k ", c.k, " heads ", c.heads, "/", c.kv_heads, " d ", c.head_dim,
+                                norm ? " norm in" : ""));
+      const int qd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim, n = qd + 2 * kvd;
+      const int half = c.head_dim / 2, slots = 5;
+      const int64_t slot = 3;
+      DeviceArray<uint16_t> w(size_t(n) * c.k);
+      FillWeights(w, int64_t(n) * c.k, c.k, rng());
+      DeviceArray<uint16_t> x(RandomBf16(c.k, rng));
+      // The norm's parts: any positive sums (the test is of the split, not of the norm).
+      std::uniform_real_distribution<float> part(0.5f, 2.f);
+      std::vector<float> parts_h(7);
+      for (float& v : parts_h) v = part(rng) * float(c.k) / 7.f;
+      DeviceArray<float> parts(parts_h);
+      std::vector<float> rope_h(2 * size_t(half));
+      for (int i = 0; i < half; ++i) {
+        const double angle = 1234.0 * std::pow(500000.0, -2.0 * i / c.head_dim);
+        rope_h[2 * i] = float(std::cos(angle));
+        rope_h[2 * i + 1] = float(std::sin(angle));
+      }
+      DeviceArray<float> rope(rope_h);
+      DeviceArray<int64_t> kv_slot(std::vector<int64_t>{slot});
+      const std::vector<uint16_t> pool_h = RandomBf16(size_t(slots) * kvd, rng);
+      DeviceArray<uint16_t> k_ref(pool_h), v_ref(pool_h), k_got(pool_h), v_got(pool_h);
+      DeviceArray<uint16_t> q_ref(qd), q_got(size_t(qd) + kPoison);
+      DeviceArray<float> qkv(n);
+
+      cuda_model::GemvParams gemv;  // unfused: the GEMV to fp32, then the scatter
+      gemv.w = w.get();
+      gemv.x = x.get();
+      gemv.y = qkv.get();
+      gemv.y_fp32 = true;
+      gemv.n = n;
+      gemv.k = c.k;
+      if (norm) gemv.norm_in = {parts.get(), 7, 1e-5f};
+      ASSERT_TRUE(cuda_model::LaunchGemv(gemv, nullptr).ok());
+      cuda_model::QkvScatterParams scatter;
+      scatter.qkv = qkv.get();
+      scatter.rope = rope.get();
+      scatter.kv_slot = kv_slot.get();
+      scatter.q = q_ref.get();
+      scatter.k_cache = k_ref.get();
+      scatter.v_cache = v_ref.get();
+      scatter.num_tokens = 1;
+      scatter.num_heads = c.heads;
+      scatter.num_kv_heads = c.kv_heads;
+      scatter.head_dim = c.head_dim;
+      ASSERT_TRUE(cuda_model::LaunchQkvScatter(scatter, nullptr).ok());
+
+      cuda_model::GemvParams fused = gemv;
+      fused.y = nullptr;
+      fused.y_fp32 = false;
+      fused.qkv_out = {rope.get(), kv_slot.get(), q_got.get(), k_got.get(), v_got.get(),
+                       qd,         kvd,           c.head_dim};
+      ASSERT_TRUE(cuda_model::GemvSupports(fused));
+      ASSERT_TRUE(cuda_model::LaunchGemv(fused, nullptr).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+      const std::vector<uint16_t> q = q_got.Download();
+      EXPECT_EQ(std::vector<uint16_t>(q.begin(), q.begin() + qd), q_ref.Download());
+      for (int i = 0; i < kPoison; ++i) EXPECT_EQ(q[size_t(qd) + i], 0xffff) << "q past the end";
+      EXPECT_EQ(k_got.Download(), k_ref.Download()) << "K: the token's slot, no other";
+      EXPECT_EQ(v_got.Download(), v_ref.Download()) << "V: the token's slot, no other";
+      const std::vector<uint16_t> k = k_got.Download();
+      EXPECT_NE(
+          std::vector<uint16_t>(k.begin() + slot * kvd, k.begin() + (slot + 1) * kvd),
+          std::vector<uint16_t>(pool_h.begin() + slot * kvd, pool_h.begin() + (slot + 1) * kvd))
+          << "the slot was written";
+    }
+  }
+}
+
 // Same inputs, same bits: eager launches and replays of a captured graph.
 TEST(Gemv, RepeatedAndGraphLaunchesAreDeterministic) {
   GPU_TEST_SETUP(rng);
@@ -427,6 +512,32 @@ TEST(GemvArgs, RejectsBadOperands) {
   p = good;
   p.norm_in = {fbuf, 4, -1.f};
   rejected(p, "norm in with negative eps");
+  alignas(16) static int64_t slot[2];
+  cuda_model::GemvParams qkv = good;  // q_dim 8, kv_dim 4 in heads of 4: n 16
+  qkv.y = nullptr;
+  qkv.n = 16;
+  qkv.qkv_out = {fbuf, slot, buf, buf, buf, 8, 4, 4};
+  EXPECT_TRUE(cuda_model::GemvSupports(qkv));
+  p = qkv;
+  p.n = 15;
+  rejected(p, "qkv out with n != q_dim + 2 kv_dim");
+  p = qkv;
+  p.qkv_out.head_dim = 2;
+  p.qkv_out.q_dim = 8;
+  p.qkv_out.kv_dim = 4;
+  rejected(p, "qkv out with a head of 2");
+  p = qkv;
+  p.qkv_out.kv_slot = nullptr;
+  rejected(p, "qkv out without its slot");
+  p = qkv;
+  p.qkv_out.rope = fbuf + 1;
+  rejected(p, "qkv out with a misaligned rope table");
+  p = qkv;
+  p.swiglu = true;
+  rejected(p, "qkv out with swiglu");
+  p = qkv;
+  p.residual_out = {fbuf, fbuf, buf, fbuf};
+  rejected(p, "qkv out with a residual out");
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "worker/kernels/attention_internal.cuh"  // PdlWait, LaunchPdlKernel
 #include "worker/kernels/cuda_check.h"
 #include "worker/kernels/model_kernels.h"
+#include "worker/kernels/rope_device.cuh"  // RotateKeyPair
 #include "worker/model/synthetic_init.h"
 
 namespace lazyrag::cuda_model {
@@ -282,10 +283,10 @@ __device__ __forceinline__ void QkvScatterBody(const QkvScatterParams& p) {
       const int h = e / half, i = e - h * half;
       const float* kr = row + qd + h * D;
       const float2 cs = *reinterpret_cast<const float2*>(p.rope + (t * half + i) * 2);
-      const float x0 = kr[i], x1 = kr[i + half];
+      const float2 k = kernels::detail::RotateKeyPair(kr[i], kr[i + half], cs.x, cs.y);
       uint16_t* kc = p.k_cache + slot * kvd + h * D;
-      kc[i] = FloatToBf16(x0 * cs.x - x1 * cs.y);
-      kc[i + half] = FloatToBf16(x1 * cs.x + x0 * cs.y);
+      kc[i] = FloatToBf16(k.x);
+      kc[i + half] = FloatToBf16(k.y);
       continue;
     }
     e -= k_items;

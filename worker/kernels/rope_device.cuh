@@ -13,6 +13,12 @@
 
 namespace lazyrag::kernels::detail {
 
+// The rotate-half RoPE of one key pair (x0 at feature i, x1 at i + D/2) by (cos, sin) = (c, s):
+// one expression for the QKV scatter and the QKV GEMV's fused split, so they agree bit for bit.
+__device__ __forceinline__ float2 RotateKeyPair(float x0, float x1, float c, float s) {
+  return make_float2(fmaf(x0, c, -(x1 * s)), fmaf(x1, c, x0 * s));
+}
+
 // ---------------------------------------------------------------------------------------
 // RoPE angle pos * inv_freq as sine and cosine, accurate for |pos| < 2^24: the fp32 product's
 // rounding error is kept (fma), the angle is reduced by 2*pi in two exact-ish steps

@@ -125,8 +125,8 @@ class CudaBackend final : public Backend {
   const ModelConfig config_;
   const CudaBackendOptions options_;
   bool tensor_core_attention_ = false;  // head_dim 64/128 and group <= 16
-  // One-token steps fold their RMSNorms into the GEMVs (set by Init: one rank, every projection
-  // shape taken by the GEMV).
+  // One-token steps fold their RMSNorms and the QKV split into the GEMVs (set by Init: one rank,
+  // every projection shape taken by the GEMV).
   bool one_row_norms_fold_ = false;
   AttentionShape shape_;
 
@@ -189,9 +189,9 @@ absl::Status CudaBackend::Init(const LoadedModel& model) {
   }
   const int group = c.num_heads / c.num_kv_heads;
   tensor_core_attention_ = (c.head_dim == 64 || c.head_dim == 128) && group <= 16;
-  one_row_norms_fold_ = !tensor_parallel() && cuda_backend::Projections::OneRowNormsFold(
-                                                  c.hidden_size, c.q_dim() + 2 * c.kv_dim(),
-                                                  c.q_dim(), c.intermediate_size);
+  one_row_norms_fold_ = !tensor_parallel() &&
+                        cuda_backend::Projections::OneRowNormsFold(
+                            c.hidden_size, c.q_dim(), c.kv_dim(), c.head_dim, c.intermediate_size);
   shape_ = AttentionShape{c.num_heads, c.num_kv_heads, c.head_dim,
                           float(1.0 / std::sqrt(double(c.head_dim)))};
 
@@ -364,7 +364,8 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
   // in a.delta are summed over the ranks and every rank's next RMSNorm adds them to its own.
   // One token on one rank: the O and down GEMVs add to a.x themselves and write the next
   // projection's input, which applies the norm's 1/rms (gemv.h, GemvResidualOut): the RMSNorm
-  // kernels go but the first (embedding) and the last (logit rows).
+  // kernels go but the first (embedding) and the last (logit rows); and the QKV GEMV splits its
+  // outputs to q and the pool itself (GemvQkvOut): no scatter kernel.
   const bool fold = T == 1 && one_row_norms_fold_;
   cuda_model::GemvNormIn norm_in;
   norm_in.sum_squares = a.norm_parts;
@@ -380,9 +381,17 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
   };
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeightsDevice& L = weights_.layer(l);
+    cuda_model::GemvQkvOut split;
+    split.rope = a.rope;
+    split.kv_slot = s.kv_slot;
+    split.q = a.q;
+    split.k_cache = pool_.LayerK(l);
+    split.v_cache = pool_.LayerV(l);
+    split.q_dim = qd;
+    split.kv_dim = kvd;
+    split.head_dim = c.head_dim;
     if (fold && l > 0) {  // the previous layer's down GEMV did this layer's attention norm
-      RETURN_IF_ERROR(projections_.GemvFromResidual(a.h, norm_in, L.wqkv, a.qkv, CUDA_R_32F,
-                                                    /*swiglu=*/false, qd + 2 * kvd, d));
+      RETURN_IF_ERROR(projections_.GemvQkv(a.h, norm_in, L.wqkv, d, split));
     } else {
       cuda_model::RmsNormParams norm;
       norm.weight = L.attn_norm;
@@ -399,20 +408,26 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
         norm.residual = a.delta;
       }
       RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(norm, stream_));
-      RETURN_IF_ERROR(projections_.Gemm(a.h, L.wqkv, a.qkv, CUDA_R_32F, T, qd + 2 * kvd, d));
+      if (fold) {
+        RETURN_IF_ERROR(projections_.GemvQkv(a.h, {}, L.wqkv, d, split));
+      } else {
+        RETURN_IF_ERROR(projections_.Gemm(a.h, L.wqkv, a.qkv, CUDA_R_32F, T, qd + 2 * kvd, d));
+      }
     }
-    cuda_model::QkvScatterParams scatter;
-    scatter.qkv = a.qkv;
-    scatter.rope = a.rope;
-    scatter.kv_slot = s.kv_slot;
-    scatter.q = a.q;
-    scatter.k_cache = pool_.LayerK(l);
-    scatter.v_cache = pool_.LayerV(l);
-    scatter.num_tokens = T;
-    scatter.num_heads = c.num_heads;
-    scatter.num_kv_heads = c.num_kv_heads;
-    scatter.head_dim = c.head_dim;
-    RETURN_IF_ERROR(cuda_model::LaunchQkvScatter(scatter, stream_));
+    if (!fold) {
+      cuda_model::QkvScatterParams scatter;
+      scatter.qkv = a.qkv;
+      scatter.rope = a.rope;
+      scatter.kv_slot = s.kv_slot;
+      scatter.q = a.q;
+      scatter.k_cache = pool_.LayerK(l);
+      scatter.v_cache = pool_.LayerV(l);
+      scatter.num_tokens = T;
+      scatter.num_heads = c.num_heads;
+      scatter.num_kv_heads = c.num_kv_heads;
+      scatter.head_dim = c.head_dim;
+      RETURN_IF_ERROR(cuda_model::LaunchQkvScatter(scatter, stream_));
+    }
     if (tensor_core_attention_) {
       kernels::LazyAttentionParams ap;
       ap.shape = shape_;
@@ -428,8 +443,8 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
       ap.workspace_bytes = attention_workspace_.size();
       ap.num_pages = pool_.num_pages();  // lets the prefill gather pages with the TMA
       // Keys below a request's query positions were written by earlier steps, Materialize or
-      // page uploads, all finished before this step's first kernel; only the QKV scatter just
-      // before writes (the step's own rows).
+      // page uploads, all finished before this step's first kernel; only the QKV scatter (or
+      // the QKV GEMV's split) just before writes (the step's own rows).
       ap.stable_history = options_.early_kv_reads;
       RETURN_IF_ERROR(s.decode ? kernels::LazyAttentionDecode(ap, stream_)
                                : kernels::LazyAttentionPrefill(ap, stream_));

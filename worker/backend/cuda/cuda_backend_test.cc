@@ -84,8 +84,8 @@ std::unique_ptr<Engine> MakeEngine(std::unique_ptr<Backend> backend, int page_si
 
 // Whether every projection of a one-token step of `c` takes the GEMV (gemv.h's preference).
 bool AllOneRowProjectionsTakeTheGemv(const ModelConfig& c) {
-  return cuda_backend::Projections::OneRowNormsFold(
-      c.hidden_size, c.q_dim() + 2 * c.kv_dim(), c.q_dim(), c.intermediate_size);
+  return cuda_backend::Projections::OneRowNormsFold(c.hidden_size, c.q_dim(), c.kv_dim(),
+                                                    c.head_dim, c.intermediate_size);
 }
 
 // A CPU engine and a CUDA engine over the same synthetic model.

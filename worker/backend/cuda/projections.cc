@@ -64,12 +64,21 @@ absl::Status Projections::GateUpSwiGlu(const uint16_t* x, const uint16_t* w, uin
   return cuda_model::LaunchSwiGlu({gate_up, act, rows, ff}, stream_);
 }
 
-bool Projections::OneRowNormsFold(int hidden, int qkv_n, int q_dim, int ff) {
+bool Projections::OneRowNormsFold(int hidden, int q_dim, int kv_dim, int head_dim, int ff) {
   static uint16_t* const aligned = reinterpret_cast<uint16_t*>(uintptr_t(1) << 20);
   const auto gemv = [](int n, int k, bool swiglu) {
     return cuda_model::GemvPreferred(OneRow(aligned, aligned, aligned, false, swiglu, n, k));
   };
-  return gemv(qkv_n, hidden, false) && gemv(hidden, q_dim, false) && gemv(ff, hidden, true) &&
+  cuda_model::GemvParams qkv =
+      OneRow(aligned, aligned, nullptr, false, false, q_dim + 2 * kv_dim, hidden);
+  cuda_model::GemvQkvOut& split = qkv.qkv_out;
+  split.rope = reinterpret_cast<const float*>(aligned);
+  split.kv_slot = reinterpret_cast<const int64_t*>(aligned);
+  split.q = split.k_cache = split.v_cache = aligned;
+  split.q_dim = q_dim;
+  split.kv_dim = kv_dim;
+  split.head_dim = head_dim;
+  return cuda_model::GemvPreferred(qkv) && gemv(hidden, q_dim, false) && gemv(ff, hidden, true) &&
          gemv(hidden, ff, false);
 }
 
@@ -85,6 +94,14 @@ absl::Status Projections::GemvFromResidual(const uint16_t* x, const cuda_model::
                                            bool swiglu, int n, int k) {
   cuda_model::GemvParams g = OneRow(x, w, y, y_type == CUDA_R_32F, swiglu, n, k);
   g.norm_in = norm;
+  return cuda_model::LaunchGemv(g, stream_);
+}
+
+absl::Status Projections::GemvQkv(const uint16_t* x, const cuda_model::GemvNormIn& norm,
+                                  const uint16_t* w, int k, const cuda_model::GemvQkvOut& out) {
+  cuda_model::GemvParams g = OneRow(x, w, nullptr, false, false, out.q_dim + 2 * out.kv_dim, k);
+  g.norm_in = norm;
+  g.qkv_out = out;
   return cuda_model::LaunchGemv(g, stream_);
 }
 

@@ -32,10 +32,11 @@ class Projections {
   absl::Status GateUpSwiGlu(const uint16_t* x, const uint16_t* w, uint16_t* gate_up, uint16_t* act,
                             int rows, int ff, int k);
 
-  // One-token steps with each RMSNorm folded into the GEMVs around it (gemv.h): whether every
-  // projection of a layer of these sizes takes the GEMV at one row (QKV [qkv_n, hidden], O
-  // [hidden, q_dim], gate|up [2 ff, hidden], down [hidden, ff]).
-  static bool OneRowNormsFold(int hidden, int qkv_n, int q_dim, int ff);
+  // One-token steps with each RMSNorm folded into the GEMVs around it and the QKV split fused
+  // into its GEMV (gemv.h): whether every projection of a layer of these sizes takes the GEMV
+  // at one row (QKV [q_dim + 2 kv_dim, hidden] split in heads of head_dim, O [hidden, q_dim],
+  // gate|up [2 ff, hidden], down [hidden, ff]).
+  static bool OneRowNormsFold(int hidden, int q_dim, int kv_dim, int head_dim, int ff);
   // y[n] = w[n, k] x[k] added to the residual: `out` as GemvResidualOut describes (O, down).
   absl::Status GemvToResidual(const uint16_t* x, const uint16_t* w, int n, int k,
                               const cuda_model::GemvResidualOut& out);
@@ -44,6 +45,11 @@ class Projections {
   absl::Status GemvFromResidual(const uint16_t* x, const cuda_model::GemvNormIn& norm,
                                 const uint16_t* w, void* y, cudaDataType y_type, bool swiglu,
                                 int n, int k);
+  // The QKV projection of one token split to q and the pool (gemv.h, GemvQkvOut); `norm` as
+  // GemvFromResidual's, or unset (sum_squares null) for an input already normed. n =
+  // out.q_dim + 2 out.kv_dim.
+  absl::Status GemvQkv(const uint16_t* x, const cuda_model::GemvNormIn& norm, const uint16_t* w,
+                       int k, const cuda_model::GemvQkvOut& out);
 
  private:
   cudaStream_t stream_ = nullptr;
