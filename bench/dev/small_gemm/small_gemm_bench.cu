@@ -3,8 +3,10 @@
 // backend's cublasGemmEx call; for the fused row, cuBLAS gate_up + cuda_model::LaunchSwiGlu)
 // beside the bench/dev SmallGemm (small_gemm.h) as its launcher configures it (small_gemm), the
 // same launched without PDL (sg_nopdl), and two variants: no 256-byte L2 prefetch hint (sg_nol2),
-// 4 warps per block with 4 blocks per SM (sg_warps4). The rows kernel_bench --gemm printed on the
-// branch where the experiment started (bench/results/2026-12-04-h200-small-gemm/).
+// 4 warps per block with 4 blocks per SM (sg_warps4); and the serving kernel of
+// worker/kernels/wgmma_gemm.h (TMA + wgmma) with and without PDL (wgmma, wgmma_nopdl). The rows
+// kernel_bench --gemm printed on the branch where the experiment started
+// (bench/results/2026-12-04-h200-small-gemm/).
 //
 // Timing as kernel_bench's TimeMedianMs: 20 calls (weights rotating over enough copies to exceed
 // 4x the L2, so every call reads HBM) captured in a CUDA graph, replayed between two events after
@@ -29,6 +31,7 @@
 #include "bench/dev/small_gemm/small_gemm.cuh"  // the variants
 #include "bench/dev/small_gemm/small_gemm.h"
 #include "worker/kernels/model_kernels.h"
+#include "worker/kernels/wgmma_gemm.h"
 
 namespace lazyrag::kernels {
 namespace {
@@ -64,6 +67,21 @@ absl::Status RunGemmVariant(const SmallGemmParams& p, cudaStream_t st) {
   if (p.rows <= 16) return LaunchGemmVariant<16, kWarps, kL2, kMinBlocks>(p, st);
   if (p.rows <= 32) return LaunchGemmVariant<32, kWarps, kL2, kMinBlocks>(p, st);
   return LaunchGemmVariant<64, kWarps, kL2, kMinBlocks64>(p, st);
+}
+
+// The serving kernel worker/kernels/wgmma_gemm.h on the same operands (programmatic as p says).
+absl::Status Wgmma(const SmallGemmParams& p, cudaStream_t st) {
+  WgmmaGemmParams q;
+  q.x = p.x;
+  q.w = p.w;
+  q.y = p.y;
+  q.y_fp32 = p.epilogue == SmallGemmEpilogue::kFloat;
+  q.swiglu = p.epilogue == SmallGemmEpilogue::kSwiGluBf16;
+  q.rows = p.rows;
+  q.n = p.n;
+  q.k = p.k;
+  q.programmatic = p.programmatic;
+  return LaunchWgmmaGemm(q, st);
 }
 
 struct Result {
@@ -110,7 +128,9 @@ std::vector<Result> GemmRows(int iters, size_t l2_bytes) {
   } variants[] = {{"small_gemm", true, SmallGemm},
                   {"sg_nopdl", false, SmallGemm},
                   {"sg_nol2", true, RunGemmVariant<8, false, 2, 1>},
-                  {"sg_warps4", true, RunGemmVariant<4, true, 4, 2>}};
+                  {"sg_warps4", true, RunGemmVariant<4, true, 4, 2>},
+                  {"wgmma", true, Wgmma},
+                  {"wgmma_nopdl", false, Wgmma}};
   std::vector<Result> results;
   for (const auto& sh : shapes) {
     const size_t w_elems = size_t(sh.n) * sh.k;

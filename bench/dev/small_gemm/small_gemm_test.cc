@@ -4,7 +4,8 @@
 // rows 1, 2, 7, 8, 16, 31, 32, 33, 63, 64; the fused SwiGLU epilogue against cuBLAS +
 // cuda_model::LaunchSwiGlu; repeated and graph-captured launches; bad shapes. Outputs are poisoned
 // (NaN) before each run, with one poisoned row past the end that must stay untouched. Weights come
-// from the synthetic fill on the device (fresh seed per test).
+// from the synthetic fill on the device (fresh seed per test). The same tests (WgmmaGemm.*) cover
+// the serving kernel of worker/kernels/wgmma_gemm.h through this harness.
 #include "bench/dev/small_gemm/small_gemm.h"
 
 #include <cublas_v2.h>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "worker/kernels/kernels_test_support.h"
 #include "worker/kernels/model_kernels.h"
+#include "worker/kernels/wgmma_gemm.h"
 
 namespace lazyrag::kernels::testing {
 namespace {
@@ -63,6 +65,13 @@ const Shape kOddShapes[] = {
     {"n1000_k2080", 1000, 2080, SmallGemmEpilogue::kBf16},
 };
 
+// k off the wgmma kernel's 64-wide steps (multiples of 8 it takes that SmallGemm does not).
+const Shape kWgmmaOddShapes[] = {
+    {"n3_k8", 3, 8, SmallGemmEpilogue::kFloat},
+    {"n1001_k4104", 1001, 4104, SmallGemmEpilogue::kBf16},
+    {"n129_k200", 129, 200, SmallGemmEpilogue::kFloat},
+};
+
 // A cuBLAS handle and a SmallGemm workspace (counters zeroed) shared by one test.
 struct GemmContext {
   GemmContext() {
@@ -95,8 +104,21 @@ struct GemmContext {
     p.epilogue = epilogue;
     p.workspace = workspace;
     p.workspace_bytes = kSmallGemmWorkspaceBytes;
-    return SmallGemm(p, stream);
+    if (!wgmma) return SmallGemm(p, stream);
+    WgmmaGemmParams q;
+    q.x = x;
+    q.w = w;
+    q.y = y;
+    q.y_fp32 = epilogue == SmallGemmEpilogue::kFloat;
+    q.swiglu = epilogue == SmallGemmEpilogue::kSwiGluBf16;
+    q.rows = rows;
+    q.n = n;
+    q.k = k;
+    return LaunchWgmmaGemm(q, stream);
   }
+  // The serving kernel of worker/kernels/wgmma_gemm.h instead of SmallGemm (its tests share this
+  // file's harness: WgmmaGemm.*).
+  bool wgmma = false;
   cublasHandle_t cublas = nullptr;
   void* workspace = nullptr;
 };
@@ -194,9 +216,10 @@ void CheckShape(GemmContext& ctx, const Shape& s, const DeviceArray<uint16_t>& w
   }
 }
 
-void SweepShapes(const Shape* shapes, size_t count) {
+void SweepShapes(const Shape* shapes, size_t count, bool wgmma = false) {
   GPU_TEST_SETUP(rng);
   GemmContext ctx;
+  ctx.wgmma = wgmma;
   for (size_t i = 0; i < count; ++i) {
     const Shape& s = shapes[i];
     DeviceArray<uint16_t> w(size_t(s.n) * s.k);
@@ -213,12 +236,22 @@ TEST(SmallGemm, OddShapesMatchCublasAndCpu) {
   SweepShapes(kOddShapes, sizeof(kOddShapes) / sizeof(kOddShapes[0]));
 }
 
+TEST(WgmmaGemm, ModelShapesMatchCublasAndCpu) {
+  SweepShapes(kModelShapes, sizeof(kModelShapes) / sizeof(kModelShapes[0]), /*wgmma=*/true);
+}
+
+TEST(WgmmaGemm, OddShapesMatchCublasAndCpu) {
+  SweepShapes(kOddShapes, sizeof(kOddShapes) / sizeof(kOddShapes[0]), /*wgmma=*/true);
+  SweepShapes(kWgmmaOddShapes, sizeof(kWgmmaOddShapes) / sizeof(kWgmmaOddShapes[0]), true);
+}
+
 // The fused epilogue against the backend's unfused pair: cuBLAS gate_up in bf16, then
 // cuda_model::LaunchSwiGlu. Equal but where cuBLAS and SmallGemm round a projection to different
 // bf16 neighbours.
-TEST(SmallGemm, FusedSwiGluMatchesCublasThenSwiGlu) {
+void CheckFusedSwiGlu(bool wgmma) {
   GPU_TEST_SETUP(rng);
   GemmContext ctx;
+  ctx.wgmma = wgmma;
   const struct {
     const char* name;
     int ff, k;
@@ -261,11 +294,15 @@ TEST(SmallGemm, FusedSwiGluMatchesCublasThenSwiGlu) {
   }
 }
 
+TEST(SmallGemm, FusedSwiGluMatchesCublasThenSwiGlu) { CheckFusedSwiGlu(false); }
+TEST(WgmmaGemm, FusedSwiGluMatchesCublasThenSwiGlu) { CheckFusedSwiGlu(true); }
+
 // Launches that split k reuse the tile counters: repeated launches (eager and replayed from a CUDA
 // graph) give bit-identical outputs.
-TEST(SmallGemm, RepeatedAndGraphLaunchesAreDeterministic) {
+void CheckDeterministic(bool wgmma) {
   GPU_TEST_SETUP(rng);
   GemmContext ctx;
+  ctx.wgmma = wgmma;
   const int n = 4096, k = 14336;  // the 8B down projection: split over k
   DeviceArray<uint16_t> w(size_t(n) * k);
   FillWeights(w, n, k, seed);
@@ -302,6 +339,9 @@ TEST(SmallGemm, RepeatedAndGraphLaunchesAreDeterministic) {
   }
 }
 
+TEST(SmallGemm, RepeatedAndGraphLaunchesAreDeterministic) { CheckDeterministic(false); }
+TEST(WgmmaGemm, RepeatedAndGraphLaunchesAreDeterministic) { CheckDeterministic(true); }
+
 // Without a workspace the launcher does not split: same results (launched without PDL).
 TEST(SmallGemm, NoWorkspaceMeansNoSplit) {
   GPU_TEST_SETUP(rng);
@@ -326,6 +366,50 @@ TEST(SmallGemm, NoWorkspaceMeansNoSplit) {
   for (size_t i = 0; i < a.size(); ++i) {
     ASSERT_NEAR(a[i], b[i], 1e-5f + 1e-4f * std::fabs(b[i])) << i;
   }
+}
+
+// The serving kernel's argument checks: no device needed.
+TEST(WgmmaGemmArgs, RejectsBadShapesAndPointers) {
+  EXPECT_TRUE(WgmmaGemmShapeOk(64, 6144, 4096, false));
+  EXPECT_TRUE(WgmmaGemmShapeOk(0, 1, 8, false));
+  EXPECT_FALSE(WgmmaGemmShapeOk(65, 4096, 4096, false));
+  EXPECT_FALSE(WgmmaGemmShapeOk(-1, 4096, 4096, false));
+  EXPECT_FALSE(WgmmaGemmShapeOk(8, 0, 4096, false));
+  EXPECT_FALSE(WgmmaGemmShapeOk(8, 4096, 12, false));
+  EXPECT_FALSE(WgmmaGemmShapeOk(8, 129, 64, true));
+  EXPECT_EQ(WgmmaGemmBlocks(4096, false), 32);
+  EXPECT_EQ(WgmmaGemmBlocks(28672, true), 224);
+  EXPECT_EQ(WgmmaGemmBlocks(130, false), 2);
+  alignas(16) static uint16_t buf[64];
+  WgmmaGemmParams p;
+  p.x = buf;
+  p.w = buf;
+  p.y = buf;
+  p.rows = 1;
+  p.n = 2;
+  p.k = 8;
+  const auto invalid = [](const WgmmaGemmParams& q, const char* why) {
+    SCOPED_TRACE(why);
+    const absl::Status s = LaunchWgmmaGemm(q, nullptr);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("wgmma gemm"), std::string::npos) << s;
+  };
+  WgmmaGemmParams q = p;
+  q.x = buf + 1;
+  invalid(q, "x misaligned");
+  q = p;
+  q.w = nullptr;
+  invalid(q, "w null");
+  q = p;
+  q.k = 12;
+  invalid(q, "k not a multiple of 8");
+  q = p;
+  q.swiglu = true;
+  q.y_fp32 = true;
+  invalid(q, "fp32 y with swiglu");
+  q = p;
+  q.rows = 65;
+  invalid(q, "too many rows");
 }
 
 // Argument checks: no device needed (the launcher validates before any CUDA call).

@@ -219,7 +219,7 @@ absl::Status CudaBackend::Init(const LoadedModel& model) {
   }
   {
     absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(projections_.Init(stream_));
+    RETURN_IF_ERROR(projections_.Init(stream_, options_.wgmma_gemm));
   }
 
   const std::vector<float> inv = RopeInvFreq(c);

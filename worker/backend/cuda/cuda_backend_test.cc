@@ -313,6 +313,28 @@ TEST(CudaBackendTest, WideShapeOneRowGemvMatchesCpu) {
   ExpectModesMatchCpu(e, full, 6, rag, 5, "wide");
 }
 
+// Every projection of 1-64 rows that kernels::LaunchWgmmaGemm takes goes to it (wgmma_gemm = 2:
+// query blocks, decode steps, the LM head and SwiGLU-fused gate|up of both shapes; prefill chunks
+// above 64 rows stay on cuBLAS): against the CPU, LAZY against MATERIALIZE.
+TEST(CudaBackendTest, WgmmaGemmProjectionsMatchCpu) {
+  SKIP_WITHOUT_DEVICE();
+  CudaBackendOptions co;
+  co.wgmma_gemm = 2;
+  for (const char* name : {"smollm2", "wide"}) {
+    SCOPED_TRACE(name);
+    const bool wide = std::string(name) == "wide";
+    EnginePair e =
+        MakePair(wide ? "synthetic:wide@6" : "synthetic:smollm2-135m@5", 16, wide ? 128 : 64, co);
+    ASSERT_TRUE(e.cpu && e.gpu);
+    std::mt19937 rng(29);
+    const int vocab = e.cpu->config().vocab_size;
+    TokenPrompt full;
+    full.suffix = RandomTokens(rng, 150, vocab);
+    const TokenPrompt rag = RagPrompt(rng, vocab, {37, 120, 64}, 24);  // a 24-token query block
+    ExpectModesMatchCpu(e, full, 4, rag, 4, std::string(name) + " wgmma");
+  }
+}
+
 // Which shapes take the GEMV at one row (host only: no device needed).
 TEST(CudaBackendTest, OneRowProjectionsOfWideShapesTakeTheGemv) {
   EXPECT_TRUE(AllOneRowProjectionsTakeTheGemv(*SyntheticConfig("wide")));

@@ -4,6 +4,7 @@
 #include "worker/kernels/cuda_check.h"
 #include "worker/kernels/gemv.h"
 #include "worker/kernels/model_kernels.h"
+#include "worker/kernels/wgmma_gemm.h"
 
 namespace lazyrag::cuda_backend {
 namespace {
@@ -30,8 +31,13 @@ Projections::~Projections() {
   if (cublas_ != nullptr) cublasDestroy(cublas_);
 }
 
-absl::Status Projections::Init(cudaStream_t stream) {
+absl::Status Projections::Init(cudaStream_t stream, int wgmma_gemm) {
   stream_ = stream;
+  int device = 0;
+  LAZYRAG_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
+  LAZYRAG_RETURN_IF_CUDA_ERROR(
+      cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
+  wgmma_gemm_ = wgmma_gemm > 0 && kernels::WgmmaGemmSupported() ? wgmma_gemm : 0;
   LAZYRAG_RETURN_IF_CUBLAS_ERROR(cublasCreate(&cublas_));
   LAZYRAG_RETURN_IF_CUBLAS_ERROR(cublasSetStream(cublas_, stream_));
   RETURN_IF_ERROR(workspace_.Allocate(kCublasWorkspaceBytes));
@@ -45,6 +51,17 @@ absl::Status Projections::Gemm(const uint16_t* x, const uint16_t* w, void* y, cu
   if (rows == 1) {  // one token: the GEMV reads the weights closer to the HBM roof (gemv.h)
     const cuda_model::GemvParams g = OneRow(x, w, y, y_type == CUDA_R_32F, false, n, k);
     if (cuda_model::GemvPreferred(g)) return cuda_model::LaunchGemv(g, stream_);
+  }
+  if (UseWgmma(x, w, rows, n, k, false)) {
+    kernels::WgmmaGemmParams g;
+    g.x = x;
+    g.w = w;
+    g.y = y;
+    g.y_fp32 = y_type == CUDA_R_32F;
+    g.rows = rows;
+    g.n = n;
+    g.k = k;
+    return kernels::LaunchWgmmaGemm(g, stream_);
   }
   const float alpha = 1.0f, beta = 0.0f;
   // Column-major view: y^T[n, rows] = w[n, k] (stored as k x n, transposed) * x^T[k, rows].
@@ -60,8 +77,28 @@ absl::Status Projections::GateUpSwiGlu(const uint16_t* x, const uint16_t* w, uin
     const cuda_model::GemvParams g = OneRow(x, w, act, false, true, ff, k);
     if (cuda_model::GemvPreferred(g)) return cuda_model::LaunchGemv(g, stream_);
   }
+  if (UseWgmma(x, w, rows, 2 * ff, k, true)) {  // SwiGLU fused: no gate_up round trip
+    kernels::WgmmaGemmParams g;
+    g.x = x;
+    g.w = w;
+    g.y = act;
+    g.swiglu = true;
+    g.rows = rows;
+    g.n = 2 * ff;
+    g.k = k;
+    return kernels::LaunchWgmmaGemm(g, stream_);
+  }
   RETURN_IF_ERROR(Gemm(x, w, gate_up, CUDA_R_16BF, rows, 2 * ff, k));
   return cuda_model::LaunchSwiGlu({gate_up, act, rows, ff}, stream_);
+}
+
+bool Projections::UseWgmma(const void* x, const void* w, int rows, int n, int k,
+                           bool swiglu) const {
+  if (wgmma_gemm_ == 0 || rows < 1 || !kernels::WgmmaGemmShapeOk(rows, n, k, swiglu)) return false;
+  if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0) {
+    return false;
+  }
+  return wgmma_gemm_ == 2 || kernels::WgmmaGemmBlocks(n, swiglu) >= sms_;
 }
 
 bool Projections::OneRowNormsFold(int hidden, int q_dim, int kv_dim, int head_dim, int ff) {

@@ -1,6 +1,8 @@
-// The CUDA model's projections (the weight GEMMs of a forward step): cuBLAS, and at one row the
-// GEMV of worker/kernels/gemv.h where it reads the weights closer to the HBM roof (SwiGLU fused
-// into gate|up). Not thread-safe: the backend's mutex guards every call.
+// The CUDA model's projections (the weight GEMMs of a forward step): cuBLAS; at one row the GEMV
+// of worker/kernels/gemv.h where it reads the weights closer to the HBM roof; and for up to 64
+// rows the TMA + wgmma kernel of worker/kernels/wgmma_gemm.h on shapes wide enough to give every
+// SM a block (SwiGLU fused into gate|up by both). Not thread-safe: the backend's mutex guards every
+// call.
 #pragma once
 
 #include <cublas_v2.h>
@@ -21,8 +23,8 @@ class Projections {
   Projections(const Projections&) = delete;
   Projections& operator=(const Projections&) = delete;
 
-  // cuBLAS on `stream` and its workspace.
-  absl::Status Init(cudaStream_t stream);
+  // cuBLAS on `stream` and its workspace; `wgmma_gemm` as CudaBackendOptions::wgmma_gemm.
+  absl::Status Init(cudaStream_t stream, int wgmma_gemm = 1);
 
   // y[rows, n] = x[rows, k] * w[n, k]^T, bf16 inputs, fp32 accumulation, y of y_type.
   absl::Status Gemm(const uint16_t* x, const uint16_t* w, void* y, cudaDataType y_type, int rows,
@@ -52,8 +54,13 @@ class Projections {
                        int k, const cuda_model::GemvQkvOut& out);
 
  private:
+  // Whether kernels::LaunchWgmmaGemm takes y[rows, n] (n = 2 ff with swiglu) of this step.
+  bool UseWgmma(const void* x, const void* w, int rows, int n, int k, bool swiglu) const;
+
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
+  int wgmma_gemm_ = 0;  // 0 off, 1 where every SM gets a block, 2 every shape it takes
+  int sms_ = 0;
   DeviceBuffer workspace_;
 };
 

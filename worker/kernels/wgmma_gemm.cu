@@ -1,0 +1,365 @@
+// LaunchWgmmaGemm (wgmma_gemm.h): TMA copies of 64-row weight boxes and of the token rows into a
+// 4-stage shared-memory ring (128-byte swizzle), one producer warp and one consumer warpgroup whose
+// wgmma (m64, n = 32 or 64 tokens, k16; both operands K-major from shared memory) takes the weight
+// rows as M. A block owns 128 weight rows (with the fused SwiGLU: 64 gate rows and the 64 up rows
+// of the same outputs, so silu(g) * u is formed in registers) over all of k. Launched as a
+// programmatic dependent: the producer issues the first stages' weight copies before the PDL
+// wait (weights are never written by a step), the token rows after.
+#include <cuda.h>          // CUtensorMap
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "absl/strings/str_cat.h"
+#include "worker/kernels/attention_internal.cuh"  // LaunchPdlKernel, SetSmemLimitOnce
+#include "worker/kernels/cuda_check.h"
+#include "worker/kernels/device_ptx.cuh"
+#include "worker/kernels/tma_tile_loader.cuh"  // mbarrier helpers
+#include "worker/kernels/wgmma.cuh"
+#include "worker/kernels/wgmma_gemm.h"
+
+namespace lazyrag::kernels {
+namespace {
+
+using detail::MbarArrive;
+using detail::MbarArriveExpectTx;
+using detail::MbarInit;
+using detail::MbarInitFence;
+using detail::MbarWait;
+using detail::PdlLaunchDependents;
+using detail::PdlWait;
+using detail::SmemAddr;
+
+constexpr int kTileRows = 128;  // weight rows (outputs) per block: two m64 halves
+constexpr int kHalfRows = 64;   // one TMA box of weights, one wgmma M
+constexpr int kStepK = 64;      // k per stage: one 128-byte swizzle row
+constexpr int kStages = 4;
+constexpr int kConsumerThreads = 128;
+constexpr int kThreads = kConsumerThreads + 32;  // one consumer warpgroup + the producer warp
+
+struct Maps {
+  CUtensorMap w;  // [n rows][k], box 64 k x 64 rows
+  CUtensorMap x;  // [rows][k], box 64 k x kTokens rows
+};
+
+struct Params {
+  void* y = nullptr;
+  int rows = 0, n = 0, k = 0;
+  int out_n = 0;  // outputs per row: n, or n / 2 with SwiGLU
+  int ksteps = 0;
+  int fp32 = 0;
+};
+
+template <int kTokens>
+struct Layout {
+  static constexpr int kWBytes = kTileRows * 128;
+  static constexpr int kXBytes = kTokens * 128;
+  static constexpr int kStageBytes = kWBytes + kXBytes;
+  static constexpr int kBarrierBytes = 2 * kStages * 8;
+  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + kBarrierBytes;
+};
+
+#ifdef LAZYRAG_HAVE_WGMMA
+__device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+
+// clang-format off
+// D[64 x 32] += A[64 x 16] B[16 x 32], both K-major in shared memory (128-byte swizzle).
+__device__ __forceinline__ void WgmmaM64N32K16SS(float (&d)[4][4], uint64_t desc_a,
+                                                 uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+// D[64 x 64] += A[64 x 16] B[16 x 64], both K-major in shared memory (128-byte swizzle).
+__device__ __forceinline__ void WgmmaM64N64K16SS(float (&d)[8][4], uint64_t desc_a,
+                                                 uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+// clang-format on
+template <int kTokens>
+__device__ __forceinline__ void Mma(float (&d)[kTokens / 8][4], uint64_t a, uint64_t b, int s) {
+  if constexpr (kTokens == 32) {
+    WgmmaM64N32K16SS(d, a, b, s);
+  } else {
+    WgmmaM64N64K16SS(d, a, b, s);
+  }
+}
+
+__device__ __forceinline__ float Bf16Round(float v) {
+  return __uint_as_float(uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(v))) << 16);
+}
+__device__ __forceinline__ void Store(const Params& p, int t, int j, float v) {
+  if (p.fp32) {
+    static_cast<float*>(p.y)[int64_t(t) * p.out_n + j] = v;
+  } else {
+    static_cast<__nv_bfloat16*>(p.y)[int64_t(t) * p.out_n + j] = __float2bfloat16_rn(v);
+  }
+}
+#endif  // LAZYRAG_HAVE_WGMMA
+
+template <int kTokens, bool kSwiGlu>
+__global__ void __launch_bounds__(kThreads)
+    WgmmaGemmKernel(const __grid_constant__ Params p, const __grid_constant__ Maps maps) {
+#ifdef LAZYRAG_HAVE_WGMMA
+  using L = Layout<kTokens>;
+  extern __shared__ __align__(1024) char smem_raw[];
+  const uint32_t raw = SmemAddr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  const uint32_t bars = base + kStages * L::kStageBytes;
+  const auto full = [&](int s) { return bars + 8u * s; };
+  const auto empty = [&](int s) { return bars + 8u * (kStages + s); };
+  const int tile = blockIdx.x, steps = p.ksteps;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(full(s), 1);
+      MbarInit(empty(s), kConsumerThreads / 32);
+    }
+    MbarInitFence();
+  }
+  __syncthreads();
+  // Weight rows of the block's two boxes: rows [r0, r0 + 64) and [r1, r1 + 64).
+  const int r0 = kSwiGlu ? tile * kHalfRows : tile * kTileRows;
+  const int r1 = kSwiGlu ? p.out_n + tile * kHalfRows : r0 + kHalfRows;
+  if (warp == kConsumerThreads / 32) {  // the producer warp: lane 0 issues every copy
+    if (lane == 0) {
+      const int pre = min(steps, kStages);
+      for (int i = 0; i < pre; ++i) {  // weights before the wait: no kernel of a step writes them
+        const uint32_t st = base + i * L::kStageBytes;
+        const int k0 = i * kStepK;
+        MbarArriveExpectTx(full(i), L::kStageBytes);
+        TmaLoad2d(st, &maps.w, k0, r0, full(i));
+        TmaLoad2d(st + kHalfRows * 128, &maps.w, k0, r1, full(i));
+      }
+      PdlWait();
+      for (int i = 0; i < pre; ++i) {
+        TmaLoad2d(base + i * L::kStageBytes + L::kWBytes, &maps.x, i * kStepK, 0, full(i));
+      }
+      for (int i = pre; i < steps; ++i) {
+        const int s = i % kStages;
+        MbarWait(empty(s), ((i / kStages) - 1) & 1);
+        const uint32_t st = base + s * L::kStageBytes;
+        const int k0 = i * kStepK;
+        MbarArriveExpectTx(full(s), L::kStageBytes);
+        TmaLoad2d(st, &maps.w, k0, r0, full(s));
+        TmaLoad2d(st + kHalfRows * 128, &maps.w, k0, r1, full(s));
+        TmaLoad2d(st + L::kWBytes, &maps.x, k0, 0, full(s));
+      }
+    }
+    __syncwarp();
+    PdlLaunchDependents();
+    return;
+  }
+  float acc[2][kTokens / 8][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int j = 0; j < kTokens / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[h][j][e] = 0.f;
+    }
+  }
+  for (int i = 0; i < steps; ++i) {
+    const int s = i % kStages;
+    MbarWait(full(s), (i / kStages) & 1);
+    const uint32_t st = base + s * L::kStageBytes;
+    detail::WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kStepK / 16; ++kk) {
+      const uint64_t b = detail::Sw128Desc(st + L::kWBytes + kk * 32, 16);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        Mma<kTokens>(acc[h], detail::Sw128Desc(st + h * kHalfRows * 128 + kk * 32, 16), b, 1);
+      }
+    }
+    detail::WgmmaCommit();
+    detail::WgmmaWait<0>();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) detail::FenceAccumulators(acc[h]);
+    if (lane == 0) MbarArrive(empty(s));
+  }
+  PdlLaunchDependents();
+
+  // This thread's outputs: weight row 16 warp + lane / 4 (+ 8) of each half, tokens 8 j + 2 (lane
+  // % 4) (+ 1): acc[h][j][e] is (row + 8 (e / 2), token + e % 2).
+  const int row_in_half = 16 * warp + lane / 4, tok0 = 2 * (lane % 4);
+  if constexpr (kSwiGlu) {  // as cuda_model::LaunchSwiGlu on the bf16-rounded gate|up row
+#pragma unroll
+    for (int j = 0; j < kTokens / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int t = 8 * j + tok0 + (e & 1), out = tile * kHalfRows + row_in_half + 8 * (e >> 1);
+        if (t < p.rows && out < p.out_n) {
+          const float g = Bf16Round(acc[0][j][e]);
+          Store(p, t, out, g / (1.0f + expf(-g)) * Bf16Round(acc[1][j][e]));
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int j = 0; j < kTokens / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int t = 8 * j + tok0 + (e & 1);
+          const int out = tile * kTileRows + h * kHalfRows + row_in_half + 8 * (e >> 1);
+          if (t < p.rows && out < p.n) Store(p, t, out, acc[h][j][e]);
+        }
+      }
+    }
+  }
+#endif  // LAZYRAG_HAVE_WGMMA
+}
+
+// The driver's tensor-map encoder through the runtime (no libcuda link), looked up once.
+PFN_cuTensorMapEncodeTiled_v12000 Encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+// A row-major bf16 [rows][k] matrix as a 2-D tensor map with boxes of 64 k x box_rows rows,
+// 128-byte swizzle (the wgmma operand layout), zeros past the edges.
+absl::Status Encode2d(CUtensorMap* map, const uint16_t* base, int64_t rows, int k, int box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = Encoder();
+  if (encode == nullptr) return absl::UnavailableError("cuTensorMapEncodeTiled not available");
+  const cuuint64_t dims[2] = {cuuint64_t(k), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(k) * 2};
+  const cuuint32_t box[2] = {cuuint32_t(kStepK), cuuint32_t(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r =
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(base), dims, strides,
+             box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return absl::InternalError(absl::StrCat("wgmma gemm: cuTensorMapEncodeTiled failed: ", int(r)));
+  }
+  return absl::OkStatus();
+}
+
+template <int kTokens, bool kSwiGlu>
+absl::Status Launch(const Params& p, const Maps& maps, int tiles, bool programmatic,
+                    cudaStream_t stream) {
+  static std::atomic<uint64_t> configured{0};
+  const auto kernel = WgmmaGemmKernel<kTokens, kSwiGlu>;
+  constexpr int kSmem = Layout<kTokens>::kSmemBytes;
+  if (programmatic) {
+    return detail::LaunchPdlKernel(kernel, dim3(tiles), kThreads, kSmem, &configured, stream, p,
+                                   maps);
+  }
+  RETURN_IF_ERROR(
+      detail::SetSmemLimitOnce(reinterpret_cast<const void*>(kernel), kSmem, &configured));
+  kernel<<<tiles, kThreads, kSmem, stream>>>(p, maps);
+  LAZYRAG_RETURN_IF_CUDA_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int WgmmaGemmBlocks(int n, bool swiglu) {
+  return swiglu ? (n / 2 + kHalfRows - 1) / kHalfRows : (n + kTileRows - 1) / kTileRows;
+}
+
+bool WgmmaGemmShapeOk(int rows, int n, int k, bool swiglu) {
+  return rows >= 0 && rows <= kWgmmaGemmMaxRows && n > 0 && k > 0 && k % 8 == 0 &&
+         !(swiglu && n % 2 != 0);
+}
+
+bool WgmmaGemmSupported() {
+  static const bool supported = [] {
+    int device = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    cudaFuncAttributes attr;
+    if (cudaFuncGetAttributes(&attr, WgmmaGemmKernel<32, false>) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return major == 9 && minor == 0 && attr.binaryVersion == 90 && Encoder() != nullptr;
+  }();
+  return supported;
+}
+
+absl::Status LaunchWgmmaGemm(const WgmmaGemmParams& wp, cudaStream_t stream) {
+  if (!WgmmaGemmShapeOk(wp.rows, wp.n, wp.k, wp.swiglu)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("wgmma gemm: rows ", wp.rows, ", n ", wp.n, ", k ", wp.k,
+                     wp.swiglu ? " with swiglu" : "", ": needs rows in 0..", kWgmmaGemmMaxRows,
+                     ", n > 0 (even with swiglu) and k a positive multiple of 8"));
+  }
+  const auto misaligned = [](const void* ptr) {
+    return reinterpret_cast<uintptr_t>(ptr) % 16 != 0;
+  };
+  if (wp.x == nullptr || wp.w == nullptr || wp.y == nullptr || misaligned(wp.x) ||
+      misaligned(wp.w) || (wp.swiglu && wp.y_fp32)) {
+    return absl::InvalidArgumentError(
+        "wgmma gemm: x, w and y must be set, x and w 16-byte aligned, no fp32 y with swiglu");
+  }
+  if (wp.rows == 0) return absl::OkStatus();
+  if (!WgmmaGemmSupported()) {
+    return absl::FailedPreconditionError("wgmma gemm: needs a compute capability 9.0 device");
+  }
+  const int tokens = wp.rows <= 32 ? 32 : 64;
+  Params p;
+  p.y = wp.y;
+  p.rows = wp.rows;
+  p.n = wp.n;
+  p.k = wp.k;
+  p.out_n = wp.swiglu ? wp.n / 2 : wp.n;
+  p.fp32 = wp.y_fp32 ? 1 : 0;
+  p.ksteps = (wp.k + kStepK - 1) / kStepK;
+  Maps maps;
+  RETURN_IF_ERROR(Encode2d(&maps.w, wp.w, wp.n, wp.k, kHalfRows));
+  RETURN_IF_ERROR(Encode2d(&maps.x, wp.x, wp.rows, wp.k, tokens));
+  const int blocks = WgmmaGemmBlocks(wp.n, wp.swiglu);
+  if (tokens == 32) {
+    return wp.swiglu ? Launch<32, true>(p, maps, blocks, wp.programmatic, stream)
+                     : Launch<32, false>(p, maps, blocks, wp.programmatic, stream);
+  }
+  return wp.swiglu ? Launch<64, true>(p, maps, blocks, wp.programmatic, stream)
+                   : Launch<64, false>(p, maps, blocks, wp.programmatic, stream);
+}
+
+}  // namespace lazyrag::kernels
