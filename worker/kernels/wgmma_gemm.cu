@@ -33,10 +33,8 @@ using detail::PdlLaunchDependents;
 using detail::PdlWait;
 using detail::SmemAddr;
 
-constexpr int kTileRows = 128;  // weight rows (outputs) per block: two m64 halves
-constexpr int kHalfRows = 64;   // one TMA box of weights, one wgmma M
-constexpr int kStepK = 64;      // k per stage: one 128-byte swizzle row
-constexpr int kStages = 4;
+constexpr int kHalfRows = 64;  // one TMA box of weights, one wgmma M
+constexpr int kStepK = 64;     // k per stage: one 128-byte swizzle row
 constexpr int kConsumerThreads = 128;
 constexpr int kThreads = kConsumerThreads + 32;  // one consumer warpgroup + the producer warp
 
@@ -53,9 +51,11 @@ struct Params {
   int fp32 = 0;
 };
 
-template <int kTokens>
+// A block's shape: kBoxes boxes of 64 weight rows (the SwiGLU: 2, gate and up) and a ring of
+// kStages stages.
+template <int kTokens, int kBoxes, int kStages>
 struct Layout {
-  static constexpr int kWBytes = kTileRows * 128;
+  static constexpr int kWBytes = kBoxes * kHalfRows * 128;
   static constexpr int kXBytes = kTokens * 128;
   static constexpr int kStageBytes = kWBytes + kXBytes;
   static constexpr int kBarrierBytes = 2 * kStages * 8;
@@ -125,11 +125,13 @@ __device__ __forceinline__ void Store(const Params& p, int t, int j, float v) {
 }
 #endif  // LAZYRAG_HAVE_WGMMA
 
-template <int kTokens, bool kSwiGlu>
+template <int kTokens, int kBoxes, int kStages, bool kSwiGlu>
 __global__ void __launch_bounds__(kThreads)
     WgmmaGemmKernel(const __grid_constant__ Params p, const __grid_constant__ Maps maps) {
+  static_assert(kBoxes == 1 || kBoxes == 2, "64 or 128 weight rows a block");
+  static_assert(!kSwiGlu || kBoxes == 2, "gate and up rows of the same outputs");
 #ifdef LAZYRAG_HAVE_WGMMA
-  using L = Layout<kTokens>;
+  using L = Layout<kTokens, kBoxes, kStages>;
   extern __shared__ __align__(1024) char smem_raw[];
   const uint32_t raw = SmemAddr(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -146,8 +148,8 @@ __global__ void __launch_bounds__(kThreads)
     MbarInitFence();
   }
   __syncthreads();
-  // Weight rows of the block's two boxes: rows [r0, r0 + 64) and [r1, r1 + 64).
-  const int r0 = kSwiGlu ? tile * kHalfRows : tile * kTileRows;
+  // Weight rows of the block's boxes: rows [r0, r0 + 64) and (two boxes) [r1, r1 + 64).
+  const int r0 = kSwiGlu ? tile * kHalfRows : tile * kBoxes * kHalfRows;
   const int r1 = kSwiGlu ? p.out_n + tile * kHalfRows : r0 + kHalfRows;
   if (warp == kConsumerThreads / 32) {  // the producer warp: lane 0 issues every copy
     if (lane == 0) {
@@ -157,7 +159,7 @@ __global__ void __launch_bounds__(kThreads)
         const int k0 = i * kStepK;
         MbarArriveExpectTx(full(i), L::kStageBytes);
         TmaLoad2d(st, &maps.w, k0, r0, full(i));
-        TmaLoad2d(st + kHalfRows * 128, &maps.w, k0, r1, full(i));
+        if (kBoxes == 2) TmaLoad2d(st + kHalfRows * 128, &maps.w, k0, r1, full(i));
       }
       PdlWait();
       for (int i = 0; i < pre; ++i) {
@@ -170,7 +172,7 @@ __global__ void __launch_bounds__(kThreads)
         const int k0 = i * kStepK;
         MbarArriveExpectTx(full(s), L::kStageBytes);
         TmaLoad2d(st, &maps.w, k0, r0, full(s));
-        TmaLoad2d(st + kHalfRows * 128, &maps.w, k0, r1, full(s));
+        if (kBoxes == 2) TmaLoad2d(st + kHalfRows * 128, &maps.w, k0, r1, full(s));
         TmaLoad2d(st + L::kWBytes, &maps.x, k0, 0, full(s));
       }
     }
@@ -178,9 +180,9 @@ __global__ void __launch_bounds__(kThreads)
     PdlLaunchDependents();
     return;
   }
-  float acc[2][kTokens / 8][4];
+  float acc[kBoxes][kTokens / 8][4];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < kBoxes; ++h) {
 #pragma unroll
     for (int j = 0; j < kTokens / 8; ++j) {
 #pragma unroll
@@ -196,14 +198,14 @@ __global__ void __launch_bounds__(kThreads)
     for (int kk = 0; kk < kStepK / 16; ++kk) {
       const uint64_t b = detail::Sw128Desc(st + L::kWBytes + kk * 32, 16);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
+      for (int h = 0; h < kBoxes; ++h) {
         Mma<kTokens>(acc[h], detail::Sw128Desc(st + h * kHalfRows * 128 + kk * 32, 16), b, 1);
       }
     }
     detail::WgmmaCommit();
     detail::WgmmaWait<0>();
 #pragma unroll
-    for (int h = 0; h < 2; ++h) detail::FenceAccumulators(acc[h]);
+    for (int h = 0; h < kBoxes; ++h) detail::FenceAccumulators(acc[h]);
     if (lane == 0) MbarArrive(empty(s));
   }
   PdlLaunchDependents();
@@ -225,13 +227,13 @@ __global__ void __launch_bounds__(kThreads)
     }
   } else {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < kBoxes; ++h) {
 #pragma unroll
       for (int j = 0; j < kTokens / 8; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int t = 8 * j + tok0 + (e & 1);
-          const int out = tile * kTileRows + h * kHalfRows + row_in_half + 8 * (e >> 1);
+          const int out = (tile * kBoxes + h) * kHalfRows + row_in_half + 8 * (e >> 1);
           if (t < p.rows && out < p.n) Store(p, t, out, acc[h][j][e]);
         }
       }
@@ -275,12 +277,12 @@ absl::Status Encode2d(CUtensorMap* map, const uint16_t* base, int64_t rows, int 
   return absl::OkStatus();
 }
 
-template <int kTokens, bool kSwiGlu>
+template <int kTokens, int kBoxes, int kStages, bool kSwiGlu>
 absl::Status Launch(const Params& p, const Maps& maps, int tiles, bool programmatic,
                     cudaStream_t stream) {
   static std::atomic<uint64_t> configured{0};
-  const auto kernel = WgmmaGemmKernel<kTokens, kSwiGlu>;
-  constexpr int kSmem = Layout<kTokens>::kSmemBytes;
+  const auto kernel = WgmmaGemmKernel<kTokens, kBoxes, kStages, kSwiGlu>;
+  constexpr int kSmem = Layout<kTokens, kBoxes, kStages>::kSmemBytes;
   if (programmatic) {
     return detail::LaunchPdlKernel(kernel, dim3(tiles), kThreads, kSmem, &configured, stream, p,
                                    maps);
@@ -294,13 +296,22 @@ absl::Status Launch(const Params& p, const Maps& maps, int tiles, bool programma
 
 }  // namespace
 
-int WgmmaGemmBlocks(int n, bool swiglu) {
-  return swiglu ? (n / 2 + kHalfRows - 1) / kHalfRows : (n + kTileRows - 1) / kTileRows;
+int WgmmaGemmBlocks(int n, bool swiglu, int rows_per_block) {
+  if (swiglu) return (n / 2 + kHalfRows - 1) / kHalfRows;
+  return (n + rows_per_block - 1) / rows_per_block;
 }
 
 bool WgmmaGemmShapeOk(int rows, int n, int k, bool swiglu) {
   return rows >= 0 && rows <= kWgmmaGemmMaxRows && n > 0 && k > 0 && k % 8 == 0 &&
          !(swiglu && n % 2 != 0);
+}
+
+int WgmmaGemmRowsPerBlock(const WgmmaGemmParams& p) {
+  if (p.swiglu) return 128;
+  if (p.rows_per_block == 64 || p.rows_per_block == 128) return p.rows_per_block;
+  int sms = 132;
+  if (!detail::DeviceSmCount(&sms).ok()) (void)cudaGetLastError();
+  return WgmmaGemmBlocks(p.n, false, 128) >= sms ? 128 : 64;
 }
 
 bool WgmmaGemmSupported() {
@@ -313,7 +324,7 @@ bool WgmmaGemmSupported() {
       return false;
     }
     cudaFuncAttributes attr;
-    if (cudaFuncGetAttributes(&attr, WgmmaGemmKernel<32, false>) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&attr, WgmmaGemmKernel<32, 2, 4, false>) != cudaSuccess) {
       (void)cudaGetLastError();
       return false;
     }
@@ -353,13 +364,19 @@ absl::Status LaunchWgmmaGemm(const WgmmaGemmParams& wp, cudaStream_t stream) {
   Maps maps;
   RETURN_IF_ERROR(Encode2d(&maps.w, wp.w, wp.n, wp.k, kHalfRows));
   RETURN_IF_ERROR(Encode2d(&maps.x, wp.x, wp.rows, wp.k, tokens));
-  const int blocks = WgmmaGemmBlocks(wp.n, wp.swiglu);
-  if (tokens == 32) {
-    return wp.swiglu ? Launch<32, true>(p, maps, blocks, wp.programmatic, stream)
-                     : Launch<32, false>(p, maps, blocks, wp.programmatic, stream);
+  const int per_block = WgmmaGemmRowsPerBlock(wp);
+  const int blocks = WgmmaGemmBlocks(wp.n, wp.swiglu, per_block);
+  const bool pdl = wp.programmatic;
+  if (wp.swiglu) {
+    return tokens == 32 ? Launch<32, 2, 4, true>(p, maps, blocks, pdl, stream)
+                        : Launch<64, 2, 4, true>(p, maps, blocks, pdl, stream);
   }
-  return wp.swiglu ? Launch<64, true>(p, maps, blocks, wp.programmatic, stream)
-                   : Launch<64, false>(p, maps, blocks, wp.programmatic, stream);
+  if (per_block == 128) {
+    return tokens == 32 ? Launch<32, 2, 4, false>(p, maps, blocks, pdl, stream)
+                        : Launch<64, 2, 4, false>(p, maps, blocks, pdl, stream);
+  }
+  return tokens == 32 ? Launch<32, 1, 8, false>(p, maps, blocks, pdl, stream)
+                      : Launch<64, 1, 8, false>(p, maps, blocks, pdl, stream);
 }
 
 }  // namespace lazyrag::kernels

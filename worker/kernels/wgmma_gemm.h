@@ -35,12 +35,17 @@ struct WgmmaGemmParams {
   // A programmatic dependent of the previous kernel on the stream (weights must not be written by
   // it); false: an ordinary launch.
   bool programmatic = true;
+  // Weight rows a block computes, 64 or 128; 0: the launcher's choice (128 with swiglu or where
+  // that gives every SM a block, else 64 with a deeper ring). Set for comparisons (benchmarks).
+  int rows_per_block = 0;
 };
 
 // Whether the shape is one LaunchWgmmaGemm takes (pointers aside).
 bool WgmmaGemmShapeOk(int rows, int n, int k, bool swiglu);
-// Blocks of a launch: one per 128 outputs (per 64 with swiglu).
-int WgmmaGemmBlocks(int n, bool swiglu);
+// Weight rows per block of a launch of `p` (128 or 64), and its blocks: one per 64 outputs with
+// swiglu (their gate and up rows), else one per rows_per_block outputs.
+int WgmmaGemmRowsPerBlock(const WgmmaGemmParams& p);
+int WgmmaGemmBlocks(int n, bool swiglu, int rows_per_block);
 // Whether the current device runs it (compute capability 9.0, the kernel built for sm_90a, the
 // driver's tensor-map encoder present). Cached on first call.
 bool WgmmaGemmSupported();

@@ -4,7 +4,8 @@
 // beside the bench/dev SmallGemm (small_gemm.h) as its launcher configures it (small_gemm), the
 // same launched without PDL (sg_nopdl), and two variants: no 256-byte L2 prefetch hint (sg_nol2),
 // 4 warps per block with 4 blocks per SM (sg_warps4); and the serving kernel of
-// worker/kernels/wgmma_gemm.h (TMA + wgmma) with and without PDL (wgmma, wgmma_nopdl). The rows
+// worker/kernels/wgmma_gemm.h (TMA + wgmma) with and without PDL (wgmma, wgmma_nopdl) and with
+// each block shape forced (wgmma_r64: 64 weight rows a block, 8 stages; wgmma_r128). The rows
 // kernel_bench --gemm printed on the branch where the experiment started
 // (bench/results/2026-12-04-h200-small-gemm/).
 //
@@ -83,6 +84,20 @@ absl::Status Wgmma(const SmallGemmParams& p, cudaStream_t st) {
   q.programmatic = p.programmatic;
   return LaunchWgmmaGemm(q, st);
 }
+template <int kRowsPerBlock>
+absl::Status WgmmaBlock(const SmallGemmParams& p, cudaStream_t st) {
+  if (p.epilogue == SmallGemmEpilogue::kSwiGluBf16) return Wgmma(p, st);  // 128 rows only
+  WgmmaGemmParams q;
+  q.x = p.x;
+  q.w = p.w;
+  q.y = p.y;
+  q.y_fp32 = p.epilogue == SmallGemmEpilogue::kFloat;
+  q.rows = p.rows;
+  q.n = p.n;
+  q.k = p.k;
+  q.rows_per_block = kRowsPerBlock;
+  return LaunchWgmmaGemm(q, st);
+}
 
 struct Result {
   std::string name;
@@ -130,7 +145,9 @@ std::vector<Result> GemmRows(int iters, size_t l2_bytes) {
                   {"sg_nol2", true, RunGemmVariant<8, false, 2, 1>},
                   {"sg_warps4", true, RunGemmVariant<4, true, 4, 2>},
                   {"wgmma", true, Wgmma},
-                  {"wgmma_nopdl", false, Wgmma}};
+                  {"wgmma_nopdl", false, Wgmma},
+                  {"wgmma_r64", true, WgmmaBlock<64>},
+                  {"wgmma_r128", true, WgmmaBlock<128>}};
   std::vector<Result> results;
   for (const auto& sh : shapes) {
     const size_t w_elems = size_t(sh.n) * sh.k;

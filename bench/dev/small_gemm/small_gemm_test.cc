@@ -114,8 +114,10 @@ struct GemmContext {
     q.rows = rows;
     q.n = n;
     q.k = k;
+    q.rows_per_block = rows_per_block;
     return LaunchWgmmaGemm(q, stream);
   }
+  int rows_per_block = 0;  // WgmmaGemmParams::rows_per_block
   // The serving kernel of worker/kernels/wgmma_gemm.h instead of SmallGemm (its tests share this
   // file's harness: WgmmaGemm.*).
   bool wgmma = false;
@@ -216,10 +218,11 @@ void CheckShape(GemmContext& ctx, const Shape& s, const DeviceArray<uint16_t>& w
   }
 }
 
-void SweepShapes(const Shape* shapes, size_t count, bool wgmma = false) {
+void SweepShapes(const Shape* shapes, size_t count, bool wgmma = false, int rows_per_block = 0) {
   GPU_TEST_SETUP(rng);
   GemmContext ctx;
   ctx.wgmma = wgmma;
+  ctx.rows_per_block = rows_per_block;
   for (size_t i = 0; i < count; ++i) {
     const Shape& s = shapes[i];
     DeviceArray<uint16_t> w(size_t(s.n) * s.k);
@@ -236,13 +239,21 @@ TEST(SmallGemm, OddShapesMatchCublasAndCpu) {
   SweepShapes(kOddShapes, sizeof(kOddShapes) / sizeof(kOddShapes[0]));
 }
 
+// Both block shapes on every shape (the launcher picks one per shape).
 TEST(WgmmaGemm, ModelShapesMatchCublasAndCpu) {
-  SweepShapes(kModelShapes, sizeof(kModelShapes) / sizeof(kModelShapes[0]), /*wgmma=*/true);
+  for (int rows_per_block : {64, 128}) {
+    SCOPED_TRACE(absl::StrCat(rows_per_block, " rows a block"));
+    SweepShapes(kModelShapes, sizeof(kModelShapes) / sizeof(kModelShapes[0]), true, rows_per_block);
+  }
 }
 
 TEST(WgmmaGemm, OddShapesMatchCublasAndCpu) {
-  SweepShapes(kOddShapes, sizeof(kOddShapes) / sizeof(kOddShapes[0]), /*wgmma=*/true);
-  SweepShapes(kWgmmaOddShapes, sizeof(kWgmmaOddShapes) / sizeof(kWgmmaOddShapes[0]), true);
+  for (int rows_per_block : {64, 128}) {
+    SCOPED_TRACE(absl::StrCat(rows_per_block, " rows a block"));
+    SweepShapes(kOddShapes, sizeof(kOddShapes) / sizeof(kOddShapes[0]), true, rows_per_block);
+    SweepShapes(kWgmmaOddShapes, sizeof(kWgmmaOddShapes) / sizeof(kWgmmaOddShapes[0]), true,
+                rows_per_block);
+  }
 }
 
 // The fused epilogue against the backend's unfused pair: cuBLAS gate_up in bf16, then
@@ -377,9 +388,10 @@ TEST(WgmmaGemmArgs, RejectsBadShapesAndPointers) {
   EXPECT_FALSE(WgmmaGemmShapeOk(8, 0, 4096, false));
   EXPECT_FALSE(WgmmaGemmShapeOk(8, 4096, 12, false));
   EXPECT_FALSE(WgmmaGemmShapeOk(8, 129, 64, true));
-  EXPECT_EQ(WgmmaGemmBlocks(4096, false), 32);
-  EXPECT_EQ(WgmmaGemmBlocks(28672, true), 224);
-  EXPECT_EQ(WgmmaGemmBlocks(130, false), 2);
+  EXPECT_EQ(WgmmaGemmBlocks(4096, false, 128), 32);
+  EXPECT_EQ(WgmmaGemmBlocks(28672, true, 128), 224);
+  EXPECT_EQ(WgmmaGemmBlocks(130, false, 128), 2);
+  EXPECT_EQ(WgmmaGemmBlocks(130, false, 64), 3);
   alignas(16) static uint16_t buf[64];
   WgmmaGemmParams p;
   p.x = buf;

@@ -98,7 +98,7 @@ bool Projections::UseWgmma(const void* x, const void* w, int rows, int n, int k,
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0) {
     return false;
   }
-  return wgmma_gemm_ == 2 || kernels::WgmmaGemmBlocks(n, swiglu) >= sms_;
+  return wgmma_gemm_ == 2 || kernels::WgmmaGemmBlocks(n, swiglu, 128) >= sms_;
 }
 
 bool Projections::OneRowNormsFold(int hidden, int q_dim, int kv_dim, int head_dim, int ff) {
