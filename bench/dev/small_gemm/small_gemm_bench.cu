@@ -5,7 +5,9 @@
 // same launched without PDL (sg_nopdl), and two variants: no 256-byte L2 prefetch hint (sg_nol2),
 // 4 warps per block with 4 blocks per SM (sg_warps4); and the serving kernel of
 // worker/kernels/wgmma_gemm.h (TMA + wgmma) with and without PDL (wgmma, wgmma_nopdl) and with
-// each block shape forced (wgmma_r64: 64 weight rows a block, 8 stages; wgmma_r128). The rows
+// each block shape forced (wgmma_r64: 64 weight rows a block, an 8-stage ring; wgmma_r128). A grid
+// that leaves SMs idle lets the next of the timed PDL launches stream its weights on them, which
+// overstates it: compare such shapes on the _nopdl rows. The rows
 // kernel_bench --gemm printed on the branch where the experiment started
 // (bench/results/2026-12-04-h200-small-gemm/).
 //
@@ -96,6 +98,7 @@ absl::Status WgmmaBlock(const SmallGemmParams& p, cudaStream_t st) {
   q.n = p.n;
   q.k = p.k;
   q.rows_per_block = kRowsPerBlock;
+  q.programmatic = p.programmatic;
   return LaunchWgmmaGemm(q, st);
 }
 
@@ -147,6 +150,7 @@ std::vector<Result> GemmRows(int iters, size_t l2_bytes) {
                   {"wgmma", true, Wgmma},
                   {"wgmma_nopdl", false, Wgmma},
                   {"wgmma_r64", true, WgmmaBlock<64>},
+                  {"wgmma_r64_nopdl", false, WgmmaBlock<64>},
                   {"wgmma_r128", true, WgmmaBlock<128>}};
   std::vector<Result> results;
   for (const auto& sh : shapes) {
