@@ -205,9 +205,7 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1)
 
 }  // namespace
 
-absl::Status EncodeKvTmaMaps(const LazyAttentionParams& params, TmaMaps* maps, int box_tokens,
-                             bool l2_promotion) {
-  // The driver's encoder through the runtime (no libcuda link); looked up once.
+PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
@@ -219,6 +217,12 @@ absl::Status EncodeKvTmaMaps(const LazyAttentionParams& params, TmaMaps* maps, i
     }
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
+  return encode;
+}
+
+absl::Status EncodeKvTmaMaps(const LazyAttentionParams& params, TmaMaps* maps, int box_tokens,
+                             bool l2_promotion) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   if (encode == nullptr) return absl::UnavailableError("cuTensorMapEncodeTiled not available");
   const AttentionShape& sh = params.shape;
   const cuuint64_t dims[3] = {cuuint64_t(sh.head_dim), cuuint64_t(sh.num_kv_heads),

@@ -16,7 +16,8 @@
 // kernel's cp.async gathers, so only the warp-specialized kernel uses this loader.)
 #pragma once
 
-#include <cuda.h>  // CUtensorMap (types only: the encoder comes through the runtime)
+#include <cuda.h>          // CUtensorMap (types only: the encoder comes through the runtime)
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include <cstdint>
 
@@ -148,6 +149,10 @@ __device__ __forceinline__ void ZeroTileTail(char* tile, int valid_rows, int tid
         make_uint4(0, 0, 0, 0);
   }
 }
+
+// The driver's tensor-map encoder through the runtime (no libcuda link), looked up once; null
+// when the driver lacks it.
+PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder();
 
 // Host side (lazy_attention_prefill_ws.cu). The K and V pools of params as TMA tensor maps
 // with boxes of box_tokens rows (0: page_size), L2 promotion to 256-byte lines or none

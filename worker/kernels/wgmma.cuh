@@ -1,5 +1,6 @@
 // wgmma (sm_90a warpgroup matrix multiply) PTX wrappers shared by the wgmma prefill kernels
-// (lazy_attention_prefill_wgmma.cu, lazy_attention_prefill_ws.cu). Everything is inside
+// (lazy_attention_prefill_wgmma.cu, lazy_attention_prefill_ws.cu) and the projections of
+// wgmma_gemm.cu. Everything is inside
 // LAZYRAG_HAVE_WGMMA: defined for the host pass and for sm_90a device code, where these
 // instructions exist; a kernel body compiled for another target must not call them.
 #pragma once
@@ -52,6 +53,14 @@ __device__ __forceinline__ uint64_t Sw128Desc(uint32_t addr, uint32_t lbo) {
 }
 
 // clang-format off (one line per 8 accumulator columns)
+// The "+f" operands d[0][0] .. d[7][3] of the 32 fp32 accumulators of an m64n64 wgmma.
+#define LAZYRAG_WGMMA_D32_OPERANDS(d)                                                          \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),    \
+      "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
+      "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), \
+      "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+      "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), \
+      "+f"(d[7][2]), "+f"(d[7][3])
 // D[64 x 64] += A[64 x 16] B[16 x 64]: A (bf16) from registers in the mma.sync m16n8k16
 // A-fragment layout of each warp's 16 rows, B (bf16) through `desc`, K-major, D fp32 in
 // the m16n8 C-fragment layout per 8 columns (d[j] = columns 8j..8j+7). scale_d = 0: D = A B.
@@ -65,12 +74,7 @@ __device__ __forceinline__ void WgmmaM64N64K16(float (&d)[8][4], const uint32_t 
       "%16, %17, %18, %19, %20, %21, %22, %23, "
       "%24, %25, %26, %27, %28, %29, %30, %31}, "
       "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-        "+f"(d[7][2]), "+f"(d[7][3])
+      : LAZYRAG_WGMMA_D32_OPERANDS(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
 }
 
@@ -117,6 +121,32 @@ __device__ __forceinline__ void WgmmaM64N128K16SS(float (&d)[16][4], uint64_t de
       : LAZYRAG_WGMMA_D64_OPERANDS(d)
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
+// D[64 x 32] += A[64 x 16] B[16 x 32], both K-major in shared memory (128-byte swizzle).
+__device__ __forceinline__ void WgmmaM64N32K16SS(float (&d)[4][4], uint64_t desc_a,
+                                                 uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+// D[64 x 64] += A[64 x 16] B[16 x 64], both K-major in shared memory (128-byte swizzle).
+__device__ __forceinline__ void WgmmaM64N64K16SS(float (&d)[8][4], uint64_t desc_a,
+                                                 uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : LAZYRAG_WGMMA_D32_OPERANDS(d)
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+#undef LAZYRAG_WGMMA_D32_OPERANDS
 #undef LAZYRAG_WGMMA_D64_OPERANDS
 #undef LAZYRAG_WGMMA_D64_ROW
 #undef LAZYRAG_WGMMA_D64_REGS

@@ -72,44 +72,12 @@ __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, 
       : "memory");
 }
 
-// clang-format off
-// D[64 x 32] += A[64 x 16] B[16 x 32], both K-major in shared memory (128-byte swizzle).
-__device__ __forceinline__ void WgmmaM64N32K16SS(float (&d)[4][4], uint64_t desc_a,
-                                                 uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-      "%16, %17, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-// D[64 x 64] += A[64 x 16] B[16 x 64], both K-major in shared memory (128-byte swizzle).
-__device__ __forceinline__ void WgmmaM64N64K16SS(float (&d)[8][4], uint64_t desc_a,
-                                                 uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-        "+f"(d[7][2]), "+f"(d[7][3])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-// clang-format on
 template <int kTokens>
 __device__ __forceinline__ void Mma(float (&d)[kTokens / 8][4], uint64_t a, uint64_t b, int s) {
   if constexpr (kTokens == 32) {
-    WgmmaM64N32K16SS(d, a, b, s);
+    detail::WgmmaM64N32K16SS(d, a, b, s);
   } else {
-    WgmmaM64N64K16SS(d, a, b, s);
+    detail::WgmmaM64N64K16SS(d, a, b, s);
   }
 }
 
@@ -242,26 +210,10 @@ __global__ void __launch_bounds__(kThreads)
 #endif  // LAZYRAG_HAVE_WGMMA
 }
 
-// The driver's tensor-map encoder through the runtime (no libcuda link), looked up once.
-PFN_cuTensorMapEncodeTiled_v12000 Encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      fn = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  return encode;
-}
-
 // A row-major bf16 [rows][k] matrix as a 2-D tensor map with boxes of 64 k x box_rows rows,
 // 128-byte swizzle (the wgmma operand layout), zeros past the edges.
 absl::Status Encode2d(CUtensorMap* map, const uint16_t* base, int64_t rows, int k, int box_rows) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = Encoder();
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = detail::TensorMapEncoder();
   if (encode == nullptr) return absl::UnavailableError("cuTensorMapEncodeTiled not available");
   const cuuint64_t dims[2] = {cuuint64_t(k), cuuint64_t(rows)};
   const cuuint64_t strides[1] = {cuuint64_t(k) * 2};
@@ -328,7 +280,7 @@ bool WgmmaGemmSupported() {
       (void)cudaGetLastError();
       return false;
     }
-    return major == 9 && minor == 0 && attr.binaryVersion == 90 && Encoder() != nullptr;
+    return major == 9 && minor == 0 && attr.binaryVersion == 90 && detail::TensorMapEncoder() != nullptr;
   }();
   return supported;
 }
