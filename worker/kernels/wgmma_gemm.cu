@@ -1,8 +1,9 @@
 // LaunchWgmmaGemm (wgmma_gemm.h): TMA copies of 64-row weight boxes and of the token rows into a
-// 4-stage shared-memory ring (128-byte swizzle), one producer warp and one consumer warpgroup whose
-// wgmma (m64, n = 32 or 64 tokens, k16; both operands K-major from shared memory) takes the weight
-// rows as M. A block owns 128 weight rows (with the fused SwiGLU: 64 gate rows and the 64 up rows
-// of the same outputs, so silu(g) * u is formed in registers) over all of k. Launched as a
+// shared-memory ring (128-byte swizzle), one producer warp and one consumer warpgroup whose wgmma
+// (m64, n = 32 or 64 tokens, k16; both operands K-major from shared memory) takes the weight rows
+// as M. A block owns 128 weight rows and a 4-stage ring (with the fused SwiGLU: 64 gate rows and
+// the 64 up rows of the same outputs, so silu(g) * u is formed in registers), or 64 rows and 8
+// stages, over all of k. Launched as a
 // programmatic dependent: the producer issues the first stages' weight copies before the PDL
 // wait (weights are never written by a step), the token rows after.
 #include <cuda.h>          // CUtensorMap

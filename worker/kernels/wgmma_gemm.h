@@ -1,7 +1,7 @@
 // A projection of a few token rows, y[rows, n] = x[rows, k] w[n, k]^T (bf16 inputs, fp32
 // accumulation), on Hopper's path: TMA copies of the weight rows into a shared-memory ring and
-// wgmma with the weight rows as M, one block per 128 weight rows over all of k, launched as a
-// programmatic dependent that issues its first weight copies before the previous kernel ends.
+// wgmma with the weight rows as M, one block per 128 (or 64) weight rows over all of k, launched
+// as a programmatic dependent that issues its first weight copies before the previous kernel ends.
 // It reads the weights at 97-99% of the HBM read ceiling where the shape gives every SM a block
 // (the lm_head, gate|up), where cuBLAS reads them at 87-91% (bench/dev/small_gemm's
 // small_gemm_bench); with fewer blocks than SMs (QKV, O and down of Llama-3-8B) cuBLAS is
