@@ -281,7 +281,8 @@ bool WgmmaGemmSupported() {
       (void)cudaGetLastError();
       return false;
     }
-    return major == 9 && minor == 0 && attr.binaryVersion == 90 && detail::TensorMapEncoder() != nullptr;
+    return major == 9 && minor == 0 && attr.binaryVersion == 90 &&
+           detail::TensorMapEncoder() != nullptr;
   }();
   return supported;
 }
