@@ -37,8 +37,8 @@
 // seconds per phase and configuration) in --out; summarize.py makes the tables.
 // Threads: set LAZYRAG_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 for single-thread timings.
 #include <algorithm>
-#include <chrono>
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -65,7 +65,8 @@ namespace {
 constexpr int kPageSize = 16;
 constexpr int kPrefillChunk = 512;     // RuntimeOptions::prefill_chunk (the engine's rows per step)
 constexpr int kMaxBatchTokens = 2048;  // RuntimeOptions::max_batch_tokens
-constexpr char kSystemPrompt[] = "Answer the question with a short phrase using only the documents.";
+constexpr char kSystemPrompt[] =
+    "Answer the question with a short phrase using only the documents.";
 
 // Scoring, the same as rag_qa_bench.cc's (contained, normalised, whole words); keep them equal.
 std::string Normalise(const std::string& s) {
@@ -120,18 +121,18 @@ enum class Kind { kFull, kLazy, kFirstK, kOracle, kOracleSel, kBlend };
 struct Config {
   std::string name;
   Kind kind = Kind::kLazy;
-  int drop = 0;          // keys masked at the start of each document (0 or 1)
-  int budget = 0;        // tokens per document; -1: all
-  double fraction = 0;   // > 0: ceil(fraction * document tokens) instead of budget
+  int drop = 0;         // keys masked at the start of each document (0 or 1)
+  int budget = 0;       // tokens per document; -1: all
+  double fraction = 0;  // > 0: ceil(fraction * document tokens) instead of budget
 };
 
 std::optional<Config> ParseConfig(const std::string& spec) {
   std::vector<std::string> parts = absl::StrSplit(spec, ':');
   Config c;
   c.name = spec;
-  const std::map<std::string, Kind> kinds = {{"full", Kind::kFull},       {"lazy", Kind::kLazy},
-                                             {"firstk", Kind::kFirstK},   {"oracle", Kind::kOracle},
-                                             {"oraclesel", Kind::kOracleSel}, {"blend", Kind::kBlend}};
+  const std::map<std::string, Kind> kinds = {
+      {"full", Kind::kFull},     {"lazy", Kind::kLazy},           {"firstk", Kind::kFirstK},
+      {"oracle", Kind::kOracle}, {"oraclesel", Kind::kOracleSel}, {"blend", Kind::kBlend}};
   auto it = kinds.find(parts[0]);
   if (it == kinds.end()) return std::nullopt;
   c.kind = it->second;
@@ -220,7 +221,9 @@ class Request {
  public:
   Request(Backend* backend, std::vector<FixedSegment> fixed, int32_t own_start,
           std::vector<int32_t> own_pages)
-      : backend_(backend), fixed_(std::move(fixed)), own_start_(own_start),
+      : backend_(backend),
+        fixed_(std::move(fixed)),
+        own_start_(own_start),
         own_pages_(std::move(own_pages)) {}
 
   // Rows appending `tokens` to the own run after what it holds (before the next Feed).
@@ -259,7 +262,8 @@ class Request {
       std::vector<int32_t> ids;
       if (last && logits != nullptr) {
         st = backend_->Forward(fb, logits);
-        if (st.ok()) next = int32_t(std::max_element(logits->begin(), logits->end()) - logits->begin());
+        if (st.ok())
+          next = int32_t(std::max_element(logits->begin(), logits->end()) - logits->begin());
       } else {
         st = backend_->ForwardArgmax(fb, &ids);
         if (st.ok() && last) next = ids[0];
@@ -556,7 +560,8 @@ int Main(int argc, char** argv) {
     // LAZY's cached KV: each block alone.
     t0 = Clock::now();
     std::vector<std::vector<int32_t>> block_pages;
-    for (const auto* b : blocks) block_pages.push_back(TakePages(&next_page, kPages, int(b->size())));
+    for (const auto* b : blocks)
+      block_pages.push_back(TakePages(&next_page, kPages, int(b->size())));
     EncodeAlone(model, blocks, block_pages);
     timing["encode_alone"] = Seconds(t0);
     std::vector<RunKv> lazy_kv;
@@ -592,7 +597,6 @@ int Main(int argc, char** argv) {
       }
       const std::vector<int32_t> own_pages =
           TakePages(&next_page, kPages, int(p.suffix.size()) + max_tokens);
-
 
       auto run = [&](const Config& c, bool want_logits) {
         Outcome o;
@@ -709,8 +713,8 @@ int Main(int argc, char** argv) {
           const bool ok = diff < 1e-3;
           checks_ok = checks_ok && ok;
           checks[name] = {{"max_rel_logit_diff_vs_full", diff},
-                      {"same_answer_as_full", o.ids == full.ids},
-                      {"pass", ok}};
+                          {"same_answer_as_full", o.ids == full.ids},
+                          {"pass", ok}};
           std::fprintf(stderr, "check q%d %s: logits vs FULL %.2e (%s), answer %s\n", q.id, name,
                        diff, ok ? "ok" : "FAIL", o.ids == full.ids ? "same" : "differs");
         }
