@@ -54,6 +54,14 @@ def main():
     depth_n = {b: sum(1 for r in recs if bucket(r["depth"]) == b) for _, b in BUCKETS}
     print(f"{n} questions; FULL {full}; by fact depth " +
           " ".join(f"{b}:{depth_n[b]}" for _, b in BUCKETS))
+    phases = {k: sum(r["phase_s"][k] for r in recs) / n for k in recs[0]["phase_s"]}
+    prompt = sum(r["prompt_tokens"] for r in recs) / n
+    docs = sum(sum(r["document_tokens"]) for r in recs) / n
+    print(f"mean prompt {prompt:.0f} tokens ({docs:.0f} in documents); mean seconds per question: " +
+          ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
+    summary["phase_s_mean"] = phases
+    summary["prompt_tokens_mean"] = prompt
+    summary["document_tokens_mean"] = docs
     head = f"{'config':<14} {'correct':>7} {'%FULL':>6} {'recomp/req':>10}"
     head += "".join(f" {b:>9}" for _, b in BUCKETS)
     head += f" {'prefill_s':>9} {'decode_s':>8} {'sel=oracle':>10} {'sel<B':>6}"
