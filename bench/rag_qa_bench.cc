@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "bench/rag_qa/question_set.h"
 #include "common/json.h"
 #include "common/native_blas.h"
 #include "common/parallel.h"
@@ -36,53 +37,9 @@
 namespace lazyrag {
 namespace {
 
-std::string Normalise(const std::string& s) {
-  std::string out = " ";
-  for (unsigned char c : s) {
-    if (std::isalnum(c))
-      out += char(std::tolower(c));
-    else if (out.back() != ' ')
-      out += ' ';
-  }
-  if (out.back() != ' ') out += ' ';
-  return out;
-}
-
-bool Correct(const std::string& output, const std::string& answer) {
-  return Normalise(output).find(Normalise(answer)) != std::string::npos;
-}
-
-struct Question {
-  int id = 0;
-  std::vector<std::string> documents;
-  std::string question, answer;
-  std::vector<std::pair<int, int>> facts;  // (document, character offset of the fact)
-  int depth = 0;                           // tokens, the deepest needed fact
-};
-
-std::vector<Question> LoadQuestions(const std::string& path) {
-  std::vector<Question> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    auto v = ParseJson(line);
-    if (!v.ok()) continue;
-    Question q;
-    if (!v->is_object() || JsonMember(*v, "documents") == nullptr) continue;
-    q.id = v->value("id", 0);
-    for (const auto& d : v->at("documents")) q.documents.push_back(d.get<std::string>());
-    q.question = v->value("question", "");
-    q.answer = v->value("answer", "");
-    if (const Json* fd = JsonMember(*v, "fact_doc")) {
-      q.facts.push_back({fd->get<int>(), v->value("fact_char", 0)});
-    }
-    if (const Json* fs = JsonMember(*v, "facts")) {
-      for (const auto& f : *fs) q.facts.push_back({f.value("doc", 0), f.value("char", 0)});
-    }
-    out.push_back(q);
-  }
-  return out;
-}
+using rag_qa::Correct;
+using rag_qa::LoadQuestions;
+using rag_qa::Question;
 
 struct Config {
   std::string name;
