@@ -379,8 +379,8 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
     out.sum_squares = a.norm_parts;
     return out;
   };
-  for (int l = 0; l < c.num_layers; ++l) {
-    const LayerWeightsDevice& L = weights_.layer(l);
+  // Layer l's QKV split, as the GEMV (GemvQkvOut) or the scatter kernel does it.
+  const auto qkv_split = [&](int l) {
     cuda_model::GemvQkvOut split;
     split.rope = a.rope;
     split.kv_slot = s.kv_slot;
@@ -390,8 +390,12 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
     split.q_dim = qd;
     split.kv_dim = kvd;
     split.head_dim = c.head_dim;
+    return split;
+  };
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeightsDevice& L = weights_.layer(l);
     if (fold && l > 0) {  // the previous layer's down GEMV did this layer's attention norm
-      RETURN_IF_ERROR(projections_.GemvQkv(a.h, norm_in, L.wqkv, d, split));
+      RETURN_IF_ERROR(projections_.GemvQkv(a.h, norm_in, L.wqkv, d, qkv_split(l)));
     } else {
       cuda_model::RmsNormParams norm;
       norm.weight = L.attn_norm;
@@ -409,19 +413,20 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
       }
       RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(norm, stream_));
       if (fold) {
-        RETURN_IF_ERROR(projections_.GemvQkv(a.h, {}, L.wqkv, d, split));
+        RETURN_IF_ERROR(projections_.GemvQkv(a.h, {}, L.wqkv, d, qkv_split(l)));
       } else {
         RETURN_IF_ERROR(projections_.Gemm(a.h, L.wqkv, a.qkv, CUDA_R_32F, T, qd + 2 * kvd, d));
       }
     }
     if (!fold) {
+      const cuda_model::GemvQkvOut split = qkv_split(l);
       cuda_model::QkvScatterParams scatter;
       scatter.qkv = a.qkv;
-      scatter.rope = a.rope;
-      scatter.kv_slot = s.kv_slot;
-      scatter.q = a.q;
-      scatter.k_cache = pool_.LayerK(l);
-      scatter.v_cache = pool_.LayerV(l);
+      scatter.rope = split.rope;
+      scatter.kv_slot = split.kv_slot;
+      scatter.q = split.q;
+      scatter.k_cache = split.k_cache;
+      scatter.v_cache = split.v_cache;
       scatter.num_tokens = T;
       scatter.num_heads = c.num_heads;
       scatter.num_kv_heads = c.num_kv_heads;
