@@ -762,7 +762,8 @@ std::string BenchTokensFile() {
 // share alone). With one call per round (large values) each repetition puts then gets every
 // client's value with each kind, the order rotating between repetitions; with `calls` > 1 (small
 // values) the kinds alternate call by call and every call is a sample. Either way all kinds see the
-// same machine load. Ops put and get.
+// same machine load, and every repetition starts fresh processes and clients (a process's luck
+// stays with no kind). Ops put and get.
 //
 // With `tls_dir` (the certificates of tests/fixtures/tls/identities) every shard and client speaks
 // mTLS and the kinds are: no token file (`system` + " (mTLS)"), a shard with the token file whose
@@ -807,26 +808,6 @@ void MeasureAuth(Bench& bench, const std::string& binary, const std::string& dir
     return extra;
   };
   const std::string tokens_flag = "--auth_tokens_file=" + dir + "/tokens";
-  // One process per kind, so that each serves the same share of the calls (how often a
-  // process is called changes how soon its threads wake for the next small call).
-  KvStoreChild plain_server, auth_server, sent_server;
-  if (absl::Status s = plain_server.Start(binary, dir + "/plain", false, with({})); !s.ok()) {
-    return skip(std::string(s.message()));
-  }
-  // Plaintext: the token sent unchecked; mTLS: the token checked.
-  if (absl::Status s = sent_server.Start(
-          binary, dir + "/sent", false,
-          with(tls ? std::vector<std::string>{tokens_flag} : std::vector<std::string>{}));
-      !s.ok()) {
-    plain_server.Stop();
-    return skip(std::string(s.message()));
-  }
-  if (absl::Status s = auth_server.Start(binary, dir + "/auth", false, with({tokens_flag}));
-      !s.ok()) {
-    plain_server.Stop();
-    sent_server.Stop();
-    return skip(std::string(s.message()));
-  }
   const int max_clients = bench.client_counts().back();
   std::vector<std::string> owned;  // the small values; the bench's own for its size
   for (int c = 0; c < max_clients && value_bytes != bench.size(); ++c) {
@@ -837,42 +818,74 @@ void MeasureAuth(Bench& bench, const std::string& binary, const std::string& dir
     sources.push_back(owned.empty() ? std::string_view(bench.source(c)) : owned[c]);
   }
   std::vector<std::string> buffers(max_clients, std::string(value_bytes, '\1'));  // every side's
-  struct Side {
-    std::string system;
-    std::vector<std::unique_ptr<KvClient>> clients;
-  };
   constexpr int kSides = 3;
-  Side sides[kSides] = {{system, {}}, {auth_system, {}}, {sent_system, {}}};
-  for (int k = 0; k < kSides; ++k) {
-    for (int c = 0; c < max_clients; ++c) {
-      KvClientOptions options;
-      options.shards = {k == 0   ? plain_server.address()
-                        : k == 1 ? auth_server.address()
-                                 : sent_server.address()};
-      options.call_timeout = absl::Seconds(600);
-      options.local_fast_path = false;
-      options.tls = client_tls;
-      // mTLS: the certificate is the identity on side 1, the token on side 2.
-      if (k == 2 || (k == 1 && !tls)) options.auth_token = BearerToken::Fixed(worker_token);
-      absl::StatusOr<std::unique_ptr<KvClient>> client = KvClient::Create(options);
-      if (!client.ok()) {
-        plain_server.Stop();
-        auth_server.Stop();
-        sent_server.Stop();
-        return skip("client: " + std::string(client.status().message()));
-      }
-      sides[k].clients.push_back(*std::move(client));
+  const std::string side_names[kSides] = {system, auth_system, sent_system};
+  // Side 0 never checks a token; side 1 checks the token (plaintext) or the certificate (mTLS);
+  // side 2 is sent the token and does not check it (plaintext) or checks it (mTLS).
+  const std::vector<std::string> side_flags[kSides] = {
+      with({}), with({tokens_flag}),
+      with(tls ? std::vector<std::string>{tokens_flag} : std::vector<std::string>{})};
+  const char* side_dirs[kSides] = {"/plain", "/auth", "/sent"};
+  // One process per kind, so that each serves the same share of the calls (how often a process
+  // is called changes how soon its threads wake for the next small call), and fresh processes
+  // and clients every repetition, started in rotating order: whatever luck a process has (where
+  // its threads run, how its pools warmed) falls on every kind across the repetitions instead of
+  // on one kind for a whole run (one set of processes per run measured per-run biases of up to
+  // +-12% between identical processes; bench/HISTORY.md).
+  struct Fleet {
+    KvStoreChild servers[kSides];
+    std::vector<std::unique_ptr<KvClient>> clients[kSides];
+    void Stop() {
+      for (auto& c : clients) c.clear();
+      for (auto& s : servers) s.Stop();
     }
-  }
+  };
   const ValueHeader header;
+  auto warm_key = [](int c) {
+    return Key::Document("bench-model", "bench-auth", "warm-" + std::to_string(c));
+  };
+  const std::string warm_value(4096, 'w');
+  auto start_fleet = [&](Fleet& f, int rep) -> absl::Status {
+    for (int j = 0; j < kSides; ++j) {
+      const int k = (j + rep) % kSides;
+      RETURN_IF_ERROR(f.servers[k].Start(binary, dir + side_dirs[k], false, side_flags[k]));
+    }
+    for (int k = 0; k < kSides; ++k) {
+      for (int c = 0; c < max_clients; ++c) {
+        KvClientOptions options;
+        options.shards = {f.servers[k].address()};
+        options.call_timeout = absl::Seconds(600);
+        options.local_fast_path = false;
+        options.tls = client_tls;
+        // mTLS: the certificate is the identity on side 1, the token on side 2.
+        if (k == 2 || (k == 1 && !tls)) options.auth_token = BearerToken::Fixed(worker_token);
+        absl::StatusOr<std::unique_ptr<KvClient>> client = KvClient::Create(options);
+        if (!client.ok()) return client.status();
+        // Connected and warm before anything is timed: a few small calls on every channel.
+        for (int i = 0; i < 3; ++i) {
+          RETURN_IF_ERROR((*client)->Put(warm_key(c), header, warm_value));
+          RETURN_IF_ERROR((*client)->Get(warm_key(c)).status());
+        }
+        f.clients[k].push_back(*std::move(client));
+      }
+    }
+    return absl::OkStatus();
+  };
+  {
+    // The binary and flags start at all before anything is measured.
+    Fleet probe;
+    absl::Status s = start_fleet(probe, 0);
+    probe.Stop();
+    if (!s.ok()) return skip(std::string(s.message()));
+  }
   auto key = [](int c) { return Key::Document("bench-model", "bench-auth", DocumentId(c)); };
   for (int n : bench.client_counts()) {
     std::fprintf(stderr, "  %s, %llu-byte values x%d calls, %d client(s) ...", system.c_str(),
                  static_cast<unsigned long long>(value_bytes), calls, n);
     Row rows[kSides][2];  // [side][put, get]
     for (int k = 0; k < kSides; ++k) {
-      rows[k][0] = {sides[k].system, "put", n, {}, "", value_bytes, calls};
-      rows[k][1] = {sides[k].system, "get", n, {}, "", value_bytes, calls};
+      rows[k][0] = {side_names[k], "put", n, {}, "", value_bytes, calls};
+      rows[k][1] = {side_names[k], "get", n, {}, "", value_bytes, calls};
     }
     const double bytes_per_round = static_cast<double>(value_bytes) * n * calls;
     std::string failed;
@@ -890,12 +903,18 @@ void MeasureAuth(Bench& bench, const std::string& binary, const std::string& dir
       }
       return absl::OkStatus();
     };
-    if (calls > 1) {
-      // Small values: the three kinds alternate call by call inside every client's round, the
-      // order rotating, so that the machine's noise falls on all three alike; each call is
-      // timed alone and a row's samples are value_bytes * n / (one call's seconds), so its
-      // median is the median call.
-      for (int rep = 0; rep < bench.Reps(n) && failed.empty(); ++rep) {
+    for (int rep = 0; rep < bench.Reps(n) && failed.empty(); ++rep) {
+      Fleet fleet;
+      if (absl::Status s = start_fleet(fleet, rep); !s.ok()) {
+        fleet.Stop();
+        failed = "start: " + std::string(s.message());
+        break;
+      }
+      if (calls > 1) {
+        // Small values: the three kinds alternate call by call inside every client's round, the
+        // order rotating, so that the machine's noise falls on all three alike; each call is
+        // timed alone and a row's samples are value_bytes * n / (one call's seconds), so its
+        // median is the median call.
         for (int op = 0; op < 2 && failed.empty(); ++op) {
           std::vector<std::vector<std::vector<double>>> secs(
               n, std::vector<std::vector<double>>(kSides));
@@ -903,7 +922,7 @@ void MeasureAuth(Bench& bench, const std::string& binary, const std::string& dir
             for (int i = 0; i < calls; ++i) {
               for (int j = 0; j < kSides; ++j) {
                 const int k = (i + j + rep) % kSides;
-                KvClient* client = sides[k].clients[c].get();
+                KvClient* client = fleet.clients[k][c].get();
                 const auto t0 = Clock::now();
                 absl::Status st =
                     op == 0 ? client->Put(key(c), header, sources[c]) : get_once(client, c);
@@ -927,35 +946,25 @@ void MeasureAuth(Bench& bench, const std::string& binary, const std::string& dir
           }
         }
       }
-    }
-    for (int rep = 0; calls == 1 && rep < bench.Reps(n) && failed.empty(); ++rep) {
-      for (int j = 0; j < kSides && failed.empty(); ++j) {
+      for (int j = 0; calls == 1 && j < kSides && failed.empty(); ++j) {
+        // Large values: each kind's round of puts then gets, the order rotating.
         const int k = (j + rep) % kSides;
-        Side& side = sides[k];
-        absl::StatusOr<double> seconds = TimeRound(n, [&](int c) -> absl::Status {
-          for (int i = 0; i < calls; ++i) {
-            absl::Status s = side.clients[c]->Put(key(c), header, sources[c]);
-            if (!s.ok()) return s;
-          }
-          return absl::OkStatus();
-        });
+        std::vector<std::unique_ptr<KvClient>>& clients = fleet.clients[k];
+        absl::StatusOr<double> seconds = TimeRound(
+            n, [&](int c) -> absl::Status { return clients[c]->Put(key(c), header, sources[c]); });
         if (!seconds.ok()) {
           failed = "put failed: " + std::string(seconds.status().message());
           break;
         }
         rows[k][0].gbps.push_back(bytes_per_round / *seconds / 1e9);
-        seconds = TimeRound(n, [&](int c) -> absl::Status {
-          for (int i = 0; i < calls; ++i) {
-            if (absl::Status st = get_once(side.clients[c].get(), c); !st.ok()) return st;
-          }
-          return absl::OkStatus();
-        });
+        seconds = TimeRound(n, [&](int c) { return get_once(clients[c].get(), c); });
         if (!seconds.ok()) {
           failed = "get failed: " + std::string(seconds.status().message());
           break;
         }
-        if (failed.empty()) rows[k][1].gbps.push_back(bytes_per_round / *seconds / 1e9);
+        rows[k][1].gbps.push_back(bytes_per_round / *seconds / 1e9);
       }
+      fleet.Stop();
     }
     std::fprintf(stderr, " put %.4f/%.4f/%.4f GB/s, get %.4f/%.4f/%.4f GB/s (%s)%s\n",
                  Median(rows[0][0].gbps), Median(rows[1][0].gbps), Median(rows[2][0].gbps),
@@ -969,9 +978,6 @@ void MeasureAuth(Bench& bench, const std::string& binary, const std::string& dir
       }
     }
   }
-  plain_server.Stop();
-  auth_server.Stop();
-  sent_server.Stop();
   std::filesystem::remove_all(dir);
 }
 
