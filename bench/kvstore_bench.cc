@@ -25,7 +25,7 @@
 //
 //   kvstore_bench [--kvstore_binary PATH] [--redis_server PATH] [--out FILE] [--size_mib 256]
 //                 [--clients 1,4] [--reps 5] [--reps_multi 3] [--breakdown] [--tmp_dir DIR]
-//                 [--commit SHA] [--mac] [--only mac|auth] [--gmac_impl auto|openssl|vpclmulqdq]
+//                 [--commit SHA] [--mac] [--only mac|auth] [--gmac_impl auto|openssl|vpclmulqdq-avx2|vpclmulqdq]
 //                 [--auth] [--auth_small_kib 4] [--auth_small_calls 200]
 //                 [--auth_tls_dir tests/fixtures/tls/identities]
 #include <fcntl.h>
@@ -107,8 +107,8 @@ ABSL_FLAG(std::string, only, "",
           "mac: only memcpy, the MAC pass alone and the same-host lazyrag-kvstore rows; auth: only "
           "memcpy and the authentication rows; empty: every row");
 ABSL_FLAG(std::string, gmac_impl, "auto",
-          "the workers' GMAC in the get,mac and get+mac rows: auto (VPCLMULQDQ where the CPU has "
-          "it), openssl (libcrypto's GHASH) or vpclmulqdq");
+          "the workers' GMAC in the get,mac and get+mac rows: auto (the widest the CPU runs), "
+          "openssl (libcrypto's GHASH), vpclmulqdq-avx2 or vpclmulqdq");
 
 ABSL_FLAG(bool, auth, true,
           "also time puts and gets against a lazyrag-kvstore with --auth_tokens_file (the client "
@@ -580,22 +580,22 @@ void MeasureService(Bench& bench, const std::string& system, const std::string& 
 // One row: `check` over `data` by `threads` threads; GB/s of all threads together.
 struct PassRow {
   std::string data;
-  std::string check;  // none, crc32c, gmac:openssl, gmac:vpclmulqdq
+  std::string check;  // none, crc32c, gmac:IMPL (GmacImplName)
   int threads = 1;
   std::vector<double> gbps;  // one per repetition
   std::string note;          // why it is missing, when it is
 };
 
-const char* GmacImplName(GmacImpl impl) {
-  switch (impl) {
-    case GmacImpl::kOpenSsl:
-      return "gmac:openssl";
-    case GmacImpl::kVpclmulqdq:
-      return "gmac:vpclmulqdq";
-    case GmacImpl::kAuto:
-      break;
+std::string CheckName(GmacImpl impl) { return std::string("gmac:") + GmacImplName(impl); }
+
+// Every GMAC implementation this CPU runs (gmac.h).
+std::vector<GmacImpl> SupportedGmacImpls() {
+  std::vector<GmacImpl> impls;
+  for (GmacImpl impl : {GmacImpl::kOpenSsl, GmacImpl::kVpclmulqdqAvx2,
+                        GmacImpl::kVpclmulqdq}) {
+    if (GmacImplSupported(impl)) impls.push_back(impl);
   }
-  return "gmac:auto";
+  return impls;
 }
 
 // Rows, each `reps` repetitions in alternating order:
@@ -609,8 +609,7 @@ const char* GmacImplName(GmacImpl impl) {
 std::vector<PassRow> MeasureMacPass(uint64_t size, int reps, const std::string& dir) {
   std::fprintf(stderr, "  MAC pass alone ...");
   const GmacImpl restore = AutoGmacImpl();
-  std::vector<GmacImpl> impls = {GmacImpl::kOpenSsl};
-  if (CpuHasVpclmulqdqGmac()) impls.push_back(GmacImpl::kVpclmulqdq);
+  const std::vector<GmacImpl> impls = SupportedGmacImpls();
   const std::shared_ptr<const DocumentMacKey> key =
       DocumentMacKey::FromSecret("kvstore_bench MAC key, 32 bytes or more");
   const std::array<uint8_t, kMacNonceBytes> nonce = NewMacNonce();
@@ -621,7 +620,7 @@ std::vector<PassRow> MeasureMacPass(uint64_t size, int reps, const std::string& 
   const std::string_view block(value.data(), std::min<uint64_t>(kMacBlockBytes, size));
   const uint64_t passes = std::max<uint64_t>(1, size / block.size());
   std::vector<std::string> checks = {"crc32c"};
-  for (GmacImpl impl : impls) checks.push_back(GmacImplName(impl));
+  for (GmacImpl impl : impls) checks.push_back(CheckName(impl));
   for (const std::string& c : checks) rows.push_back({"256 KiB block in L2", c, 1, {}, ""});
   std::atomic<uint32_t> sink{0};
   for (int rep = 0; rep < reps; ++rep) {
@@ -658,7 +657,7 @@ std::vector<PassRow> MeasureMacPass(uint64_t size, int reps, const std::string& 
   std::string dst(size, '\1');  // pre-faulted, as the client's buffer
   constexpr uint64_t kStep = 512 << 10;
   checks = {"none", "crc32c"};
-  for (GmacImpl impl : impls) checks.push_back(GmacImplName(impl));
+  for (GmacImpl impl : impls) checks.push_back(CheckName(impl));
   for (int threads : {1, 4}) {
     const size_t first = rows.size();
     for (const std::string& c : checks) {
@@ -1488,18 +1487,18 @@ int Main() {
   }
   const bool mac_only = only == "mac", auth_only = only == "auth";
   const std::string gmac_impl = absl::GetFlag(FLAGS_gmac_impl);
-  if (gmac_impl == "openssl") {
-    SetAutoGmacImpl(GmacImpl::kOpenSsl);
-  } else if (gmac_impl == "vpclmulqdq" && CpuHasVpclmulqdqGmac()) {
-    SetAutoGmacImpl(GmacImpl::kVpclmulqdq);
-  } else if (gmac_impl != "auto") {
+  bool gmac_known = gmac_impl == "auto";
+  for (GmacImpl impl : SupportedGmacImpls()) {
+    if (gmac_impl == GmacImplName(impl)) SetAutoGmacImpl(impl), gmac_known = true;
+  }
+  if (!gmac_known) {
     std::fprintf(stderr,
-                 "kvstore_bench: --gmac_impl %s: not auto, openssl or vpclmulqdq on this "
-                 "CPU\n",
+                 "kvstore_bench: --gmac_impl %s: not auto or one this CPU runs (openssl, "
+                 "vpclmulqdq-avx2, vpclmulqdq)\n",
                  gmac_impl.c_str());
     return 2;
   }
-  info["gmac_impl"] = GmacImplName(AutoGmacImpl());
+  info["gmac_impl"] = CheckName(AutoGmacImpl());
   const std::string binary = absl::GetFlag(FLAGS_kvstore_binary);
   std::string redis_version;
   {

@@ -18,15 +18,39 @@ std::atomic<GmacImpl> auto_impl{GmacImpl::kAuto};
 
 }  // namespace
 
-bool CpuHasVpclmulqdqGmac() {
+bool GmacImplSupported(GmacImpl impl) {
 #if defined(__x86_64__)
-  static const bool have = __builtin_cpu_supports("avx512f") &&
-                           __builtin_cpu_supports("avx512bw") &&
-                           __builtin_cpu_supports("vpclmulqdq") && __builtin_cpu_supports("pclmul");
-  return have;
-#else
+  static const bool avx2 = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("avx2") &&
+                           __builtin_cpu_supports("vpclmulqdq");
+  static const bool avx512 =
+      avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  switch (impl) {
+    case GmacImpl::kAuto:
+    case GmacImpl::kOpenSsl:
+      return true;
+    case GmacImpl::kVpclmulqdqAvx2:
+      return avx2;
+    case GmacImpl::kVpclmulqdq:
+      return avx512;
+  }
   return false;
+#else
+  return impl == GmacImpl::kAuto || impl == GmacImpl::kOpenSsl;
 #endif
+}
+
+const char *GmacImplName(GmacImpl impl) {
+  switch (impl) {
+    case GmacImpl::kAuto:
+      return "auto";
+    case GmacImpl::kOpenSsl:
+      return "openssl";
+    case GmacImpl::kVpclmulqdqAvx2:
+      return "vpclmulqdq-avx2";
+    case GmacImpl::kVpclmulqdq:
+      return "vpclmulqdq";
+  }
+  return "?";
 }
 
 void SetAutoGmacImpl(GmacImpl impl) { auto_impl.store(impl); }
@@ -34,7 +58,10 @@ void SetAutoGmacImpl(GmacImpl impl) { auto_impl.store(impl); }
 GmacImpl AutoGmacImpl() {
   const GmacImpl set = auto_impl.load();
   if (set != GmacImpl::kAuto) return set;
-  return CpuHasVpclmulqdqGmac() ? GmacImpl::kVpclmulqdq : GmacImpl::kOpenSsl;
+  for (GmacImpl impl : {GmacImpl::kVpclmulqdq, GmacImpl::kVpclmulqdqAvx2}) {
+    if (GmacImplSupported(impl)) return impl;
+  }
+  return GmacImpl::kOpenSsl;
 }
 
 namespace {
@@ -61,14 +88,18 @@ struct Gmac::State {
   size_t pending_bytes = 0;
   uint64_t message_bytes = 0;
   uint8_t encrypted_j0[16] = {};  // E_K(IV || 0^31 || 1), XORed into the tag
-  EVP_CIPHER_CTX *ecb = nullptr;  // kVpclmulqdq only: AES-256 of single blocks
+  EVP_CIPHER_CTX *ecb = nullptr;  // not kOpenSsl: AES-256 of single blocks
   EVP_CIPHER_CTX *gcm = nullptr;  // kOpenSsl only
 };
 
 #if defined(__x86_64__)
 namespace {
 
-#define LAZYRAG_GHASH_TARGET __attribute__((target("avx2,avx512f,avx512bw,vpclmulqdq,pclmul")))
+// The 128-bit helpers need PCLMULQDQ and SSE4.1; each step function adds its vector width (a
+// 128-bit step, PCLMULQDQ alone, ran at 0.6x libcrypto's GHASH and is not kept: HISTORY).
+#define LAZYRAG_GHASH_TARGET __attribute__((target("pclmul,sse4.1")))
+#define LAZYRAG_GHASH_256 __attribute__((target("avx2,vpclmulqdq,pclmul")))
+#define LAZYRAG_GHASH_512 __attribute__((target("avx2,avx512f,avx512bw,vpclmulqdq,pclmul")))
 
 LAZYRAG_GHASH_TARGET inline __m128i Reflect(__m128i v) {
   return _mm_shuffle_epi8(v, _mm_set_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
@@ -118,7 +149,7 @@ LAZYRAG_GHASH_TARGET inline __m128i Multiply(__m128i a, __m128i b) {
 }
 
 // The XOR of a 512-bit vector's four 128-bit lanes.
-LAZYRAG_GHASH_TARGET inline __m128i XorLanes(__m512i v) {
+LAZYRAG_GHASH_512 inline __m128i XorLanes(__m512i v) {
   const __m256i y = _mm256_xor_si256(_mm512_maskz_extracti64x4_epi64(0xFF, v, 0),
                                      _mm512_maskz_extracti64x4_epi64(0xFF, v, 1));
   return _mm_xor_si128(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
@@ -138,9 +169,26 @@ LAZYRAG_GHASH_TARGET void ComputePowers(Gmac::State *s, const uint8_t h[16]) {
   }
 }
 
-// Folds `size` bytes (a multiple of 16) into the running hash: X = (X + B_1) * H^n + B_2 *
-// H^(n-1) + ... + B_n * H per step of 64 blocks, one reduction a step.
-LAZYRAG_GHASH_TARGET void HashBlocks(Gmac::State *s, const uint8_t *p, size_t size) {
+// The reduction of a step's summed products: lo and hi halves plus the middle terms.
+LAZYRAG_GHASH_TARGET inline __m128i ReduceStep(__m128i lo, __m128i hi, __m128i mid) {
+  return Reduce(_mm_xor_si128(lo, _mm_slli_si128(mid, 8)), _mm_xor_si128(hi, _mm_srli_si128(mid, 8)));
+}
+
+// Blocks one at a time (fewer than a step's): X = (X + B) * H.
+LAZYRAG_GHASH_TARGET __m128i HashTail(const Gmac::State *s, __m128i x, const uint8_t *p,
+                                      size_t size) {
+  const __m128i h1 = _mm_load_si128(reinterpret_cast<const __m128i *>(s->h1));
+  for (; size >= 16; size -= 16, p += 16) {
+    x = Multiply(_mm_xor_si128(x, Reflect(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)))),
+                 h1);
+  }
+  return x;
+}
+
+// Each HashBlocks* folds `size` bytes (a multiple of 16) into the running hash: X = (X + B_1) *
+// H^n + B_2 * H^(n-1) + ... + B_n * H per step of 64 blocks, one reduction a step; the same
+// products summed in 512- or 256-bit vectors.
+LAZYRAG_GHASH_512 void HashBlocks512(Gmac::State *s, const uint8_t *p, size_t size) {
   __m128i x = _mm_load_si128(reinterpret_cast<const __m128i *>(s->x));
   const __m512i reflect = _mm512_maskz_broadcast_i32x4(
       0xFFFF, _mm_set_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
@@ -155,16 +203,45 @@ LAZYRAG_GHASH_TARGET void HashBlocks(Gmac::State *s, const uint8_t *p, size_t si
       mid = _mm512_xor_si512(mid, _mm512_xor_si512(_mm512_clmulepi64_epi128(d, h, 0x01),
                                                    _mm512_clmulepi64_epi128(d, h, 0x10)));
     }
-    const __m128i m = XorLanes(mid);
-    x = Reduce(_mm_xor_si128(XorLanes(lo), _mm_slli_si128(m, 8)),
-               _mm_xor_si128(XorLanes(hi), _mm_srli_si128(m, 8)));
+    x = ReduceStep(XorLanes(lo), XorLanes(hi), XorLanes(mid));
   }
-  const __m128i h1 = _mm_load_si128(reinterpret_cast<const __m128i *>(s->h1));
-  for (; size >= 16; size -= 16, p += 16) {
-    x = Multiply(_mm_xor_si128(x, Reflect(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)))),
-                 h1);
+  _mm_store_si128(reinterpret_cast<__m128i *>(s->x), HashTail(s, x, p, size));
+}
+
+// The XOR of a 256-bit vector's two 128-bit lanes.
+LAZYRAG_GHASH_256 inline __m128i XorLanes(__m256i v) {
+  return _mm_xor_si128(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+}
+
+LAZYRAG_GHASH_256 void HashBlocks256(Gmac::State *s, const uint8_t *p, size_t size) {
+  __m128i x = _mm_load_si128(reinterpret_cast<const __m128i *>(s->x));
+  const __m256i reflect = _mm256_broadcastsi128_si256(
+      _mm_set_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  for (; size >= kStepBytes; size -= kStepBytes, p += kStepBytes) {
+    __m256i lo = _mm256_setzero_si256(), hi = lo, mid = lo;
+    for (int j = 0; j < 2 * kVectors; ++j) {
+      __m256i d = _mm256_shuffle_epi8(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + 32 * j)), reflect);
+      if (j == 0) d = _mm256_xor_si256(d, _mm256_inserti128_si256(_mm256_setzero_si256(), x, 0));
+      const __m256i h =
+          _mm256_load_si256(reinterpret_cast<const __m256i *>(s->powers[j / 2] + 32 * (j % 2)));
+      lo = _mm256_xor_si256(lo, _mm256_clmulepi64_epi128(d, h, 0x00));
+      hi = _mm256_xor_si256(hi, _mm256_clmulepi64_epi128(d, h, 0x11));
+      mid = _mm256_xor_si256(mid, _mm256_xor_si256(_mm256_clmulepi64_epi128(d, h, 0x01),
+                                                   _mm256_clmulepi64_epi128(d, h, 0x10)));
+    }
+    x = ReduceStep(XorLanes(lo), XorLanes(hi), XorLanes(mid));
   }
-  _mm_store_si128(reinterpret_cast<__m128i *>(s->x), x);
+  _mm_store_si128(reinterpret_cast<__m128i *>(s->x), HashTail(s, x, p, size));
+}
+
+void HashBlocks(GmacImpl impl, Gmac::State *s, const uint8_t *p, size_t size) {
+  switch (impl) {
+    case GmacImpl::kVpclmulqdq:
+      return HashBlocks512(s, p, size);
+    default:
+      return HashBlocks256(s, p, size);
+  }
 }
 
 LAZYRAG_GHASH_TARGET void ReflectedToBytes(const uint8_t x[16], uint8_t out[16]) {
@@ -173,12 +250,14 @@ LAZYRAG_GHASH_TARGET void ReflectedToBytes(const uint8_t x[16], uint8_t out[16])
 }
 
 #undef LAZYRAG_GHASH_TARGET
+#undef LAZYRAG_GHASH_256
+#undef LAZYRAG_GHASH_512
 
 }  // namespace
 #else
 namespace {
 void ComputePowers(Gmac::State *, const uint8_t *) {}
-void HashBlocks(Gmac::State *, const uint8_t *, size_t) {}
+void HashBlocks(GmacImpl, Gmac::State *, const uint8_t *, size_t) {}
 void ReflectedToBytes(const uint8_t *, uint8_t *) {}
 }  // namespace
 #endif
@@ -249,11 +328,11 @@ void Gmac::Update(const uint8_t *data, size_t size) {
     data += n;
     size -= n;
     if (s.pending_bytes < 16) return;
-    HashBlocks(&s, s.pending, 16);
+    HashBlocks(impl_, &s, s.pending, 16);
     s.pending_bytes = 0;
   }
   const size_t whole = size & ~size_t{15};
-  HashBlocks(&s, data, whole);
+  HashBlocks(impl_, &s, data, whole);
   std::memcpy(s.pending, data + whole, size - whole);
   s.pending_bytes = size - whole;
 }
@@ -269,13 +348,13 @@ void Gmac::Finish(uint8_t tag[kTagBytes]) {
   }
   if (s.pending_bytes > 0) {  // the last partial block, zero-padded
     std::memset(s.pending + s.pending_bytes, 0, 16 - s.pending_bytes);
-    HashBlocks(&s, s.pending, 16);
+    HashBlocks(impl_, &s, s.pending, 16);
   }
   // The lengths block: the additional data's bit length, then the ciphertext's (0), big-endian.
   uint8_t lengths[16] = {};
   const uint64_t bits = s.message_bytes * 8;
   for (int i = 0; i < 8; ++i) lengths[7 - i] = uint8_t(bits >> (8 * i));
-  HashBlocks(&s, lengths, 16);
+  HashBlocks(impl_, &s, lengths, 16);
   ReflectedToBytes(s.x, tag);
   for (size_t i = 0; i < kTagBytes; ++i) tag[i] ^= s.encrypted_j0[i];
 }

@@ -8,6 +8,7 @@
 #include <openssl/evp.h>
 
 #include <array>
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -58,8 +59,8 @@ std::string RandomBytes(size_t n, std::mt19937 &random) {
 class GmacTest : public ::testing::TestWithParam<GmacImpl> {
  protected:
   void SetUp() override {
-    if (GetParam() == GmacImpl::kVpclmulqdq && !CpuHasVpclmulqdqGmac()) {
-      GTEST_SKIP() << "this CPU lacks AVX-512 VPCLMULQDQ";
+    if (!GmacImplSupported(GetParam())) {
+      GTEST_SKIP() << "this CPU cannot run " << GmacImplName(GetParam());
     }
   }
 };
@@ -111,14 +112,21 @@ TEST_P(GmacTest, AnyChangeChangesTheTag) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Impls, GmacTest,
-                         ::testing::Values(GmacImpl::kOpenSsl, GmacImpl::kVpclmulqdq),
+                         ::testing::Values(GmacImpl::kOpenSsl, GmacImpl::kVpclmulqdq,
+                                           GmacImpl::kVpclmulqdqAvx2),
                          [](const ::testing::TestParamInfo<GmacImpl> &info) {
-                           return info.param == GmacImpl::kOpenSsl ? "OpenSsl" : "Vpclmulqdq";
+                           std::string name = GmacImplName(info.param);
+                           name.erase(std::remove(name.begin(), name.end(), '-'), name.end());
+                           return name;
                          });
 
-TEST(GmacAutoTest, PicksVpclmulqdqWhereTheCpuHasItUnlessSet) {
+TEST(GmacAutoTest, PicksTheWidestTheCpuHasUnlessSet) {
   const uint8_t key[Gmac::kKeyBytes] = {};
-  EXPECT_EQ(Gmac(key).impl(), CpuHasVpclmulqdqGmac() ? GmacImpl::kVpclmulqdq : GmacImpl::kOpenSsl);
+  GmacImpl widest = GmacImpl::kOpenSsl;
+  for (GmacImpl impl : {GmacImpl::kVpclmulqdqAvx2, GmacImpl::kVpclmulqdq}) {
+    if (GmacImplSupported(impl)) widest = impl;
+  }
+  EXPECT_EQ(Gmac(key).impl(), widest);
   SetAutoGmacImpl(GmacImpl::kOpenSsl);
   EXPECT_EQ(Gmac(key).impl(), GmacImpl::kOpenSsl);
   SetAutoGmacImpl(GmacImpl::kAuto);
