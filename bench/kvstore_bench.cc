@@ -750,25 +750,26 @@ std::string BenchTokensFile() {
   return absl::StrCat(out, kBenchWorkerToken, " cluster worker\n");
 }
 
-// Bearer-token authentication's cost (issue 28) for values of `value_bytes`: three lazyrag-kvstore
+// Bearer-token authentication's cost (issue 28) for values of `value_bytes`: four lazyrag-kvstore
 // processes on loopback (gRPC streams, --sync_commits=false, so that neither the disk nor an
 // fsync hides a per-call cost), one started with --auth_tokens_file and called with a worker
 // token (KvClientOptions::auth_token: the "authorization" metadata on every call, the shard's
-// SHA-256 and constant-time compare against every entry), two without. Three kinds of client, one
-// process each: without a token to a shard without authentication (`system`), with the worker
-// token to the shard that checks it (`system` + " + token") and with the token to the other
-// shard that does not check it (`system` + " + token, unchecked": the client's and the header's
-// share alone). With one call per round (large values) each repetition puts then gets every
-// client's value with each kind, the order rotating between repetitions; with `calls` > 1 (small
-// values) the kinds alternate call by call and every call is a sample. Either way all kinds see the
-// same machine load, and every repetition starts fresh processes and clients (a process's luck
-// stays with no kind). Ops put and get.
+// SHA-256 and constant-time compare against every entry), three without. Four kinds of client,
+// one process each: without a token to a shard without authentication (`system`), with the
+// worker token to the shard that checks it (`system` + " + token"), with the token to a shard
+// that does not check it (`system` + " + token, unchecked": the client's and the header's share
+// alone), and without a token to the fourth shard (`system` + ", second process": the control,
+// how far two identical kinds read apart). With one call per round (large values) each
+// repetition puts then gets every client's value with each kind, the order rotating between
+// repetitions; with `calls` > 1 (small values) the kinds alternate call by call and every call is
+// a sample. Either way all kinds see the same machine load, and every repetition starts fresh
+// processes and clients (a process's luck stays with no kind). Ops put and get.
 //
 // With `tls_dir` (the certificates of tests/fixtures/tls/identities) every shard and client speaks
 // mTLS and the kinds are: no token file (`system` + " (mTLS)"), a shard with the token file whose
 // `x509:lazyrag-worker` line the client's certificate matches, no token sent (" + certificate":
-// the per-call cost of certificate identities), and another such shard called with the worker
-// token (" + token").
+// the per-call cost of certificate identities), another such shard called with the worker
+// token (" + token"), and the control.
 void MeasureAuth(Bench& bench, const std::string& binary, const std::string& dir,
                  uint64_t value_bytes, int calls, const std::string& plain_system,
                  const std::string& tls_dir = "") {
@@ -776,8 +777,9 @@ void MeasureAuth(Bench& bench, const std::string& binary, const std::string& dir
   const std::string system = tls ? plain_system + " (mTLS)" : plain_system;
   const std::string auth_system = system + (tls ? " + certificate" : " + token");
   const std::string sent_system = system + (tls ? " + token" : " + token, unchecked");
+  const std::string same_system = system + ", second process";
   auto skip = [&](const std::string& why) {
-    for (const std::string& sys : {system, auth_system, sent_system}) {
+    for (const std::string& sys : {system, auth_system, sent_system, same_system}) {
       for (const char* op : {"put", "get"}) {
         for (int n : bench.client_counts()) {
           bench.AddRow({sys, op, n, {}, why, value_bytes, calls});
@@ -817,14 +819,15 @@ void MeasureAuth(Bench& bench, const std::string& binary, const std::string& dir
     sources.push_back(owned.empty() ? std::string_view(bench.source(c)) : owned[c]);
   }
   std::vector<std::string> buffers(max_clients, std::string(value_bytes, '\1'));  // every side's
-  constexpr int kSides = 3;
-  const std::string side_names[kSides] = {system, auth_system, sent_system};
+  constexpr int kSides = 4;
+  const std::string side_names[kSides] = {system, auth_system, sent_system, same_system};
   // Side 0 never checks a token; side 1 checks the token (plaintext) or the certificate (mTLS);
-  // side 2 is sent the token and does not check it (plaintext) or checks it (mTLS).
+  // side 2 is sent the token and does not check it (plaintext) or checks it (mTLS); side 3 is
+  // side 0 again in its own process (the control: how far two identical kinds read apart).
   const std::vector<std::string> side_flags[kSides] = {
       with({}), with({tokens_flag}),
-      with(tls ? std::vector<std::string>{tokens_flag} : std::vector<std::string>{})};
-  const char* side_dirs[kSides] = {"/plain", "/auth", "/sent"};
+      with(tls ? std::vector<std::string>{tokens_flag} : std::vector<std::string>{}), with({})};
+  const char* side_dirs[kSides] = {"/plain", "/auth", "/sent", "/same"};
   // One process per kind, so that each serves the same share of the calls (how often a process
   // is called changes how soon its threads wake for the next small call), and fresh processes
   // and clients every repetition, started in rotating order: whatever luck a process has (where
@@ -910,7 +913,7 @@ void MeasureAuth(Bench& bench, const std::string& binary, const std::string& dir
         break;
       }
       if (calls > 1) {
-        // Small values: the three kinds alternate call by call inside every client's round, the
+        // Small values: the kinds alternate call by call inside every client's round, the
         // order rotating, so that the machine's noise falls on all three alike; each call is
         // timed alone and a row's samples are value_bytes * n / (one call's seconds), so its
         // median is the median call.
@@ -965,10 +968,12 @@ void MeasureAuth(Bench& bench, const std::string& binary, const std::string& dir
       }
       fleet.Stop();
     }
-    std::fprintf(stderr, " put %.4f/%.4f/%.4f GB/s, get %.4f/%.4f/%.4f GB/s (%s)%s\n",
+    std::fprintf(stderr, " put %.4f/%.4f/%.4f/%.4f GB/s, get %.4f/%.4f/%.4f/%.4f GB/s (%s)%s\n",
                  Median(rows[0][0].gbps), Median(rows[1][0].gbps), Median(rows[2][0].gbps),
-                 Median(rows[0][1].gbps), Median(rows[1][1].gbps), Median(rows[2][1].gbps),
-                 tls ? "mTLS: no token file / certificate / token" : "without/with/unchecked token",
+                 Median(rows[3][0].gbps), Median(rows[0][1].gbps), Median(rows[1][1].gbps),
+                 Median(rows[2][1].gbps), Median(rows[3][1].gbps),
+                 tls ? "mTLS: no token file / certificate / token / no token file again"
+                     : "without / with / unchecked token / without again",
                  failed.empty() ? "" : (" " + failed).c_str());
     for (int k = 0; k < kSides; ++k) {
       for (Row& r : rows[k]) {
@@ -1318,8 +1323,10 @@ struct AuthCost {
   int calls_per_round = 1;
   double plain_gbps = 0, auth_gbps = 0;
   double sent_gbps = 0;  // the token sent to the shard that does not check it; 0: not measured
+  double same_gbps = 0;  // the plain kind again in a second process (the control); 0: not measured
   double cost() const { return plain_gbps / auth_gbps - 1; }
   double sent_cost() const { return sent_gbps > 0 ? plain_gbps / sent_gbps - 1 : 0; }
+  double same_cost() const { return same_gbps > 0 ? plain_gbps / same_gbps - 1 : 0; }
   double plain_us() const { return 1e-3 * static_cast<double>(value_bytes) * clients / plain_gbps; }
   double auth_us() const { return 1e-3 * static_cast<double>(value_bytes) * clients / auth_gbps; }
 };
@@ -1343,6 +1350,10 @@ std::vector<AuthCost> AuthCosts(const Bench& bench) {
               u.value_bytes == a.value_bytes && !u.gbps.empty()) {
             cost.sent_gbps = Median(u.gbps);
           }
+          if (u.system == plain + ", second process" && u.op == a.op && u.clients == a.clients &&
+              u.value_bytes == a.value_bytes && !u.gbps.empty()) {
+            cost.same_gbps = Median(u.gbps);
+          }
         }
         out.push_back(cost);
       }
@@ -1358,15 +1369,20 @@ void PrintAuthCosts(const Bench& bench) {
       "\nAuthentication (--auth_tokens_file; the worker's token, or with mTLS its certificate, on "
       "every\ncall) against none, same values; us/call: one client's time per call; unchecked: "
       "the token sent\nto the shard without --auth_tokens_file (the client's and the header's "
-      "share)\n");
-  std::printf("%-43s %-11s %-4s %7s %9s %9s %10s %10s %8s %10s\n", "system", "credential", "op",
-              "clients", "GB/s", "w/ auth", "us/call", "w/ auth", "cost", "unchecked");
+      "share); control: the\nunauthenticated kind again in a second process (what two identical "
+      "kinds read apart)\n");
+  std::printf("%-43s %-11s %-4s %7s %9s %9s %10s %10s %8s %10s %8s\n", "system", "credential",
+              "op", "clients", "GB/s", "w/ auth", "us/call", "w/ auth", "cost", "unchecked",
+              "control");
+  const auto pct = [](bool measured, double fraction) {
+    return measured ? absl::StrFormat("%.1f%%", 100 * fraction) : std::string("-");
+  };
   for (const AuthCost& c : costs) {
-    const std::string unchecked =
-        c.sent_gbps > 0 ? absl::StrFormat("%.1f%%", 100 * c.sent_cost()) : std::string("-");
-    std::printf("%-43s %-11s %-4s %7d %9.4f %9.4f %10.1f %10.1f %7.1f%% %10s\n", c.system.c_str(),
-                c.credential.c_str(), c.op.c_str(), c.clients, c.plain_gbps, c.auth_gbps,
-                c.plain_us(), c.auth_us(), 100 * c.cost(), unchecked.c_str());
+    std::printf("%-43s %-11s %-4s %7d %9.4f %9.4f %10.1f %10.1f %7.1f%% %10s %8s\n",
+                c.system.c_str(), c.credential.c_str(), c.op.c_str(), c.clients, c.plain_gbps,
+                c.auth_gbps, c.plain_us(), c.auth_us(), 100 * c.cost(),
+                pct(c.sent_gbps > 0, c.sent_cost()).c_str(),
+                pct(c.same_gbps > 0, c.same_cost()).c_str());
   }
 }
 
@@ -1437,6 +1453,10 @@ std::string ToJson(const Bench& bench, const std::vector<PassRow>& pass,
     if (c.sent_gbps > 0) {
       e["unchecked_gbps"] = c.sent_gbps;
       e["unchecked_cost_fraction"] = c.sent_cost();
+    }
+    if (c.same_gbps > 0) {
+      e["control_gbps"] = c.same_gbps;
+      e["control_cost_fraction"] = c.same_cost();
     }
   }
   return JsonDump(j) + "\n";
