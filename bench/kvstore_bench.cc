@@ -25,7 +25,8 @@
 //
 //   kvstore_bench [--kvstore_binary PATH] [--redis_server PATH] [--out FILE] [--size_mib 256]
 //                 [--clients 1,4] [--reps 5] [--reps_multi 3] [--breakdown] [--tmp_dir DIR]
-//                 [--commit SHA] [--mac] [--only mac|auth] [--gmac_impl auto|openssl|vpclmulqdq-avx2|vpclmulqdq]
+//                 [--commit SHA] [--mac] [--only mac|auth]
+//                 [--gmac_impl auto|openssl|vpclmulqdq-avx2|vpclmulqdq]
 //                 [--auth] [--auth_small_kib 4] [--auth_small_calls 200]
 //                 [--auth_tls_dir tests/fixtures/tls/identities]
 #include <fcntl.h>
@@ -591,8 +592,7 @@ std::string CheckName(GmacImpl impl) { return std::string("gmac:") + GmacImplNam
 // Every GMAC implementation this CPU runs (gmac.h).
 std::vector<GmacImpl> SupportedGmacImpls() {
   std::vector<GmacImpl> impls;
-  for (GmacImpl impl : {GmacImpl::kOpenSsl, GmacImpl::kVpclmulqdqAvx2,
-                        GmacImpl::kVpclmulqdq}) {
+  for (GmacImpl impl : {GmacImpl::kOpenSsl, GmacImpl::kVpclmulqdqAvx2, GmacImpl::kVpclmulqdq}) {
     if (GmacImplSupported(impl)) impls.push_back(impl);
   }
   return impls;
@@ -1371,9 +1371,8 @@ void PrintAuthCosts(const Bench& bench) {
       "the token sent\nto the shard without --auth_tokens_file (the client's and the header's "
       "share); control: the\nunauthenticated kind again in a second process (what two identical "
       "kinds read apart)\n");
-  std::printf("%-43s %-11s %-4s %7s %9s %9s %10s %10s %8s %10s %8s\n", "system", "credential",
-              "op", "clients", "GB/s", "w/ auth", "us/call", "w/ auth", "cost", "unchecked",
-              "control");
+  std::printf("%-43s %-11s %-4s %7s %9s %9s %10s %10s %8s %10s %8s\n", "system", "credential", "op",
+              "clients", "GB/s", "w/ auth", "us/call", "w/ auth", "cost", "unchecked", "control");
   const auto pct = [](bool measured, double fraction) {
     return measured ? absl::StrFormat("%.1f%%", 100 * fraction) : std::string("-");
   };

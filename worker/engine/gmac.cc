@@ -171,7 +171,8 @@ LAZYRAG_GHASH_TARGET void ComputePowers(Gmac::State *s, const uint8_t h[16]) {
 
 // The reduction of a step's summed products: lo and hi halves plus the middle terms.
 LAZYRAG_GHASH_TARGET inline __m128i ReduceStep(__m128i lo, __m128i hi, __m128i mid) {
-  return Reduce(_mm_xor_si128(lo, _mm_slli_si128(mid, 8)), _mm_xor_si128(hi, _mm_srli_si128(mid, 8)));
+  return Reduce(_mm_xor_si128(lo, _mm_slli_si128(mid, 8)),
+                _mm_xor_si128(hi, _mm_srli_si128(mid, 8)));
 }
 
 // Blocks one at a time (fewer than a step's): X = (X + B) * H.

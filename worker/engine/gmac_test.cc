@@ -7,8 +7,8 @@
 #include <gtest/gtest.h>
 #include <openssl/evp.h>
 
-#include <array>
 #include <algorithm>
+#include <array>
 #include <random>
 #include <string>
 #include <vector>

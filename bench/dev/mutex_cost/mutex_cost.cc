@@ -90,8 +90,8 @@ int main(int argc, char** argv) {
       absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
       const double ignore = TimeLoop(threads, body);
       std::printf("%-28s %8d %12.1f %12.1f\n", name, threads, detect, ignore);
-      j["rows"].push_back({{"loop", name}, {"threads", threads}, {"detect_ns", detect},
-                           {"ignore_ns", ignore}});
+      j["rows"].push_back(
+          {{"loop", name}, {"threads", threads}, {"detect_ns", detect}, {"ignore_ns", ignore}});
     }
   }
   if (!out.empty()) std::ofstream(out) << j.dump(2) << "\n";
