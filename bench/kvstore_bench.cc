@@ -914,7 +914,7 @@ void MeasureAuth(Bench& bench, const std::string& binary, const std::string& dir
       }
       if (calls > 1) {
         // Small values: the kinds alternate call by call inside every client's round, the
-        // order rotating, so that the machine's noise falls on all three alike; each call is
+        // order rotating, so that the machine's noise falls on every kind alike; each call is
         // timed alone and a row's samples are value_bytes * n / (one call's seconds), so its
         // median is the median call.
         for (int op = 0; op < 2 && failed.empty(); ++op) {
