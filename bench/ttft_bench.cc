@@ -40,6 +40,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_stats.h"
+#include "bench/read_ceiling.h"
 #include "bench/ttft_kvstore_fetch.h"
 #include "common/native_blas.h"
 #include "common/status.h"
@@ -339,7 +340,8 @@ int Main(int argc, char** argv) {
   struct BatchDecode {
     int batch = 0;
     Stats gpu;
-    double floor_ms = 0;
+    double bytes = 0;     // weights + each request's KV
+    double floor_ms = 0;  // bytes at the read ceiling
   };
   std::vector<BatchDecode> batch_decode;
   const double weight_bytes =
@@ -375,9 +377,7 @@ int Main(int argc, char** argv) {
     for (const CudaStepTiming& s : *t) {
       if (s.tokens == bsz) bd.gpu.ms.push_back(s.gpu_ms);
     }
-    bd.floor_ms =
-        (weight_bytes + bsz * kv_bytes_per_token * double(prompt_tokens + o.decode_steps / 2)) /
-        4.52e12 * 1e3;
+    bd.bytes = weight_bytes + bsz * kv_bytes_per_token * double(prompt_tokens + o.decode_steps / 2);
     batch_decode.push_back(std::move(bd));
   }
   // The host tier: every document of the request dropped from the pool (each is in the host tier,
@@ -505,12 +505,28 @@ int Main(int argc, char** argv) {
     engine.UnpinDocument(id);
   }
 
+  // Floors are the step's bytes at this machine's read ceiling, measured here after the
+  // model's runs (the GPU is at its clocks); issue 29's targets were set at 4.52 TB/s (H200).
+  const double read_tbs = bench_cuda::MeasureReadCeilingTbs(21);
+  const auto floor_ms = [&](double bytes) { return bytes / (read_tbs * 1e12) * 1e3; };
+  const double decode_bytes =
+      weight_bytes + kv_bytes_per_token * double(prompt_tokens + o.decode_steps / 2);
+  // The query block's step reads the weights once and the KV of every document.
+  const double lazy_step_bytes = weight_bytes + kv_bytes_per_token * double(prompt_tokens);
+  for (BatchDecode& bd : batch_decode) bd.floor_ms = floor_ms(bd.bytes);
+
+  std::printf("\nread ceiling, measured in this run: %.3f TB/s; floors are bytes at it\n",
+              read_tbs);
   std::printf("\n%-36s %10s %10s %10s %12s\n", "", "median ms", "min ms", "max ms", "vs LAZY");
   auto row = [&](const char* name, const Stats& s) {
     std::printf("%-36s %10.2f %10.2f %10.2f %11.1fx\n", name, s.Median(), s.Min(), s.Max(),
                 s.Median() / std::max(lazy.Median(), 1e-9));
   };
   row("TTFT LAZY (documents cached)", lazy);
+  std::printf("%-36s %10.3f   (the query block's step: weights + the context's KV; LAZY at %.0f%% "
+              "of it)\n",
+              "  floor of LAZY's step", floor_ms(lazy_step_bytes),
+              100.0 * floor_ms(lazy_step_bytes) / std::max(lazy.Median(), 1e-9));
   if (!lazy_gpu.ms.empty()) {
     std::printf("%-36s %10.2f %10.2f %10.2f\n", "  LAZY TTFT's forward step on the GPU",
                 lazy_gpu.Median(), lazy_gpu.Min(), lazy_gpu.Max());
@@ -529,20 +545,20 @@ int Main(int argc, char** argv) {
   row("TTFT LAZY cold (documents encoded)", cold);
   if (!lazy_host_tier.ms.empty()) row("TTFT LAZY, documents in host tier", lazy_host_tier);
   std::printf("%-36s %10.2f\n", "documents' encode time (cold - LAZY)", encode_ms);
-  std::printf("%-36s %10.3f %10.3f %10.3f   (floor %.3f ms at 4.52 TB/s)\n",
+  std::printf("%-36s %10.3f %10.3f %10.3f   (floor %.3f ms: %.0f%% of it)\n",
               "decode step, batch 1 (LAZY)", decode.Median(), decode.Min(), decode.Max(),
-              (weight_bytes + kv_bytes_per_token * double(prompt_tokens + o.decode_steps / 2)) /
-                  4.52e12 * 1e3);
+              floor_ms(decode_bytes), 100.0 * floor_ms(decode_bytes) / decode.Median());
   for (const BatchDecode& bd : batch_decode) {
     const std::string name =
         absl::StrCat("decode step GPU, batch ", bd.batch, " (", bd.gpu.ms.size(), " steps)");
     std::printf(
-        "%-36s %10.3f %10.3f %10.3f   (floor %.3f ms at 4.52 TB/s: weights + each request's KV; "
-        "%.3f ms reading the shared documents once)\n",
+        "%-36s %10.3f %10.3f %10.3f   (floor %.3f ms: weights + each request's KV, %.0f%% of "
+        "it; %.3f ms reading the shared documents once)\n",
         name.c_str(), bd.gpu.Median(), bd.gpu.Min(), bd.gpu.Max(), bd.floor_ms,
-        (weight_bytes + kv_bytes_per_token * (double(prompt_tokens) +
-                                              bd.batch * double(o.query + o.decode_steps / 2))) /
-            4.52e12 * 1e3);
+        100.0 * bd.floor_ms / std::max(bd.gpu.Median(), 1e-9),
+        floor_ms(weight_bytes + kv_bytes_per_token *
+                                    (double(prompt_tokens) +
+                                     bd.batch * double(o.query + o.decode_steps / 2))));
   }
   std::printf("%-36s %10.2f %10.2f %10.2f   (%.0f MB, %.2f GB/s)\n",
               "one document's KV to the host", export_kv.Median(), export_kv.Min(), export_kv.Max(),
@@ -618,7 +634,10 @@ int Main(int argc, char** argv) {
       << ",\n    \"materialize\": " << mat.Json() << ",\n    \"full\": " << full.Json()
       << ",\n    \"lazy_cold\": " << cold.Json() << "\n  },\n"
       << "  \"doc_encode_ms\": " << encode_ms << ",\n"
-      << "  \"decode_step_ms\": " << decode.Json() << ",\n";
+      << "  \"decode_step_ms\": " << decode.Json() << ",\n"
+      << "  \"read_ceiling_tbs\": " << read_tbs << ",\n"
+      << "  \"decode_floor_ms\": " << floor_ms(decode_bytes) << ",\n"
+      << "  \"lazy_step_floor_ms\": " << floor_ms(lazy_step_bytes) << ",\n";
     for (const BatchDecode& bd : batch_decode) {
       f << "  \"decode_step_gpu_ms_batch" << bd.batch << "\": " << bd.gpu.Json()
         << ", \"decode_floor_ms_batch" << bd.batch << "\": " << bd.floor_ms << ",\n";
