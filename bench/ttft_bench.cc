@@ -523,10 +523,11 @@ int Main(int argc, char** argv) {
                 s.Median() / std::max(lazy.Median(), 1e-9));
   };
   row("TTFT LAZY (documents cached)", lazy);
-  std::printf("%-36s %10.3f   (the query block's step: weights + the context's KV; LAZY at %.0f%% "
-              "of it)\n",
-              "  floor of LAZY's step", floor_ms(lazy_step_bytes),
-              100.0 * floor_ms(lazy_step_bytes) / std::max(lazy.Median(), 1e-9));
+  std::printf(
+      "%-36s %10.3f   (the query block's step: weights + the context's KV; LAZY at %.0f%% "
+      "of it)\n",
+      "  floor of LAZY's step", floor_ms(lazy_step_bytes),
+      100.0 * floor_ms(lazy_step_bytes) / std::max(lazy.Median(), 1e-9));
   if (!lazy_gpu.ms.empty()) {
     std::printf("%-36s %10.2f %10.2f %10.2f\n", "  LAZY TTFT's forward step on the GPU",
                 lazy_gpu.Median(), lazy_gpu.Min(), lazy_gpu.Max());
@@ -556,9 +557,9 @@ int Main(int argc, char** argv) {
         "it; %.3f ms reading the shared documents once)\n",
         name.c_str(), bd.gpu.Median(), bd.gpu.Min(), bd.gpu.Max(), bd.floor_ms,
         100.0 * bd.floor_ms / std::max(bd.gpu.Median(), 1e-9),
-        floor_ms(weight_bytes + kv_bytes_per_token *
-                                    (double(prompt_tokens) +
-                                     bd.batch * double(o.query + o.decode_steps / 2))));
+        floor_ms(weight_bytes +
+                 kv_bytes_per_token *
+                     (double(prompt_tokens) + bd.batch * double(o.query + o.decode_steps / 2))));
   }
   std::printf("%-36s %10.2f %10.2f %10.2f   (%.0f MB, %.2f GB/s)\n",
               "one document's KV to the host", export_kv.Median(), export_kv.Min(), export_kv.Max(),
