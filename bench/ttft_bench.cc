@@ -342,6 +342,9 @@ int Main(int argc, char** argv) {
     Stats gpu;
     double bytes = 0;     // weights + each request's KV
     double floor_ms = 0;  // bytes at the read ceiling
+    // The documents' KV read once for the batch (their pages are shared), each request's own
+    // tokens apart.
+    double shared_floor_ms = 0;
   };
   std::vector<BatchDecode> batch_decode;
   const double weight_bytes =
@@ -513,7 +516,12 @@ int Main(int argc, char** argv) {
       weight_bytes + kv_bytes_per_token * double(prompt_tokens + o.decode_steps / 2);
   // The query block's step reads the weights once and the KV of every document.
   const double lazy_step_bytes = weight_bytes + kv_bytes_per_token * double(prompt_tokens);
-  for (BatchDecode& bd : batch_decode) bd.floor_ms = floor_ms(bd.bytes);
+  for (BatchDecode& bd : batch_decode) {
+    bd.floor_ms = floor_ms(bd.bytes);
+    bd.shared_floor_ms = floor_ms(
+        weight_bytes + kv_bytes_per_token * (double(prompt_tokens) +
+                                             bd.batch * double(o.query + o.decode_steps / 2)));
+  }
 
   std::printf("\nread ceiling, measured in this run: %.3f TB/s; floors are bytes at it\n",
               read_tbs);
@@ -553,13 +561,10 @@ int Main(int argc, char** argv) {
     const std::string name =
         absl::StrCat("decode step GPU, batch ", bd.batch, " (", bd.gpu.ms.size(), " steps)");
     std::printf(
-        "%-36s %10.3f %10.3f %10.3f   (floor %.3f ms: weights + each request's KV, %.0f%% of "
-        "it; %.3f ms reading the shared documents once)\n",
-        name.c_str(), bd.gpu.Median(), bd.gpu.Min(), bd.gpu.Max(), bd.floor_ms,
-        100.0 * bd.floor_ms / std::max(bd.gpu.Median(), 1e-9),
-        floor_ms(weight_bytes +
-                 kv_bytes_per_token *
-                     (double(prompt_tokens) + bd.batch * double(o.query + o.decode_steps / 2))));
+        "%-36s %10.3f %10.3f %10.3f   (floor %.3f ms reading the shared documents once: %.0f%% "
+        "of it; %.3f ms if each request read its own copy)\n",
+        name.c_str(), bd.gpu.Median(), bd.gpu.Min(), bd.gpu.Max(), bd.shared_floor_ms,
+        100.0 * bd.shared_floor_ms / std::max(bd.gpu.Median(), 1e-9), bd.floor_ms);
   }
   std::printf("%-36s %10.2f %10.2f %10.2f   (%.0f MB, %.2f GB/s)\n",
               "one document's KV to the host", export_kv.Median(), export_kv.Min(), export_kv.Max(),
@@ -641,7 +646,8 @@ int Main(int argc, char** argv) {
       << "  \"lazy_step_floor_ms\": " << floor_ms(lazy_step_bytes) << ",\n";
     for (const BatchDecode& bd : batch_decode) {
       f << "  \"decode_step_gpu_ms_batch" << bd.batch << "\": " << bd.gpu.Json()
-        << ", \"decode_floor_ms_batch" << bd.batch << "\": " << bd.floor_ms << ",\n";
+        << ", \"decode_floor_ms_batch" << bd.batch << "\": " << bd.floor_ms
+        << ", \"decode_shared_floor_ms_batch" << bd.batch << "\": " << bd.shared_floor_ms << ",\n";
     }
     f << "  \"doc_kv_bytes\": " << doc_kv_bytes << ",\n"
       << "  \"export_kv_ms\": " << export_kv.Json() << ",\n"
