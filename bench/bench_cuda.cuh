@@ -125,9 +125,9 @@ double MedianOf(std::vector<double> ms) {
   return ms[ms.size() / 2];
 }
 
-// The read ceiling in TB/s: ReadKernel over 2 GiB, median of `iters` eager calls after warm-up.
-double MeasureReadTbs(int iters, int sms) {
-  const size_t bytes = size_t(2) << 30;
+// The read ceiling in TB/s: ReadKernel over `bytes` (a multiple of 16), median of `iters` eager
+// calls after warm-up.
+double MeasureReadTbs(int iters, int sms, size_t bytes = size_t(2) << 30) {
   uint16_t* src = DeviceAlloc<uint16_t>(bytes / 2);
   uint32_t* sink = DeviceAlloc<uint32_t>(1);
   FillRandom(src, bytes / 2, 7);
