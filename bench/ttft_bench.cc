@@ -340,11 +340,10 @@ int Main(int argc, char** argv) {
   struct BatchDecode {
     int batch = 0;
     Stats gpu;
-    double bytes = 0;     // weights + each request's KV
-    double floor_ms = 0;  // bytes at the read ceiling
-    // The documents' KV read once for the batch (their pages are shared), each request's own
-    // tokens apart.
-    double shared_floor_ms = 0;
+    double bytes = 0;  // weights + each request's KV
+    // Weights + the documents' KV read once for the batch (their pages are shared) + each
+    // request's own tokens.
+    double shared_bytes = 0;
   };
   std::vector<BatchDecode> batch_decode;
   const double weight_bytes =
@@ -381,6 +380,9 @@ int Main(int argc, char** argv) {
       if (s.tokens == bsz) bd.gpu.ms.push_back(s.gpu_ms);
     }
     bd.bytes = weight_bytes + bsz * kv_bytes_per_token * double(prompt_tokens + o.decode_steps / 2);
+    bd.shared_bytes =
+        weight_bytes +
+        kv_bytes_per_token * (double(prompt_tokens) + bsz * double(o.query + o.decode_steps / 2));
     batch_decode.push_back(std::move(bd));
   }
   // The host tier: every document of the request dropped from the pool (each is in the host tier,
@@ -509,21 +511,16 @@ int Main(int argc, char** argv) {
   }
 
   // Floors are the step's bytes at this machine's read ceiling, measured here after the
-  // model's runs (the GPU is at its clocks); issue 29's targets were set at 4.52 TB/s (H200),
-  // which stands in when too little device memory is free to measure.
+  // model's runs (the GPU is at its clocks); issue 29's targets were set at the H200's, which
+  // stands in when too little device memory is free to measure.
+  constexpr double kH200ReadTbs = 4.52;
   const double measured_tbs = bench_cuda::MeasureReadCeilingTbs(21);
-  const double read_tbs = measured_tbs > 0 ? measured_tbs : 4.52;
+  const double read_tbs = measured_tbs > 0 ? measured_tbs : kH200ReadTbs;
   const auto floor_ms = [&](double bytes) { return bytes / (read_tbs * 1e12) * 1e3; };
   const double decode_bytes =
       weight_bytes + kv_bytes_per_token * double(prompt_tokens + o.decode_steps / 2);
   // The query block's step reads the weights once and the KV of every document.
   const double lazy_step_bytes = weight_bytes + kv_bytes_per_token * double(prompt_tokens);
-  for (BatchDecode& bd : batch_decode) {
-    bd.floor_ms = floor_ms(bd.bytes);
-    bd.shared_floor_ms = floor_ms(
-        weight_bytes + kv_bytes_per_token * (double(prompt_tokens) +
-                                             bd.batch * double(o.query + o.decode_steps / 2)));
-  }
 
   if (measured_tbs > 0) {
     std::printf("\nread ceiling, measured in this run: %.3f TB/s; floors are bytes at it\n",
@@ -531,7 +528,8 @@ int Main(int argc, char** argv) {
   } else {
     std::printf(
         "\nread ceiling not measured (too little free device memory); floors are bytes at "
-        "the H200's 4.52 TB/s\n");
+        "the H200's %.2f TB/s\n",
+        kH200ReadTbs);
   }
   std::printf("\n%-36s %10s %10s %10s %12s\n", "", "median ms", "min ms", "max ms", "vs LAZY");
   auto row = [&](const char* name, const Stats& s) {
@@ -571,8 +569,8 @@ int Main(int argc, char** argv) {
     std::printf(
         "%-36s %10.3f %10.3f %10.3f   (floor %.3f ms reading the shared documents once: %.0f%% "
         "of it; %.3f ms if each request read its own copy)\n",
-        name.c_str(), bd.gpu.Median(), bd.gpu.Min(), bd.gpu.Max(), bd.shared_floor_ms,
-        100.0 * bd.shared_floor_ms / std::max(bd.gpu.Median(), 1e-9), bd.floor_ms);
+        name.c_str(), bd.gpu.Median(), bd.gpu.Min(), bd.gpu.Max(), floor_ms(bd.shared_bytes),
+        100.0 * floor_ms(bd.shared_bytes) / std::max(bd.gpu.Median(), 1e-9), floor_ms(bd.bytes));
   }
   std::printf("%-36s %10.2f %10.2f %10.2f   (%.0f MB, %.2f GB/s)\n",
               "one document's KV to the host", export_kv.Median(), export_kv.Min(), export_kv.Max(),
@@ -655,8 +653,9 @@ int Main(int argc, char** argv) {
       << "  \"lazy_step_floor_ms\": " << floor_ms(lazy_step_bytes) << ",\n";
     for (const BatchDecode& bd : batch_decode) {
       f << "  \"decode_step_gpu_ms_batch" << bd.batch << "\": " << bd.gpu.Json()
-        << ", \"decode_floor_ms_batch" << bd.batch << "\": " << bd.floor_ms
-        << ", \"decode_shared_floor_ms_batch" << bd.batch << "\": " << bd.shared_floor_ms << ",\n";
+        << ", \"decode_floor_ms_batch" << bd.batch << "\": " << floor_ms(bd.bytes)
+        << ", \"decode_shared_floor_ms_batch" << bd.batch << "\": " << floor_ms(bd.shared_bytes)
+        << ",\n";
     }
     f << "  \"doc_kv_bytes\": " << doc_kv_bytes << ",\n"
       << "  \"export_kv_ms\": " << export_kv.Json() << ",\n"
