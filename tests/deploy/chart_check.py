@@ -16,9 +16,10 @@ MODE is one of
 
 Value sets: the chart's defaults (GPU workers), testdata/values-cpu.yaml (CPU only),
 values-tls.yaml (TLS), values-auth.yaml and values-auth-secret.yaml (bearer tokens and MACs,
-generated or existing Secret), values-ipv6.yaml (IPv6), values-multi.yaml (production-shaped),
-values-monitoring.yaml (PrometheusRule, dashboard ConfigMap, helm test pod, pass-through pod
-values), values-autoscaling.yaml (router HPA, worker KEDA ScaledObject). PrometheusRule,
+generated or existing Secret), values-auth-certificate.yaml (workers known by their certificate),
+values-ipv6.yaml (IPv6), values-multi.yaml (production-shaped), values-monitoring.yaml
+(PrometheusRule, dashboard ConfigMap, helm test pod, pass-through pod values),
+values-autoscaling.yaml (router HPA, worker KEDA ScaledObject). PrometheusRule,
 ServiceMonitor and ScaledObject are CRDs: kubernetes mode skips them (the Go tests
 TestMonitoringObjects and TestAutoscaling check their structure). Each mode
 also runs on deliberately bad input and fails if the bad input passes.
@@ -50,6 +51,7 @@ VALUE_SETS = {
     "autoscaling": ["values-autoscaling.yaml"],
     "auth": ["values-auth.yaml"],
     "auth-secret": ["values-auth-secret.yaml"],
+    "auth-certificate": ["values-auth-certificate.yaml"],
 }
 COMPONENTS = ("kvstore", "worker", "router")  # container name == binary folder
 

@@ -4,8 +4,9 @@
 // worker reads the documents back from the kvstore over TLS; a plaintext client is refused;
 // incomplete TLS flags stop a server at startup. Certificate identities (`x509:NAME` lines of
 // --auth_tokens_file, common/auth.h): with mTLS, a worker that has no token reads and writes the
-// kvstore by its certificate alone, a client's certificate serves its tenant only, and an
-// unlisted certificate is UNAUTHENTICATED.
+// kvstore by its certificate alone, a client's certificate serves its tenant only, a router
+// known by its certificate forwards a client's tenant, and an unlisted certificate is
+// UNAUTHENTICATED.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
@@ -201,6 +202,22 @@ TEST(TlsProcessTest, CertificateIdentitiesNeedNoTokens) {
   ASSERT_TRUE(unlisted_creds.ok());
   Reply refused = Generate(worker.address(), *unlisted_creds, docs);
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+
+  // A router known by the worker certificate and sending no token (the chart's
+  // auth.workerIdentity certificate) forwards the client's request: the worker takes it as the
+  // cluster's own and the tenant it names, so the client's documents are the ones in the pool.
+  ReadyProcess router;
+  ASSERT_TRUE(router
+                  .Start(WithIdentity(
+                      "worker", {LAZYRAG_ROUTER_BINARY, "--listen=127.0.0.1:0", "--metrics_port=-1",
+                                 "--workers=" + worker.address(), "--auth_tokens_file=" + tokens}))
+                  .ok());
+  Reply routed = Generate(router.address(), *client, docs);
+  ASSERT_TRUE(routed.status.ok()) << routed.status.error_message();
+  EXPECT_GT(routed.last.usage().document_tokens(), 0);
+  EXPECT_EQ(routed.last.usage().pool_document_tokens(), routed.last.usage().document_tokens());
+  Reply routed_unlisted = Generate(router.address(), *unlisted_creds, docs);
+  EXPECT_EQ(routed_unlisted.status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
 }
 
 TEST(TlsProcessTest, IncompleteTlsFlagsStopTheServer) {

@@ -619,15 +619,17 @@ func TestLongReleaseNameKeepsNamesShort(t *testing.T) {
 
 func TestInvalidValuesFailWithMessage(t *testing.T) {
 	cases := map[string]string{
-		"kvstore:\n  shards: 2\n  replication: 3\n":                 "kvstore.replication must be between 0 and kvstore.shards (2), got 3",
-		"kvstore:\n  shards: 0\n":                                   "kvstore.shards must be at least 1",
-		"worker:\n  model:\n    source: s3\n":                       `worker.model.source must be volume or image, got "s3"`,
-		"worker:\n  device: tpu\n":                                  `worker.device must be cuda or cpu, got "tpu"`,
-		"worker:\n  model:\n    path: \"\"\n":                       "worker.model.path is required",
-		"tls:\n  enabled: true\n":                                   "tls.cert is required",
-		"worker:\n  model:\n    source: volume\n    volume: null\n": "worker.model.volume is required",
-		"worker:\n  hostCacheBytes: -5\n":                           "worker.hostCacheBytes must be -1 (sized from the pod), 0 (off) or a byte count, got -5",
-		"router:\n  workerDiscovery: consul\n":                      `router.workerDiscovery must be dns or static, got "consul"`,
+		"kvstore:\n  shards: 2\n  replication: 3\n":                                           "kvstore.replication must be between 0 and kvstore.shards (2), got 3",
+		"kvstore:\n  shards: 0\n":                                                             "kvstore.shards must be at least 1",
+		"worker:\n  model:\n    source: s3\n":                                                 `worker.model.source must be volume or image, got "s3"`,
+		"worker:\n  device: tpu\n":                                                            `worker.device must be cuda or cpu, got "tpu"`,
+		"worker:\n  model:\n    path: \"\"\n":                                                 "worker.model.path is required",
+		"tls:\n  enabled: true\n":                                                             "tls.cert is required",
+		"worker:\n  model:\n    source: volume\n    volume: null\n":                           "worker.model.volume is required",
+		"worker:\n  hostCacheBytes: -5\n":                                                     "worker.hostCacheBytes must be -1 (sized from the pod), 0 (off) or a byte count, got -5",
+		"router:\n  workerDiscovery: consul\n":                                                `router.workerDiscovery must be dns or static, got "consul"`,
+		"auth:\n  enabled: true\n  workerIdentity: certificate\n  workerCertificateName: w\n": "auth.workerIdentity certificate needs tls.enabled",
+		"auth:\n  enabled: true\n  workerIdentity: certificate\ntls:\n  enabled: true\n  existingSecret: t\n": "auth.workerCertificateName (the TLS certificate's subject common name) is required",
 	}
 	for values, want := range cases {
 		f := filepath.Join(t.TempDir(), "bad.yaml")
@@ -1199,6 +1201,53 @@ func TestAuthSecrets(t *testing.T) {
 	off := render(t, "auth", nil...)
 	if _, ok := args(off.workload(t, "StatefulSet", "worker"))["--auth_tokens_file"]; ok {
 		t.Errorf("auth flags without auth.enabled")
+	}
+}
+
+// auth.workerIdentity certificate: the tokens file names the certificate as the cluster's worker
+// (x509:NAME) and holds no worker token; the router and workers neither mount nor send one, and
+// every server still checks the tokens file over mTLS.
+func TestAuthCertificateIdentity(t *testing.T) {
+	r := render(t, "auth", filepath.Join(*testdataDir, "values-auth-certificate.yaml"))
+	secret := r.byKey["Secret/auth-lazyrag-auth"]
+	if secret == nil {
+		t.Fatalf("no generated auth Secret; rendered %v", keys(r.byKey))
+	}
+	tokens := str(get(secret, "stringData", "tokens"))
+	for _, line := range []string{"x509:lazyrag-worker.rag.svc cluster worker", "acme-client-token-000001 acme client"} {
+		if !strings.Contains(tokens, line) {
+			t.Errorf("tokens file lacks %q:\n%s", line, tokens)
+		}
+	}
+	if n := strings.Count(tokens, " worker"); n != 1 {
+		t.Errorf("tokens file has %d worker lines, want the certificate's only:\n%s", n, tokens)
+	}
+	if _, ok := get(secret, "stringData").(obj)["worker-token"]; ok {
+		t.Errorf("a worker-token key although workers are known by certificate")
+	}
+	kinds := map[string]string{"kvstore": "StatefulSet", "worker": "StatefulSet", "router": "Deployment"}
+	for component, kind := range kinds {
+		w := r.workload(t, kind, component)
+		a := args(w)
+		if _, ok := a["--auth_tokens_file"]; !ok {
+			t.Errorf("%s lacks --auth_tokens_file (args %v)", component, a)
+		}
+		if _, ok := a["--auth_token_file"]; ok {
+			t.Errorf("%s sends a token although workers are known by certificate", component)
+		}
+		if _, ok := a["--tls_cert"]; !ok {
+			t.Errorf("%s lacks --tls_cert: its certificate is its identity", component)
+		}
+		for _, v := range get(w, "spec", "template", "spec", "volumes").([]interface{}) {
+			if str(get(v, "name")) != "auth" {
+				continue
+			}
+			for _, it := range get(v, "secret", "items").([]interface{}) {
+				if str(get(it, "key")) == "worker-token" {
+					t.Errorf("%s mounts worker-token", component)
+				}
+			}
+		}
 	}
 }
 

@@ -235,7 +235,8 @@ replicas: {{ int $v.replicas }}
 
 {{/*
 Authentication flags of one component (dict root, component: kvstore|worker|router; a YAML list,
-maybe empty): every server checks the tokens file; the router and workers send the worker token;
+maybe empty): every server checks the tokens file; the router and workers send the worker token
+(auth.workerIdentity token; with certificate their TLS client certificate is the identity);
 only workers get the MAC key.
 */}}
 {{- define "lazyrag.authArgs" -}}
@@ -243,7 +244,9 @@ only workers get the MAC key.
 {{- if $a.enabled -}}
 - --auth_tokens_file={{ $a.mountPath }}/tokens
 {{- if ne .component "kvstore" }}
+{{- if ne $a.workerIdentity "certificate" }}
 - --auth_token_file={{ $a.mountPath }}/worker-token
+{{- end }}
 {{- with $a.publicNamespaces }}
 - {{ printf "--public_namespaces=%s" (join "," .) | quote }}
 {{- end }}
@@ -275,7 +278,7 @@ sees only the keys it needs: the kvstore never the MAC key or a worker token.
     defaultMode: 0440
     items:
       - {key: tokens, path: tokens}
-      {{- if ne .component "kvstore" }}
+      {{- if and (ne .component "kvstore") (ne .root.Values.auth.workerIdentity "certificate") }}
       - {key: worker-token, path: worker-token}
       {{- end }}
       {{- if eq .component "worker" }}
@@ -390,6 +393,12 @@ Takes (dict "root" $ "port" PORT).
 {{- end -}}
 {{- if and (or .Values.worker.autoscaling.enabled .Values.worker.keda.enabled) (ne .Values.router.workerDiscovery "dns") -}}
 {{- fail "worker autoscaling needs router.workerDiscovery dns (a static list cannot follow the replica count)" -}}
+{{- end -}}
+{{- if and .Values.auth.enabled (eq .Values.auth.workerIdentity "certificate") -}}
+{{- if not .Values.tls.enabled -}}
+{{- fail "auth.workerIdentity certificate needs tls.enabled (the identity is the pods' TLS client certificate)" -}}
+{{- end -}}
+{{- $_ := required "auth.workerCertificateName (the TLS certificate's subject common name) is required with auth.workerIdentity certificate" .Values.auth.workerCertificateName -}}
 {{- end -}}
 {{- if and .Values.tls.enabled (not .Values.tls.existingSecret) -}}
 {{- $_ := required "tls.cert is required with tls.enabled and no tls.existingSecret" .Values.tls.cert -}}
