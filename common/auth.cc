@@ -170,7 +170,7 @@ absl::StatusOr<std::unique_ptr<TokenStore>> TokenStore::Open(std::string path, a
   if (absl::Status st = store->Load(); !st.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--auth_tokens_file ", st.message()));
   }
-  store->next_check_ = absl::Now() + poll;
+  store->next_check_ns_ = absl::ToUnixNanos(absl::Now() + poll);
   return store;
 }
 
@@ -186,10 +186,11 @@ absl::Status TokenStore::Load() {
 }
 
 void TokenStore::MaybeReload() {
+  const int64_t now_ns = absl::GetCurrentTimeNanos();
+  if (now_ns < next_check_ns_.load(std::memory_order_relaxed)) return;
   absl::MutexLock lock(&mu_);
-  const absl::Time now = absl::Now();
-  if (now < next_check_) return;
-  next_check_ = now + poll_;
+  if (now_ns < next_check_ns_.load(std::memory_order_relaxed)) return;  // another thread did
+  next_check_ns_ = absl::ToUnixNanos(absl::FromUnixNanos(now_ns) + poll_);
   const Stamp s = StampOf(path_);
   if (FileStamp{s.mtime_ns, s.size, s.inode} == stamp_) return;
   if (absl::Status st = Load(); !st.ok()) {
@@ -207,10 +208,7 @@ void TokenStore::MaybeReload() {
 }
 
 void TokenStore::ReloadIfChanged() {
-  {
-    absl::MutexLock lock(&mu_);
-    next_check_ = absl::InfinitePast();
-  }
+  next_check_ns_ = std::numeric_limits<int64_t>::min();
   MaybeReload();
 }
 
@@ -237,7 +235,7 @@ absl::StatusOr<Identity> TokenStore::Lookup(std::optional<std::string_view> bear
         "missing bearer token (Authorization: Bearer TOKEN) or listed client certificate");
   }
   MaybeReload();
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
   const TokenEntry* found = nullptr;
   if (has_token) {
     const Digest256 digest = Sha256Of(*bearer_token);

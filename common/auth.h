@@ -22,6 +22,9 @@
 // loopback and development only).
 #pragma once
 
+#include <atomic>
+#include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -136,10 +139,12 @@ class TokenStore {
   const std::string path_;
   const absl::Duration poll_;
   AuthMetrics* const metrics_;  // null: not counted
+  // Lookups share it (reader locks), reloads hold it alone.
   mutable absl::Mutex mu_;
   std::vector<TokenEntry> entries_ ABSL_GUARDED_BY(mu_);
   FileStamp stamp_ ABSL_GUARDED_BY(mu_);
-  absl::Time next_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Unix ns of the next stat of the file: read without the lock on every lookup.
+  std::atomic<int64_t> next_check_ns_{std::numeric_limits<int64_t>::min()};
   int reloads_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

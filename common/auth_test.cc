@@ -56,7 +56,9 @@ TEST(ParseTokensFile, RejectsMalformedLinesNamingThem) {
       {absl::StrCat(kClientToken, " acme admin\n"), "role 'admin'"},
       {absl::StrCat(kClientToken, " a client\n", kClientToken, " b worker\n"), "listed twice"},
       {"x509: acme client\n", "certificate name"},
-      {"x509:\x01bad acme client\n", "certificate name"},
+      {"x509:\x01"
+       "bad acme client\n",
+       "certificate name"},
       {absl::StrCat("x509:", std::string(256, 'n'), " acme client\n"), "certificate name"},
       {"x509:w cluster worker\nx509:w acme client\n", "certificate name is listed twice"},
   };
