@@ -1133,22 +1133,31 @@ func TestImageTagIsProjectVersion(t *testing.T) {
 	}
 }
 
-// Issue 28: with auth every server checks the tokens file; the router and workers send the
-// worker token; only workers get the MAC key, and the kvstore's volume projects only `tokens`.
-// The generated Secret lists the worker token with role worker and every client token. Without
-// auth nothing of it renders.
-func TestAuthSecrets(t *testing.T) {
-	r := render(t, "auth", filepath.Join(*testdataDir, "values-auth.yaml"))
+// Renders testdata/VALUES (release "auth") and returns it, its generated auth Secret and the
+// Secret's tokens file, which must hold every line of `lines`.
+func renderAuthSecret(t *testing.T, values string, lines ...string) (*rendered, obj, string) {
+	t.Helper()
+	r := render(t, "auth", filepath.Join(*testdataDir, values))
 	secret := r.byKey["Secret/auth-lazyrag-auth"]
 	if secret == nil {
 		t.Fatalf("no generated auth Secret; rendered %v", keys(r.byKey))
 	}
 	tokens := str(get(secret, "stringData", "tokens"))
-	for _, line := range []string{"cluster-worker-token-001 cluster worker", "acme-client-token-000001 acme client", "globex-client-token-0001 globex client"} {
+	for _, line := range lines {
 		if !strings.Contains(tokens, line) {
 			t.Errorf("tokens file lacks %q:\n%s", line, tokens)
 		}
 	}
+	return r, secret, tokens
+}
+
+// Issue 28: with auth every server checks the tokens file; the router and workers send the
+// worker token; only workers get the MAC key, and the kvstore's volume projects only `tokens`.
+// The generated Secret lists the worker token with role worker and every client token. Without
+// auth nothing of it renders.
+func TestAuthSecrets(t *testing.T) {
+	r, secret, _ := renderAuthSecret(t, "values-auth.yaml", "cluster-worker-token-001 cluster worker",
+		"acme-client-token-000001 acme client", "globex-client-token-0001 globex client")
 	if str(get(secret, "stringData", "worker-token")) != "cluster-worker-token-001" {
 		t.Errorf("worker-token = %q", get(secret, "stringData", "worker-token"))
 	}
@@ -1208,17 +1217,8 @@ func TestAuthSecrets(t *testing.T) {
 // (x509:NAME) and holds no worker token; the router and workers neither mount nor send one, and
 // every server still checks the tokens file over mTLS.
 func TestAuthCertificateIdentity(t *testing.T) {
-	r := render(t, "auth", filepath.Join(*testdataDir, "values-auth-certificate.yaml"))
-	secret := r.byKey["Secret/auth-lazyrag-auth"]
-	if secret == nil {
-		t.Fatalf("no generated auth Secret; rendered %v", keys(r.byKey))
-	}
-	tokens := str(get(secret, "stringData", "tokens"))
-	for _, line := range []string{"x509:lazyrag-worker.rag.svc cluster worker", "acme-client-token-000001 acme client"} {
-		if !strings.Contains(tokens, line) {
-			t.Errorf("tokens file lacks %q:\n%s", line, tokens)
-		}
-	}
+	r, secret, tokens := renderAuthSecret(t, "values-auth-certificate.yaml",
+		"x509:lazyrag-worker.rag.svc cluster worker", "acme-client-token-000001 acme client")
 	if n := strings.Count(tokens, " worker"); n != 1 {
 		t.Errorf("tokens file has %d worker lines, want the certificate's only:\n%s", n, tokens)
 	}
