@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bench/bench_check.h"
+#include "bench/read_ceiling.h"
 
 namespace lazyrag::bench_cuda {
 namespace {

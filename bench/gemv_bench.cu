@@ -39,8 +39,6 @@ using bench_cuda::FillRandom;
 using bench_cuda::MeasureReadTbs;
 using bench_cuda::TimeMedianMs;
 
-constexpr double kIssueReadTbs = 4.52;  // issue 29's read ceiling
-
 struct Result {
   std::string name, variant;
   int n = 0, k = 0;
@@ -306,7 +304,7 @@ std::vector<Result> Run(int iters, size_t l2_bytes) {
 // "x cuBLAS": the shape's cuBLAS time (timed first) over the row's.
 void PrintTable(const std::vector<Result>& results, double read_tbs) {
   std::printf("\nread ceiling %.3f TB/s (this run); %%4.52: of issue 29's %.2f TB/s\n", read_tbs,
-              kIssueReadTbs);
+              bench_cuda::kIssue29ReadTbs);
   std::printf("\n%-20s %-14s %7s %6s %10s %8s %7s %7s %9s\n", "projection (1 row)", "variant", "n",
               "k", "us", "TB/s", "%read", "%4.52", "x cuBLAS");
   double cublas_ms = 0;
@@ -314,7 +312,7 @@ void PrintTable(const std::vector<Result>& results, double read_tbs) {
     if (r.variant.rfind("cublas", 0) == 0) cublas_ms = r.ms;
     std::printf("%-20s %-14s %7d %6d %10.2f %8.3f %6.1f%% %6.1f%% %9.3f\n", r.name.c_str(),
                 r.variant.c_str(), r.n, r.k, r.ms * 1e3, r.Tbs(), 100.0 * r.Tbs() / read_tbs,
-                100.0 * r.Tbs() / kIssueReadTbs, cublas_ms / r.ms);
+                100.0 * r.Tbs() / bench_cuda::kIssue29ReadTbs, cublas_ms / r.ms);
   }
 }
 

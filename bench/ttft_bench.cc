@@ -513,9 +513,8 @@ int Main(int argc, char** argv) {
   // Floors are the step's bytes at this machine's read ceiling, measured here after the
   // model's runs (the GPU is at its clocks); issue 29's targets were set at the H200's, which
   // stands in when too little device memory is free to measure.
-  constexpr double kH200ReadTbs = 4.52;
   const double measured_tbs = bench_cuda::MeasureReadCeilingTbs(21);
-  const double read_tbs = measured_tbs > 0 ? measured_tbs : kH200ReadTbs;
+  const double read_tbs = measured_tbs > 0 ? measured_tbs : bench_cuda::kIssue29ReadTbs;
   const auto floor_ms = [&](double bytes) { return bytes / (read_tbs * 1e12) * 1e3; };
   const double decode_bytes =
       weight_bytes + kv_bytes_per_token * double(prompt_tokens + o.decode_steps / 2);
@@ -529,7 +528,7 @@ int Main(int argc, char** argv) {
     std::printf(
         "\nread ceiling not measured (too little free device memory); floors are bytes at "
         "the H200's %.2f TB/s\n",
-        kH200ReadTbs);
+        bench_cuda::kIssue29ReadTbs);
   }
   std::printf("\n%-36s %10s %10s %10s %12s\n", "", "median ms", "min ms", "max ms", "vs LAZY");
   auto row = [&](const char* name, const Stats& s) {
