@@ -153,6 +153,11 @@ class StepActivations {
   // [hidden]: the sum-of-squares parts of a one-token step's folded RMSNorms (gemv.h), at most
   // one per output of the projection before the norm.
   float* norm_parts = nullptr;
+  // [kMaxSlices, kSliceRows, max(hidden, q_dim + 2 kv_dim)] fp32: the k slices of a projection
+  // of at most kSliceRows rows (Projections::GemmSlices), summed by the kernel after it.
+  static constexpr int kMaxSlices = 8;
+  static constexpr int kSliceRows = 64;
+  float* partials = nullptr;
 
  private:
   const ModelConfig config_;
