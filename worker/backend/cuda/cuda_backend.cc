@@ -56,7 +56,8 @@ class CudaBackend final : public Backend {
         all_reduce_(options.shard.size, options.nccl_comm),
         weights_(config, options.shard),
         pool_(config),
-        activations_(config),
+        activations_(config,
+                     std::max({options.qkv_slices, options.o_slices, options.down_slices}) > 1),
         graphs_(options.max_graphs) {}
   ~CudaBackend() override;
 

@@ -130,7 +130,9 @@ class StagedUpload {
 // that grows it.
 class StepActivations {
  public:
-  explicit StepActivations(const ModelConfig& config) : config_(config) {}
+  // `partials`: whether to hold the k slices of projections (`partials` below; null otherwise).
+  StepActivations(const ModelConfig& config, bool partials)
+      : config_(config), with_partials_(partials) {}
 
   bool Fits(int tokens, int rows) const { return tokens <= tokens_ && rows <= rows_; }
   // Grows to at least `tokens` rows (rounded up to 64) and `rows` logit rows (rounded up to 8);
@@ -161,6 +163,7 @@ class StepActivations {
 
  private:
   const ModelConfig config_;
+  const bool with_partials_;
   DeviceBuffer buffer_;
   int tokens_ = 0;
   int rows_ = 0;
