@@ -13,8 +13,7 @@
 // Usage: ttft_bench [--model NAME] [--docs N] [--doc_len N] [--query N] [--runs N]
 //                   [--warmup N] [--cold_runs N] [--chunk N] [--page_size N]
 //                   [--decode_steps N] [--cuda_graphs 0|1] [--step_times 0|1]
-//                   [--idle_ms N] [--early_kv 0|1] [--wgmma_gemm 0|1|2] [--qkv_slices S]
-//                   [--o_slices S] [--down_slices S] [--profile] [--out PATH]
+//                   [--idle_ms N] [--early_kv 0|1] [--wgmma_gemm 0|1|2] [--profile] [--out PATH]
 //                   [--kvstore_binary PATH] [--quality_k K] [--quality_d D]
 //                   [--decode_batches B,B]
 //
@@ -68,9 +67,6 @@ struct BenchOptions {
   bool step_times = true;   // CudaBackendOptions::time_steps: where LAZY's TTFT goes
   bool early_kv = true;     // CudaBackendOptions::early_kv_reads
   int wgmma_gemm = 1;       // CudaBackendOptions::wgmma_gemm
-  int qkv_slices = CudaBackendOptions().qkv_slices;  // CudaBackendOptions::*_slices
-  int o_slices = CudaBackendOptions().o_slices;
-  int down_slices = CudaBackendOptions().down_slices;
   int idle_ms = 0;          // GPU idle before each timed request (a lone request)
   // EngineOptions::host_cache_bytes in GiB (0: no host tier). With a host tier: a row for a
   // LAZY request whose documents are all in the host tier, none in the pool.
@@ -131,12 +127,6 @@ int Main(int argc, char** argv) {
       o.early_kv = std::atoi(argv[++i]) != 0;
     else if (arg("--wgmma_gemm"))
       o.wgmma_gemm = std::atoi(argv[++i]);
-    else if (arg("--qkv_slices"))
-      o.qkv_slices = std::atoi(argv[++i]);
-    else if (arg("--o_slices"))
-      o.o_slices = std::atoi(argv[++i]);
-    else if (arg("--down_slices"))
-      o.down_slices = std::atoi(argv[++i]);
     else if (arg("--idle_ms"))
       o.idle_ms = std::max(0, std::atoi(argv[++i]));
     else if (arg("--cuda_graphs"))
@@ -164,7 +154,6 @@ int Main(int argc, char** argv) {
                    "[--warmup N] [--cold_runs N] [--chunk N] [--page_size N] "
                    "[--decode_steps N] [--cuda_graphs 0|1] "
                    "[--step_times 0|1] [--idle_ms N] [--early_kv 0|1] [--wgmma_gemm 0|1|2] "
-                   "[--qkv_slices S] [--o_slices S] [--down_slices S] "
                    "[--host_cache_gb G] "
                    "[--profile] "
                    "[--out PATH] [--kvstore_binary PATH] [--quality_k K] [--quality_d D] "
@@ -186,9 +175,6 @@ int Main(int argc, char** argv) {
   bo.time_steps = o.step_times;
   bo.early_kv_reads = o.early_kv;
   bo.wgmma_gemm = o.wgmma_gemm;
-  bo.qkv_slices = o.qkv_slices;
-  bo.o_slices = o.o_slices;
-  bo.down_slices = o.down_slices;
   auto backend = CreateCudaBackend(*model, bo);
   if (!backend.ok()) return Fail(backend.status(), "cuda backend");
   const double init_s = std::chrono::duration<double>(Clock::now() - t_load).count();
@@ -648,8 +634,6 @@ int Main(int argc, char** argv) {
       << "  \"cuda_graphs\": " << (o.cuda_graphs ? "true" : "false") << ",\n"
       << "  \"early_kv\": " << (o.early_kv ? "true" : "false") << ",\n"
       << "  \"wgmma_gemm\": " << o.wgmma_gemm << ",\n"
-      << "  \"qkv_slices\": " << o.qkv_slices << ", \"o_slices\": " << o.o_slices
-      << ", \"down_slices\": " << o.down_slices << ",\n"
       << "  \"idle_ms\": " << o.idle_ms << ",\n"
       << "  \"chunk\": " << o.chunk << ", \"page_size\": " << o.page_size
       << ", \"runs\": " << o.runs << ", \"warmup\": " << o.warmup << ",\n"

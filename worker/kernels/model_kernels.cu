@@ -102,14 +102,6 @@ __device__ __forceinline__ void RmsNormVecBody(const RmsNormParams& p, float* sc
         v[k].z += d.z;
         v[k].w += d.w;
       }
-      for (int s = 0; s < p.num_partials; ++s) {
-        const float4 d = *reinterpret_cast<const float4*>(p.partials + s * p.partial_stride +
-                                                          src_row * dim + 4 * c);
-        v[k].x += d.x;
-        v[k].y += d.y;
-        v[k].z += d.z;
-        v[k].w += d.w;
-      }
       ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
     }
   }
@@ -155,8 +147,6 @@ __device__ __forceinline__ void RmsNormBody(const RmsNormParams& p, float* scrat
   for (int i = threadIdx.x; i < dim; i += blockDim.x) {
     float v = emb != nullptr ? Bf16ToFloat(emb[i]) : src[i];
     if (res != nullptr) v += Bf16ToFloat(res[i]);
-    for (int s = 0; s < p.num_partials; ++s)
-      v += p.partials[s * p.partial_stride + src_row * dim + i];
     if (x_out != nullptr) x_out[i] = v;  // read back below by this same thread
     ss += v * v;
   }
@@ -170,9 +160,6 @@ __device__ __forceinline__ void RmsNormBody(const RmsNormParams& p, float* scrat
     } else {
       v = emb != nullptr ? Bf16ToFloat(emb[i]) : src[i];
       if (res != nullptr) v += Bf16ToFloat(res[i]);
-      for (int s = 0; s < p.num_partials; ++s) {
-        v += p.partials[s * p.partial_stride + src_row * dim + i];
-      }
     }
     out[i] = FloatToBf16(v * inv * p.weight[i]);
   }
@@ -284,23 +271,8 @@ __device__ __forceinline__ void QkvScatterBody(const QkvScatterParams& p) {
     const int64_t t = idx / per_token;
     int e = int(idx - t * per_token);
     const float* row = p.qkv + t * (qd + 2 * kvd);
-    // Two consecutive features at `off` of this token's row, summed over the slices.
-    const auto pair = [&](int off) {
-      float2 x = *reinterpret_cast<const float2*>(row + off);
-      for (int s = 1; s < p.num_partials; ++s) {
-        const float2 y = *reinterpret_cast<const float2*>(row + s * p.partial_stride + off);
-        x.x += y.x;
-        x.y += y.y;
-      }
-      return x;
-    };
-    const auto one = [&](int off) {
-      float x = row[off];
-      for (int s = 1; s < p.num_partials; ++s) x += row[s * p.partial_stride + off];
-      return x;
-    };
     if (e < q_items) {
-      const float2 x = pair(2 * e);
+      const float2 x = *reinterpret_cast<const float2*>(row + 2 * e);
       p.q[t * qd + 2 * e] = FloatToBf16(x.x);
       p.q[t * qd + 2 * e + 1] = FloatToBf16(x.y);
       continue;
@@ -309,16 +281,16 @@ __device__ __forceinline__ void QkvScatterBody(const QkvScatterParams& p) {
     const int64_t slot = p.kv_slot[t];
     if (e < k_items) {
       const int h = e / half, i = e - h * half;
-      const int kr = qd + h * D;
+      const float* kr = row + qd + h * D;
       const float2 cs = *reinterpret_cast<const float2*>(p.rope + (t * half + i) * 2);
-      const float2 k = kernels::detail::RotateKeyPair(one(kr + i), one(kr + i + half), cs.x, cs.y);
+      const float2 k = kernels::detail::RotateKeyPair(kr[i], kr[i + half], cs.x, cs.y);
       uint16_t* kc = p.k_cache + slot * kvd + h * D;
       kc[i] = FloatToBf16(k.x);
       kc[i + half] = FloatToBf16(k.y);
       continue;
     }
     e -= k_items;
-    const float2 x = pair(qd + kvd + 2 * e);
+    const float2 x = *reinterpret_cast<const float2*>(row + qd + kvd + 2 * e);
     p.v_cache[slot * kvd + 2 * e] = FloatToBf16(x.x);
     p.v_cache[slot * kvd + 2 * e + 1] = FloatToBf16(x.y);
   }

@@ -40,11 +40,6 @@ struct RmsNormParams {
   const float* x = nullptr;             // [*, dim]
   const int32_t* rows = nullptr;        // [num_rows] or null (identity)
   const uint16_t* residual = nullptr;   // [*, dim] bf16, or null
-  // num_partials fp32 [*, dim] slices, partial_stride floats apart, also added to x: a GEMM's
-  // k slices (Projections::GemmSlices), summed here in slice order instead of by a reduce kernel.
-  const float* partials = nullptr;
-  int num_partials = 0;
-  int64_t partial_stride = 0;
   const uint16_t* embedding = nullptr;  // [vocab, dim] bf16, or null
   const int32_t* tokens = nullptr;      // [num_rows] when embedding is set
   float* x_out = nullptr;               // [num_rows, dim] or null
@@ -61,10 +56,6 @@ absl::Status LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream);
 // slot of this layer's paged pool.
 struct QkvScatterParams {
   const float* qkv = nullptr;        // [num_tokens, q_dim + 2 * kv_dim]: Q | K | V
-  // qkv holds num_partials such slices partial_stride floats apart (Projections::GemmSlices),
-  // summed here in slice order.
-  int num_partials = 1;
-  int64_t partial_stride = 0;
   const float* rope = nullptr;       // RopeTableParams::table
   const int64_t* kv_slot = nullptr;  // [num_tokens] page * page_size + offset
   uint16_t* q = nullptr;             // [num_tokens, q_dim] bf16

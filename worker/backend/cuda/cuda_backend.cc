@@ -56,8 +56,7 @@ class CudaBackend final : public Backend {
         all_reduce_(options.shard.size, options.nccl_comm),
         weights_(config, options.shard),
         pool_(config),
-        activations_(config,
-                     std::max({options.qkv_slices, options.o_slices, options.down_slices}) > 1),
+        activations_(config),
         graphs_(options.max_graphs) {}
   ~CudaBackend() override;
 
@@ -187,13 +186,6 @@ absl::Status CudaBackend::Init(const LoadedModel& model) {
   if (c.head_dim > 256) {
     return absl::InvalidArgumentError(
         absl::StrCat("cuda backend: head_dim ", c.head_dim, " above 256 is not supported"));
-  }
-  for (const int slices : {options_.qkv_slices, options_.o_slices, options_.down_slices}) {
-    if (slices < 0 || slices > StepActivations::kMaxSlices) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cuda backend: qkv_slices, o_slices and down_slices must be in [0, ",
-                       StepActivations::kMaxSlices, "], got ", slices));
-    }
   }
   const int group = c.num_heads / c.num_kv_heads;
   tensor_core_attention_ = (c.head_dim == 64 || c.head_dim == 128) && group <= 16;
@@ -400,26 +392,6 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
     split.head_dim = c.head_dim;
     return split;
   };
-  // How many k slices a projection [n, k] of this step takes (Projections::GemmSlices): not
-  // with a GEMV (one row), an all-reduce of a.delta (tensor parallelism) or the wgmma kernel.
-  const auto slices_for = [&](int wanted, int n, int k) {
-    const bool ok = wanted > 1 && T > 1 && T <= StepActivations::kSliceRows && !tensor_parallel() &&
-                    k % (8 * wanted) == 0 && !projections_.TakesWgmma(T, n, k);
-    return ok ? wanted : 0;
-  };
-  const int qkv_slices = slices_for(options_.qkv_slices, qd + 2 * kvd, d);
-  const int o_slices = slices_for(options_.o_slices, d, qd);
-  const int down_slices = slices_for(options_.down_slices, d, ff);
-  // The previous projection's output as the next RMSNorm adds it: bf16 a.delta, or k slices.
-  const auto add_output = [&](cuda_model::RmsNormParams& norm, int slices) {
-    if (slices > 0) {
-      norm.partials = a.partials;
-      norm.num_partials = slices;
-      norm.partial_stride = int64_t(T) * d;
-    } else {
-      norm.residual = a.delta;
-    }
-  };
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeightsDevice& L = weights_.layer(l);
     if (fold && l > 0) {  // the previous layer's down GEMV did this layer's attention norm
@@ -437,14 +409,11 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
         norm.tokens = s.tokens;
       } else {
         norm.x = a.x;
-        add_output(norm, down_slices);
+        norm.residual = a.delta;
       }
       RETURN_IF_ERROR(cuda_model::LaunchRmsNorm(norm, stream_));
       if (fold) {
         RETURN_IF_ERROR(projections_.GemvQkv(a.h, {}, L.wqkv, d, qkv_split(l)));
-      } else if (qkv_slices > 0) {
-        RETURN_IF_ERROR(
-            projections_.GemmSlices(a.h, L.wqkv, a.partials, T, qd + 2 * kvd, d, qkv_slices));
       } else {
         RETURN_IF_ERROR(projections_.Gemm(a.h, L.wqkv, a.qkv, CUDA_R_32F, T, qd + 2 * kvd, d));
       }
@@ -452,13 +421,7 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
     if (!fold) {
       const cuda_model::GemvQkvOut split = qkv_split(l);
       cuda_model::QkvScatterParams scatter;
-      if (qkv_slices > 0) {
-        scatter.qkv = a.partials;
-        scatter.num_partials = qkv_slices;
-        scatter.partial_stride = int64_t(T) * (qd + 2 * kvd);
-      } else {
-        scatter.qkv = a.qkv;
-      }
+      scatter.qkv = a.qkv;
       scatter.rope = split.rope;
       scatter.kv_slot = split.kv_slot;
       scatter.q = split.q;
@@ -510,16 +473,12 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
       RETURN_IF_ERROR(projections_.GemvFromResidual(a.h, norm_in, L.w_gate_up, a.act, CUDA_R_16BF,
                                                     /*swiglu=*/true, ff, d));
     } else {
-      if (o_slices > 0) {
-        RETURN_IF_ERROR(projections_.GemmSlices(a.attn, L.wo, a.partials, T, d, qd, o_slices));
-      } else {
-        RETURN_IF_ERROR(projections_.Gemm(a.attn, L.wo, a.delta, CUDA_R_16BF, T, d, qd));
-        RETURN_IF_ERROR(all_reduce_.SumBf16(a.delta, int64_t(T) * d, stream_));
-      }
+      RETURN_IF_ERROR(projections_.Gemm(a.attn, L.wo, a.delta, CUDA_R_16BF, T, d, qd));
+      RETURN_IF_ERROR(all_reduce_.SumBf16(a.delta, int64_t(T) * d, stream_));
       cuda_model::RmsNormParams ffn_norm;
       ffn_norm.x = a.x;
       ffn_norm.x_out = a.x;
-      add_output(ffn_norm, o_slices);
+      ffn_norm.residual = a.delta;
       ffn_norm.weight = L.ffn_norm;
       ffn_norm.out = a.h;
       ffn_norm.num_rows = T;
@@ -531,8 +490,6 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
     if (fold && l + 1 < c.num_layers) {
       RETURN_IF_ERROR(projections_.GemvToResidual(a.act, L.w_down, d, ff,
                                                   to_residual(weights_.layer(l + 1).attn_norm)));
-    } else if (down_slices > 0) {
-      RETURN_IF_ERROR(projections_.GemmSlices(a.act, L.w_down, a.partials, T, d, ff, down_slices));
     } else {
       RETURN_IF_ERROR(projections_.Gemm(a.act, L.w_down, a.delta, CUDA_R_16BF, T, d, ff));
       RETURN_IF_ERROR(all_reduce_.SumBf16(a.delta, int64_t(T) * d, stream_));
@@ -542,7 +499,7 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
   cuda_model::RmsNormParams final_norm;
   final_norm.x = a.x;
   final_norm.rows = s.logit_rows;
-  add_output(final_norm, down_slices);
+  final_norm.residual = a.delta;
   final_norm.weight = weights_.final_norm();
   final_norm.out = a.h_rows;
   final_norm.num_rows = R;

@@ -66,15 +66,6 @@ struct CudaBackendOptions {
   // and gate|up of Llama-3-8B, measured faster; ttft_bench --wgmma_gemm 0|1), 2 on every shape
   // it takes (tests), 0 never. Needs a compute capability 9.0 device (cuBLAS otherwise).
   int wgmma_gemm = 1;
-  // The QKV, O and down projections of 2-64 rows (one rank, cuBLAS) as this many k slices of
-  // one strided-batched GEMM (Projections::GemmSlices) whose fp32 partial sums the kernel after
-  // it adds: the QKV scatter, or the next RMSNorm into the residual (instead of a bf16 output,
-  // for which cuBLAS's own split-K adds a reduce kernel). 0 or 1: not sliced; at most
-  // StepActivations::kMaxSlices, and only where k is a multiple of 8 x slices. ttft_bench
-  // --qkv_slices / --o_slices / --down_slices.
-  int qkv_slices = 0;
-  int o_slices = 0;
-  int down_slices = 0;
   // Tensor parallelism: this backend is rank shard.rank of shard.size (CreateCudaBackend takes
   // the global model and keeps the rank's slice). `nccl_comm` is that rank's ncclComm_t
   // (opaque here so that this header needs no NCCL), REQUIRED when shard.size > 1; the backend

@@ -1,7 +1,5 @@
 #include "worker/backend/cuda/device_buffers.h"
 
-#include <algorithm>
-
 #include "common/status.h"
 #include "worker/kernels/cuda_check.h"
 
@@ -81,10 +79,7 @@ absl::Status StepActivations::Reserve(int tokens, int rows) {
                oattn = region(T * qd * 2), odelta = region(T * d * 2), ogu = region(T * 2 * ff * 2),
                oact = region(T * ff * 2), orope = region(T * size_t(c.head_dim) * 4),
                ohr = region(R * d * 2), olog = region(R * size_t(c.vocab_size) * 4),
-               oparts = region(d * 4),
-               opartials = region(with_partials_ ? size_t(kMaxSlices) * kSliceRows *
-                                                       std::max(d, qd + 2 * kvd) * 4
-                                                 : 0);
+               oparts = region(d * 4);
   tokens_ = rows_ = 0;
   RETURN_IF_ERROR(buffer_.Allocate(bytes));
   char* base = buffer_.data();
@@ -100,7 +95,6 @@ absl::Status StepActivations::Reserve(int tokens, int rows) {
   h_rows = reinterpret_cast<uint16_t*>(base + ohr);
   logits = reinterpret_cast<float*>(base + olog);
   norm_parts = reinterpret_cast<float*>(base + oparts);
-  partials = with_partials_ ? reinterpret_cast<float*>(base + opartials) : nullptr;
   tokens_ = T;
   rows_ = R;
   return absl::OkStatus();

@@ -130,9 +130,7 @@ class StagedUpload {
 // that grows it.
 class StepActivations {
  public:
-  // `partials`: whether to hold the k slices of projections (`partials` below; null otherwise).
-  StepActivations(const ModelConfig& config, bool partials)
-      : config_(config), with_partials_(partials) {}
+  explicit StepActivations(const ModelConfig& config) : config_(config) {}
 
   bool Fits(int tokens, int rows) const { return tokens <= tokens_ && rows <= rows_; }
   // Grows to at least `tokens` rows (rounded up to 64) and `rows` logit rows (rounded up to 8);
@@ -155,15 +153,9 @@ class StepActivations {
   // [hidden]: the sum-of-squares parts of a one-token step's folded RMSNorms (gemv.h), at most
   // one per output of the projection before the norm.
   float* norm_parts = nullptr;
-  // [kMaxSlices, kSliceRows, max(hidden, q_dim + 2 kv_dim)] fp32: the k slices of a projection
-  // of at most kSliceRows rows (Projections::GemmSlices), summed by the kernel after it.
-  static constexpr int kMaxSlices = 8;
-  static constexpr int kSliceRows = 64;
-  float* partials = nullptr;
 
  private:
   const ModelConfig config_;
-  const bool with_partials_;
   DeviceBuffer buffer_;
   int tokens_ = 0;
   int rows_ = 0;

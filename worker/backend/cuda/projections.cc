@@ -71,19 +71,6 @@ absl::Status Projections::Gemm(const uint16_t* x, const uint16_t* w, void* y, cu
   return absl::OkStatus();
 }
 
-absl::Status Projections::GemmSlices(const uint16_t* x, const uint16_t* w, float* partials,
-                                     int rows, int n, int k, int slices) {
-  if (rows == 0) return absl::OkStatus();
-  const float alpha = 1.0f, beta = 0.0f;
-  const int ks = k / slices;
-  // Slice s: w's columns and x's columns [s ks, (s + 1) ks), both still k apart per row.
-  LAZYRAG_RETURN_IF_CUBLAS_ERROR(cublasGemmStridedBatchedEx(
-      cublas_, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, ks, &alpha, w, CUDA_R_16BF, k, ks, x, CUDA_R_16BF,
-      k, ks, &beta, partials, CUDA_R_32F, n, int64_t(rows) * n, slices, CUBLAS_COMPUTE_32F,
-      CUBLAS_GEMM_DEFAULT));
-  return absl::OkStatus();
-}
-
 absl::Status Projections::GateUpSwiGlu(const uint16_t* x, const uint16_t* w, uint16_t* gate_up,
                                        uint16_t* act, int rows, int ff, int k) {
   if (rows == 1) {  // the GEMV with SwiGLU fused: no gate_up round trip, one launch less
@@ -105,19 +92,13 @@ absl::Status Projections::GateUpSwiGlu(const uint16_t* x, const uint16_t* w, uin
   return cuda_model::LaunchSwiGlu({gate_up, act, rows, ff}, stream_);
 }
 
-bool Projections::TakesWgmma(int rows, int n, int k) const { return WgmmaShape(rows, n, k, false); }
-
-bool Projections::WgmmaShape(int rows, int n, int k, bool swiglu) const {
-  if (wgmma_gemm_ == 0 || rows < 1 || !kernels::WgmmaGemmShapeOk(rows, n, k, swiglu)) return false;
-  return wgmma_gemm_ == 2 || kernels::WgmmaGemmBlocks(n, swiglu, 128) >= sms_;
-}
-
 bool Projections::UseWgmma(const void* x, const void* w, int rows, int n, int k,
                            bool swiglu) const {
+  if (wgmma_gemm_ == 0 || rows < 1 || !kernels::WgmmaGemmShapeOk(rows, n, k, swiglu)) return false;
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0) {
     return false;
   }
-  return WgmmaShape(rows, n, k, swiglu);
+  return wgmma_gemm_ == 2 || kernels::WgmmaGemmBlocks(n, swiglu, 128) >= sms_;
 }
 
 bool Projections::OneRowNormsFold(int hidden, int q_dim, int kv_dim, int head_dim, int ff) {

@@ -29,15 +29,6 @@ class Projections {
   // y[rows, n] = x[rows, k] * w[n, k]^T, bf16 inputs, fp32 accumulation, y of y_type.
   absl::Status Gemm(const uint16_t* x, const uint16_t* w, void* y, cudaDataType y_type, int rows,
                     int n, int k);
-  // partials[s][rows, n] (fp32, rows * n floats apart) = x[rows, k_s] * w[n, k_s]^T for the
-  // `slices` equal k slices k_s: one strided-batched cuBLAS GEMM whose partial sums the caller
-  // adds (cuda_model::RmsNormParams::partials), in place of cuBLAS's split-K and its reduce
-  // kernel. REQUIRES k % (8 * slices) == 0.
-  absl::Status GemmSlices(const uint16_t* x, const uint16_t* w, float* partials, int rows, int n,
-                          int k, int slices);
-  // Whether Gemm sends y[rows, n] = x[rows, k] w^T of 16-byte aligned operands to the wgmma
-  // kernel (at one row the GEMV may take it first).
-  bool TakesWgmma(int rows, int n, int k) const;
   // act[rows, ff] = SwiGLU of x[rows, k] * w[2 * ff, k]^T (gate rows, then up rows); gate_up
   // [rows, 2 * ff] is scratch (unused at one row, where the GEMV fuses the SwiGLU).
   absl::Status GateUpSwiGlu(const uint16_t* x, const uint16_t* w, uint16_t* gate_up, uint16_t* act,
@@ -65,8 +56,6 @@ class Projections {
  private:
   // Whether kernels::LaunchWgmmaGemm takes y[rows, n] (n = 2 ff with swiglu) of this step.
   bool UseWgmma(const void* x, const void* w, int rows, int n, int k, bool swiglu) const;
-  // UseWgmma without the operands' alignment.
-  bool WgmmaShape(int rows, int n, int k, bool swiglu) const;
 
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
