@@ -61,14 +61,16 @@ absl::Status MeasureKvstoreFetch(const std::string& binary, Backend& backend,
     pinned.push_back(std::move(m));
   }
   RETURN_IF_ERROR(auth_client->Put(key(1), {}, kv));  // fetched into pinned[1]
-  auto fetch_from = [&](kvstore::KvClient* from, int i) -> absl::StatusOr<kvstore::ValueInfo> {
-    return from->GetInto(key(i),
-                         [&](const kvstore::ValueHeader&,
-                             uint64_t bytes) -> absl::StatusOr<std::vector<kvstore::MutableBytes>> {
-                           if (bytes != kv.size())
-                             return absl::DataLossError("stored size differs");
-                           return std::vector<kvstore::MutableBytes>{{pinned[i]->data(), bytes}};
-                         });
+  // GetInto's destination: pinned[i], for a value of the document's size only.
+  auto into_pinned = [&](int i) {
+    return [&, i](const kvstore::ValueHeader&,
+                  uint64_t bytes) -> absl::StatusOr<std::vector<kvstore::MutableBytes>> {
+      if (bytes != kv.size()) return absl::DataLossError("stored size differs");
+      return std::vector<kvstore::MutableBytes>{{pinned[i]->data(), bytes}};
+    };
+  };
+  auto fetch_from = [&](kvstore::KvClient* from, int i) {
+    return from->GetInto(key(i), into_pinned(i));
   };
   auto fetch = [&](int i) { return fetch_from(client.get(), i); };
   // A worker with --kv_mac_key_file checks the MAC in the pass that lands each chunk, instead
