@@ -102,18 +102,20 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
   __syncthreads();
   TileCursor<kBlockN> cur;
   cur.Init(plan, v);
+  // The producer's page ids of the first tile (the page table is uploaded before the step).
+  TmaTileLoader<kBlockN, 32> loader;  // op o of a tile is lane o % 32's
+  if (warp == 0) loader.Prefetch(cur, v, /*warp=*/lane, /*lane=*/0);
   PdlWait();  // the query and the step's own K/V rows are written by the previous kernels
 
   if (warp < 4) {
-    // ---- Producer warpgroup.
+    // ---- Producer warpgroup. The page ids of tile i + 1 are requested right after tile i's
+    // copies, so that no page-table round trip sits between a stage coming free and its refill.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Cfg::kProducerRegs));
     if (warp != 0) return;
-    TmaTileLoader<kBlockN, 32> loader;  // op o of a tile is lane o % 32's
     int tile = 0, tails = 0;
     while (cur.valid) {
       const int st = tile % kStages;
       if (tile >= kStages) MbarWait(empty_bar + 8 * st, uint32_t(tile / kStages - 1) & 1u);
-      loader.Prefetch(cur, v, /*warp=*/lane, /*lane=*/0);
       const int valid_rows = min(kBlockN, cur.j_end - cur.j);
       const uint32_t kt = k_base + st * Cfg::kTileBytes, vt = v_base + st * Cfg::kTileBytes;
       if (valid_rows == kBlockN) {
@@ -128,6 +130,7 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
         MbarArrive(full_bar + 8 * st);
       }
       cur.Next(plan, v);
+      loader.Prefetch(cur, v, /*warp=*/lane, /*lane=*/0);
       ++tile;
     }
     return;
@@ -163,10 +166,10 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
   SegScores sc;  // of segment q_seg
   while (cur.valid) {
     const int st = tile % kStages;
-    MbarWait(full_bar + 8 * st, uint32_t(tile / kStages) & 1u);
     if (cur.s != q_seg) {
       // LAZY: re-rotate this warpgroup's rows by p - seg_start once per segment, publish them
-      // to the async proxy, wait for the warpgroup alone (its previous products are done).
+      // to the async proxy, wait for the warpgroup alone (its previous products are done);
+      // before the wait for the tile, so that the rotation overlaps its copies.
       RotateQRowsSw128<Cfg::kBlockM>(qrot_smem, q_smem, wg * 64, cur.start, pos_smem, freq_smem,
                                      ct % 128);
       FenceProxyAsyncShared();
@@ -174,6 +177,7 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
       sc = SegScoresOf(plan, v, cur.s, p.scale_log2);
       q_seg = cur.s;
     }
+    MbarWait(full_bar + 8 * st, uint32_t(tile / kStages) & 1u);
     float s[kBlockN / 8][4];
     if (pingpong) NamedBarrierSync(4 + wg, 256);  // my turn on the tensor cores
     QkTile128<Cfg::kBlockM>(s, q_rows, k_base + st * Cfg::kTileBytes, pass_turn);
