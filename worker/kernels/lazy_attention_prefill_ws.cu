@@ -102,23 +102,31 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
   __syncthreads();
   TileCursor<kBlockN> cur;
   cur.Init(plan, v);
-  // The producer's page ids of the first tile (the page table is uploaded before the step).
-  TmaTileLoader<kBlockN, 32> loader;  // op o of a tile is lane o % 32's
-  if (warp == 0) loader.Prefetch(cur, v, /*warp=*/lane, /*lane=*/0);
-  PdlWait();  // the query and the step's own K/V rows are written by the previous kernels
-
+  // The query and the step's own K/V rows are written by the previous kernels: each role
+  // waits for them (PdlWait) only where it first needs them.
   if (warp < 4) {
-    // ---- Producer warpgroup. The page ids of tile i + 1 are requested right after tile i's
-    // copies, so that no page-table round trip sits between a stage coming free and its refill.
+    // ---- Producer warpgroup. Its page ids come before the wait (the page table is uploaded
+    // before the step), those of tile i + 1 right after tile i's copies, so that no page-table
+    // round trip sits between a stage coming free and its refill. With stable_history the
+    // first tile's copies are issued before the wait where all its keys sit below the
+    // request's first query position (LazyAttentionParams::stable_history).
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Cfg::kProducerRegs));
     if (warp != 0) return;
+    TmaTileLoader<kBlockN, 32> loader;  // op o of a tile is lane o % 32's
+    loader.Prefetch(cur, v, /*warp=*/lane, /*lane=*/0);
+    const bool early = p.stable_history != 0 && cur.valid && cur.j_end - cur.j >= kBlockN &&
+                       cur.start + cur.j + kBlockN <= v.q_pos[q_begin];
+    if (early) loader.Issue(k_base, v_base, full_bar, maps, kvh, v.page_size, lane, 0);
+    PdlWait();
     int tile = 0, tails = 0;
     while (cur.valid) {
       const int st = tile % kStages;
       if (tile >= kStages) MbarWait(empty_bar + 8 * st, uint32_t(tile / kStages - 1) & 1u);
       const int valid_rows = min(kBlockN, cur.j_end - cur.j);
       const uint32_t kt = k_base + st * Cfg::kTileBytes, vt = v_base + st * Cfg::kTileBytes;
-      if (valid_rows == kBlockN) {
+      if (tile == 0 && early) {
+        // issued before the wait
+      } else if (valid_rows == kBlockN) {
         loader.Issue(kt, vt, full_bar + 8 * st, maps, kvh, v.page_size, lane, 0);
       } else {
         loader.Issue(kt, vt, tail_bar, maps, kvh, v.page_size, lane, 0);
@@ -139,6 +147,7 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
   // ---- Consumer warpgroups: consumer thread ct, warp cw (0..7), warpgroup wg (0, 1).
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Cfg::kConsumerRegs));
   const int ct = tid - 128, cw = ct / 32, wg = cw / 4, t = lane & 3;
+  PdlWait();
   // Raw query tile (TileOffset layout, read by RotateQRowsSw128).
   CopyQueryTile<D, Cfg::kBlockM>(p, blk, q_smem, ct, 256);
   CpAsyncCommit();
