@@ -7,12 +7,14 @@
 //    gathers each 128-key K/V tile with the tensor memory accelerator (TmaTileLoader: page
 //    boxes of page_size rows x 128 bytes, 128-byte swizzle, landing in the Sw128 layout the
 //    descriptors read; ops spread over the 32 lanes), completing on the stage's "full"
-//    mbarrier (32 arrivals + the bytes). A segment's last, partial tile goes to a separate
-//    mbarrier first; the warp then zeroes V's rows past the valid keys (0 x NaN would poison
-//    P V) and only then arrives on "full";
-//  * warpgroups 1 and 2 are the consumers (setmaxnreg.inc), 64 packed rows each: wait on
-//    "full", S = Q K^T, online softmax, O += P V, then each warp arrives on the stage's
-//    "empty" mbarrier (8 arrivals), which the producer waits on before refilling it.
+//    mbarrier (32 arrivals + the bytes), each tile's page ids loaded a tile ahead (the first
+//    before the PDL wait, and with stable_history the first tile's copies too). A segment's
+//    last, partial tile goes to a separate mbarrier first; the warp then zeroes V's rows past
+//    the valid keys (0 x NaN would poison P V) and only then arrives on "full";
+//  * warpgroups 1 and 2 are the consumers (setmaxnreg.inc), 64 packed rows each: at a new
+//    segment rotate the query rows (before waiting for the tile), wait on "full", S = Q K^T,
+//    online softmax, O += P V, then each warp arrives on the stage's "empty" mbarrier (8
+//    arrivals), which the producer waits on before refilling it.
 // No block-wide barrier inside the loop: the two consumer warpgroups and the producer run
 // decoupled, and the consumers issue no load instructions at all.
 #include <cudaTypedefs.h>
