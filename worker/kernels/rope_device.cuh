@@ -70,9 +70,6 @@ __device__ __forceinline__ void BuildRotatedQ(uint32_t (&qf)[D / 16][4], const c
   }
 }
 
-// Rotates by RoPE to `pos` the eight rotate-half pairs held in one 16-byte chunk pair of a
-// bf16 row: lo holds columns 8cp..8cp+7, hi their partners D/2 further (the same products and
-// roundings as BuildRotatedQ).
 // The sines and cosines of chunk pair cp's eight frequencies at `pos` (RotateChunkPairBy's).
 __device__ __forceinline__ void ChunkPairSinCos(int pos, const float* inv_freq_smem, int cp,
                                                 float (&sn)[8], float (&cs)[8]) {
@@ -95,6 +92,9 @@ __device__ __forceinline__ void RotateChunkPairBy(uint4* lo, uint4* hi, const fl
   }
 }
 
+// Rotates by RoPE to `pos` the eight rotate-half pairs held in one 16-byte chunk pair of a
+// bf16 row: lo holds columns 8cp..8cp+7, hi their partners D/2 further (the same products and
+// roundings as BuildRotatedQ).
 __device__ __forceinline__ void RotateChunkPair(uint4* lo, uint4* hi, int pos,
                                                 const float* inv_freq_smem, int cp) {
   float sn[8], cs[8];
