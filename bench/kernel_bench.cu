@@ -597,6 +597,17 @@ int Main(int argc, char** argv) {
       results.push_back({"prefill_q32_b" + std::to_string(batch), "prefill", batch, 32, s.kv_len,
                          VariantName(PrefillKernel::kMmaSync), ms, s.KvBytes(), flops});
     }
+    // The engine's promise (LazyAttentionParams::stable_history): the warp-specialized kernel
+    // copies its first tile before the wait.
+    {
+      const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+        LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
+        p.stable_history = true;
+        BENCH_OK(LazyAttentionPrefill(p, st));
+      });
+      results.push_back({"prefill_q32_b" + std::to_string(batch), "prefill", batch, 32, s.kv_len,
+                         "lazy_stable", ms, s.KvBytes(), flops});
+    }
     // The launcher's kernel without the overlap between consecutive launches (an empty kernel
     // without the programmatic attribute before every call; its ~0.8 us included).
     {

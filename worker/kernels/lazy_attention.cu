@@ -18,11 +18,12 @@ constexpr int kMergeThreads = 128;
 // weights itself (no barrier); thread t then owns 4 consecutive features (t % (D/4)) of the
 // splits s = t / (D/4) (mod kMergeThreads / (D/4)), with its 16-byte loads independent of
 // each other, and the per-thread sums are reduced through shared memory. A batch-1 merge of
-// 32 splits is thus ~2 L2 round trips (1 with kPreload), not one per 8 splits as with one warp
-// per row. kPreload: the first of this thread's partial outputs are requested together with the
-// lse, so both arrive in one L2 round trip; for merges of at most one block per SM (a batch-1
-// decode, where it measured faster on the H200); more rows keep the lighter kernel (registers).
-template <int D, bool kPreload>
+// 32 splits is thus ~2 L2 round trips (1 with kPre), not one per 8 splits as with one warp
+// per row. kPre > 0: this thread's first kPre partial outputs are requested together with the
+// lse, so both arrive in one L2 round trip: 12 (48 splits) for merges of at most one block per
+// SM (a batch-1 decode, where it measured faster on the H200), 4 (16 splits) for more rows
+// (registers: a 32-row query block merges 1,024 rows).
+template <int D, int kPre>
 __device__ __forceinline__ void MergeSplitsBody(const AttentionKernelParams& p, int rows) {
   static_assert(kMaxKvSplits <= 4 * 32, "lse per lane");
   constexpr int kChunks = D / 4;                        // float4 per row
@@ -35,8 +36,6 @@ __device__ __forceinline__ void MergeSplitsBody(const AttentionKernelParams& p, 
   const int chunk = tid % kChunks, sl = tid / kChunks;
   const int64_t split_stride = int64_t(rows) * D;
   const float* src = p.o_partial + int64_t(row) * D + chunk * 4;
-  // kPre x kSplitLanes covers 48 splits for D = 128 (a batch-1 decode merges 16-33).
-  constexpr int kPre = kPreload ? 12 : 0;
   float4 pre[kPre > 0 ? kPre : 1];
 #pragma unroll
   for (int k = 0; k < kPre; ++k) {
@@ -104,12 +103,12 @@ __device__ __forceinline__ void MergeSplitsBody(const AttentionKernelParams& p, 
 // Launched as a programmatic dependent of the attention kernel, which lets it be scheduled
 // from its start: the merge blocks become resident as attention blocks retire, and
 // griddepcontrol.wait holds them until that grid has finished and its writes are visible.
-template <int D, bool kPreload>
+template <int D, int kPre>
 __global__ void __launch_bounds__(kMergeThreads)
     MergeSplitsKernel(const __grid_constant__ AttentionKernelParams p, int rows) {
   PdlLaunchDependents();
   PdlWait();
-  MergeSplitsBody<D, kPreload>(p, rows);
+  MergeSplitsBody<D, kPre>(p, rows);
 }
 
 }  // namespace
@@ -192,7 +191,7 @@ absl::Status MakeKernelParams(const LazyAttentionParams& params, int base_blocks
 
 absl::Status SmallMergeKernelAttributes(cudaFuncAttributes* attr, int* threads) {
   *threads = kMergeThreads;
-  LAZYRAG_RETURN_IF_CUDA_ERROR(cudaFuncGetAttributes(attr, MergeSplitsKernel<128, true>));
+  LAZYRAG_RETURN_IF_CUDA_ERROR(cudaFuncGetAttributes(attr, MergeSplitsKernel<128, 12>));
   return absl::OkStatus();
 }
 
@@ -204,13 +203,17 @@ absl::Status LaunchMergeSplits(const AttentionKernelParams& kp, int num_q, int h
   RETURN_IF_ERROR(DeviceSmCount(&sms));
   switch (head_dim) {
     case 64:
-      return LaunchPdlKernel(MergeSplitsKernel<64, false>, dim3(rows), kMergeThreads, 0, nullptr,
+      return LaunchPdlKernel(MergeSplitsKernel<64, 0>, dim3(rows), kMergeThreads, 0, nullptr,
                              stream, kp, rows);
     case 128:
-      return rows <= sms ? LaunchPdlKernel(MergeSplitsKernel<128, true>, dim3(rows), kMergeThreads,
-                                           0, nullptr, stream, kp, rows)
-                         : LaunchPdlKernel(MergeSplitsKernel<128, false>, dim3(rows), kMergeThreads,
-                                           0, nullptr, stream, kp, rows);
+      if (rows <= sms) {
+        return LaunchPdlKernel(MergeSplitsKernel<128, 12>, dim3(rows), kMergeThreads, 0, nullptr,
+                               stream, kp, rows);
+      }
+      return kp.num_splits <= 16 ? LaunchPdlKernel(MergeSplitsKernel<128, 4>, dim3(rows),
+                                                   kMergeThreads, 0, nullptr, stream, kp, rows)
+                                 : LaunchPdlKernel(MergeSplitsKernel<128, 0>, dim3(rows),
+                                                   kMergeThreads, 0, nullptr, stream, kp, rows);
     default:
       return absl::InvalidArgumentError(absl::StrCat("head_dim must be 64 or 128, got ", head_dim));
   }

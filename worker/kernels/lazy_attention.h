@@ -88,8 +88,9 @@ struct LazyAttentionParams {
   // are finished; the QKV scatter writes the step's rows). The decode kernel with warp
   // pipelines then starts gathering K/V tiles before waiting for the preceding kernel
   // (programmatic dependent launch), overlapping its tail; tiles holding the query's own row
-  // are read after the wait. false: every K/V read waits. Prefill ignores the flag (early
-  // reads in its producer measured no faster on the H200; see bench/README.md).
+  // are read after the wait. The warp-specialized prefill copies its first tile before the
+  // wait where all its keys sit below the request's first query position; the other prefill
+  // kernels ignore the flag. false: every K/V read waits.
   bool stable_history = false;
 };
 

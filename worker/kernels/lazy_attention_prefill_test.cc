@@ -5,6 +5,8 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -133,6 +135,67 @@ TEST(LazyAttention, PrefillWgmmaMatchesCpuAndMmaSync) {
           }
         }
       });
+}
+
+// stable_history: the warp-specialized prefill copies its first tile before waiting for the
+// kernel launched just before it where all the tile's keys sit below the request's first query
+// position. Here that kernel writes the queries' own K/V rows (NaN until then) late, as the
+// model's QKV scatter does: a query block over documents and an own prefix, a batch of 16, and
+// chunked causal prefill (query blocks after the first start past keys this step writes),
+// automatic and forced splits, against the CPU.
+TEST(LazyAttention, PrefillStableHistoryWaitsForTheStepsRows) {
+  GPU_TEST_SETUP(rng);
+  for (int ps : {16, 64}) {
+    SCOPED_TRACE(absl::StrCat("ps=", ps));
+    const Sizes s{/*head_dim=*/128, /*group=*/4, /*num_kv_heads=*/2, ps};
+    KvPool pool(ps, s.num_kv_heads, s.head_dim, PagesFor(8 * 1200, ps) + 40 * 24, rng);
+    const std::vector<Doc> docs = MakeDocs(pool, 8, 300, 1200, rng);
+    Problem b1 = EmptyProblem(s);
+    Problem causal = b1;
+    AddRequest(b1, pool, docs, {5, 2, 7, 0, 3}, 9, 32, rng);
+    AddRequest(causal, pool, docs, {}, 200, 100, rng);
+    AddRequest(causal, pool, docs, {1, 6}, 7, 37, rng);
+    const Problem b16 = MakeRagBatch(s, pool, docs, 16, 3, 40, 32, rng);
+    const std::pair<const char*, const Problem*> problems[] = {
+        {"b1", &b1}, {"b16", &b16}, {"causal", &causal}};
+    for (const auto& [name, prob] : problems) {
+      const std::vector<float> ref = RunCpu(*prob, pool, KeyLayout::kRotatedLocal);
+      for (int splits : {0, 1, 3}) {
+        GpuRun run{false, KeyLayout::kRotatedLocal, splits};
+        run.stable_history = true;
+        run.late_rows = GpuRun::LateRows::kStepRows;
+        ExpectClose(RunGpu(*prob, pool, run), ref, absl::StrCat(name, " splits=", splits));
+      }
+    }
+  }
+}
+
+// The probe that the test above can fail: with the promise broken (every request's first key
+// written late), the early copies read the NaN rows. Timing-dependent, so only on request
+// (KERNELS_TEST_PROBE_EARLY_READS=1), to check on a GPU that the early copies happen.
+TEST(LazyAttention, PrefillStableHistoryProbeEarlyReads) {
+  GPU_TEST_SETUP(rng);
+  if (std::getenv("KERNELS_TEST_PROBE_EARLY_READS") == nullptr) {
+    GTEST_SKIP() << "set KERNELS_TEST_PROBE_EARLY_READS=1 to run";
+  }
+  const Sizes s{/*head_dim=*/128, /*group=*/4, /*num_kv_heads=*/2, 16};
+  KvPool pool(16, s.num_kv_heads, s.head_dim, PagesFor(4 * 1500, 16) + 40, rng);
+  const std::vector<Doc> docs = MakeDocs(pool, 4, 1000, 1500, rng);
+  Problem b1 = EmptyProblem(s);
+  AddRequest(b1, pool, docs, {2, 0, 3, 1}, 37, 32, rng);
+  for (bool stable : {true, false}) {
+    GpuRun run{false, KeyLayout::kRotatedLocal, 8};
+    run.stable_history = stable;
+    run.late_rows = GpuRun::LateRows::kFirstKeys;
+    const std::vector<float> out = RunGpu(b1, pool, run);
+    const size_t nans =
+        std::count_if(out.begin(), out.end(), [](float x) { return std::isnan(x); });
+    if (stable) {
+      EXPECT_GT(nans, 0u) << "early copies did not see the late rows";
+    } else {
+      EXPECT_EQ(nans, 0u) << "without stable_history every read waits";
+    }
+  }
 }
 
 // Segments that skip their first keys and transform their scores (SegmentView's quality

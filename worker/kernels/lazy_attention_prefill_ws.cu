@@ -7,12 +7,14 @@
 //    gathers each 128-key K/V tile with the tensor memory accelerator (TmaTileLoader: page
 //    boxes of page_size rows x 128 bytes, 128-byte swizzle, landing in the Sw128 layout the
 //    descriptors read; ops spread over the 32 lanes), completing on the stage's "full"
-//    mbarrier (32 arrivals + the bytes). A segment's last, partial tile goes to a separate
-//    mbarrier first; the warp then zeroes V's rows past the valid keys (0 x NaN would poison
-//    P V) and only then arrives on "full";
-//  * warpgroups 1 and 2 are the consumers (setmaxnreg.inc), 64 packed rows each: wait on
-//    "full", S = Q K^T, online softmax, O += P V, then each warp arrives on the stage's
-//    "empty" mbarrier (8 arrivals), which the producer waits on before refilling it.
+//    mbarrier (32 arrivals + the bytes), each tile's page ids loaded a tile ahead (the first
+//    before the PDL wait, and with stable_history the first tile's copies too). A segment's
+//    last, partial tile goes to a separate mbarrier first; the warp then zeroes V's rows past
+//    the valid keys (0 x NaN would poison P V) and only then arrives on "full";
+//  * warpgroups 1 and 2 are the consumers (setmaxnreg.inc), 64 packed rows each: at a new
+//    segment rotate the query rows (before waiting for the tile), wait on "full", S = Q K^T,
+//    online softmax, O += P V, then each warp arrives on the stage's "empty" mbarrier (8
+//    arrivals), which the producer waits on before refilling it.
 // No block-wide barrier inside the loop: the two consumer warpgroups and the producer run
 // decoupled, and the consumers issue no load instructions at all.
 #include <cudaTypedefs.h>
@@ -102,21 +104,31 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
   __syncthreads();
   TileCursor<kBlockN> cur;
   cur.Init(plan, v);
-  PdlWait();  // the query and the step's own K/V rows are written by the previous kernels
-
+  // The query and the step's own K/V rows are written by the previous kernels: each role
+  // waits for them (PdlWait) only where it first needs them.
   if (warp < 4) {
-    // ---- Producer warpgroup.
+    // ---- Producer warpgroup. Its page ids come before the wait (the page table is uploaded
+    // before the step), those of tile i + 1 right after tile i's copies, so that no page-table
+    // round trip sits between a stage coming free and its refill. With stable_history the
+    // first tile's copies are issued before the wait where all its keys sit below the
+    // request's first query position (LazyAttentionParams::stable_history).
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Cfg::kProducerRegs));
     if (warp != 0) return;
     TmaTileLoader<kBlockN, 32> loader;  // op o of a tile is lane o % 32's
+    loader.Prefetch(cur, v, /*warp=*/lane, /*lane=*/0);
+    const bool early = p.stable_history != 0 && cur.valid && cur.j_end - cur.j >= kBlockN &&
+                       cur.start + cur.j + kBlockN <= v.q_pos[q_begin];
+    if (early) loader.Issue(k_base, v_base, full_bar, maps, kvh, v.page_size, lane, 0);
+    PdlWait();
     int tile = 0, tails = 0;
     while (cur.valid) {
       const int st = tile % kStages;
       if (tile >= kStages) MbarWait(empty_bar + 8 * st, uint32_t(tile / kStages - 1) & 1u);
-      loader.Prefetch(cur, v, /*warp=*/lane, /*lane=*/0);
       const int valid_rows = min(kBlockN, cur.j_end - cur.j);
       const uint32_t kt = k_base + st * Cfg::kTileBytes, vt = v_base + st * Cfg::kTileBytes;
-      if (valid_rows == kBlockN) {
+      if (tile == 0 && early) {
+        // issued before the wait
+      } else if (valid_rows == kBlockN) {
         loader.Issue(kt, vt, full_bar + 8 * st, maps, kvh, v.page_size, lane, 0);
       } else {
         loader.Issue(kt, vt, tail_bar, maps, kvh, v.page_size, lane, 0);
@@ -128,6 +140,7 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
         MbarArrive(full_bar + 8 * st);
       }
       cur.Next(plan, v);
+      loader.Prefetch(cur, v, /*warp=*/lane, /*lane=*/0);
       ++tile;
     }
     return;
@@ -136,6 +149,7 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
   // ---- Consumer warpgroups: consumer thread ct, warp cw (0..7), warpgroup wg (0, 1).
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Cfg::kConsumerRegs));
   const int ct = tid - 128, cw = ct / 32, wg = cw / 4, t = lane & 3;
+  PdlWait();
   // Raw query tile (TileOffset layout, read by RotateQRowsSw128).
   CopyQueryTile<D, Cfg::kBlockM>(p, blk, q_smem, ct, 256);
   CpAsyncCommit();
@@ -163,10 +177,10 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
   SegScores sc;  // of segment q_seg
   while (cur.valid) {
     const int st = tile % kStages;
-    MbarWait(full_bar + 8 * st, uint32_t(tile / kStages) & 1u);
     if (cur.s != q_seg) {
       // LAZY: re-rotate this warpgroup's rows by p - seg_start once per segment, publish them
-      // to the async proxy, wait for the warpgroup alone (its previous products are done).
+      // to the async proxy, wait for the warpgroup alone (its previous products are done);
+      // before the wait for the tile, so that the rotation overlaps its copies.
       RotateQRowsSw128<Cfg::kBlockM>(qrot_smem, q_smem, wg * 64, cur.start, pos_smem, freq_smem,
                                      ct % 128);
       FenceProxyAsyncShared();
@@ -174,6 +188,7 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
       sc = SegScoresOf(plan, v, cur.s, p.scale_log2);
       q_seg = cur.s;
     }
+    MbarWait(full_bar + 8 * st, uint32_t(tile / kStages) & 1u);
     float s[kBlockN / 8][4];
     if (pingpong) NamedBarrierSync(4 + wg, 256);  // my turn on the tensor cores
     QkTile128<Cfg::kBlockM>(s, q_rows, k_base + st * Cfg::kTileBytes, pass_turn);

@@ -298,10 +298,11 @@ __device__ __forceinline__ void QkvScatterBody(const QkvScatterParams& p) {
 __global__ void __launch_bounds__(kElementwiseThreads)
     QkvScatterKernel(const __grid_constant__ QkvScatterParams p) {
   // The attention kernel that follows is a programmatic dependent launch: letting it start
-  // now overlaps its split planning and page-id loads (which read nothing this kernel
-  // writes) with this kernel; it waits for this grid to finish before reading q or K/V.
-  kernels::detail::PdlWait();  // as RmsNormKernel
+  // before this kernel's own wait overlaps its split planning and page-id loads (which read
+  // nothing this kernel or the projection before it writes) with both; it waits for this
+  // grid, which ends after the projection's, before reading q or K/V.
   kernels::detail::PdlLaunchDependents();
+  kernels::detail::PdlWait();
   QkvScatterBody(p);
 }
 

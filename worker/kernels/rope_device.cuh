@@ -70,22 +70,36 @@ __device__ __forceinline__ void BuildRotatedQ(uint32_t (&qf)[D / 16][4], const c
   }
 }
 
-// Rotates by RoPE to `pos` the eight rotate-half pairs held in one 16-byte chunk pair of a
-// bf16 row: lo holds columns 8cp..8cp+7, hi their partners D/2 further (the same products and
-// roundings as BuildRotatedQ).
-__device__ __forceinline__ void RotateChunkPair(uint4* lo, uint4* hi, int pos,
-                                                const float* inv_freq_smem, int cp) {
+// The sines and cosines of chunk pair cp's eight frequencies at `pos` (RotateChunkPairBy's).
+__device__ __forceinline__ void ChunkPairSinCos(int pos, const float* inv_freq_smem, int cp,
+                                                float (&sn)[8], float (&cs)[8]) {
+#pragma unroll
+  for (int f = 0; f < 8; ++f) RopeSinCos(pos, inv_freq_smem[cp * 8 + f], &sn[f], &cs[f]);
+}
+
+// RotateChunkPair with the sines and cosines given (ChunkPairSinCos), so that rows at one
+// position share them.
+__device__ __forceinline__ void RotateChunkPairBy(uint4* lo, uint4* hi, const float (&sn)[8],
+                                                  const float (&cs)[8]) {
   uint32_t* lw = reinterpret_cast<uint32_t*>(lo);
   uint32_t* hw = reinterpret_cast<uint32_t*>(hi);
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     const float2 x0 = UnpackBf16(lw[e]), x1 = UnpackBf16(hw[e]);
-    float s0, c0, s1, c1;
-    RopeSinCos(pos, inv_freq_smem[cp * 8 + 2 * e], &s0, &c0);
-    RopeSinCos(pos, inv_freq_smem[cp * 8 + 2 * e + 1], &s1, &c1);
+    const float s0 = sn[2 * e], c0 = cs[2 * e], s1 = sn[2 * e + 1], c1 = cs[2 * e + 1];
     lw[e] = PackBf16(x0.x * c0 - x1.x * s0, x0.y * c1 - x1.y * s1);
     hw[e] = PackBf16(x1.x * c0 + x0.x * s0, x1.y * c1 + x0.y * s1);
   }
+}
+
+// Rotates by RoPE to `pos` the eight rotate-half pairs held in one 16-byte chunk pair of a
+// bf16 row: lo holds columns 8cp..8cp+7, hi their partners D/2 further (the same products and
+// roundings as BuildRotatedQ).
+__device__ __forceinline__ void RotateChunkPair(uint4* lo, uint4* hi, int pos,
+                                                const float* inv_freq_smem, int cp) {
+  float sn[8], cs[8];
+  ChunkPairSinCos(pos, inv_freq_smem, cp, sn, cs);
+  RotateChunkPairBy(lo, hi, sn, cs);
 }
 
 // Rotates every key row of a K tile in shared memory in place: row r at position

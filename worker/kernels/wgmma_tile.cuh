@@ -14,19 +14,27 @@ namespace lazyrag::kernels::detail {
 // Rotates packed query rows row0 .. row0 + 63 of the raw tile at q_smem (TileOffset layout)
 // by RoPE to position pos_smem[row] - seg_start and stores them as bf16 at rot_smem in the
 // Sw128 layout of a kRows-row operand (the wgmma A operand of Q K^T). The 128 threads of one
-// warpgroup (wt = thread index within it), 16-byte chunk pairs (c, c + 8): the same products
-// and roundings as BuildRotatedQ.
+// warpgroup (wt = thread index within it): thread wt takes 16-byte chunk pair (c, c + 8), c =
+// wt % 8, of the four consecutive rows 4 (wt / 8) .. + 3, and rows at the position of the row
+// before them (the GQA heads of one query row are consecutive packed rows) reuse its sines and
+// cosines. The same products and roundings as BuildRotatedQ.
 template <int kRows>
 __device__ __forceinline__ void RotateQRowsSw128(char* rot_smem, const char* q_smem, int row0,
                                                  int seg_start, const int* pos_smem,
                                                  const float* inv_freq_smem, int wt) {
   constexpr int D = 128, kPairs = D / 16;
+  const int cp = wt % kPairs, first = row0 + 4 * (wt / kPairs);
+  float sn[8], cs[8];
+  int have = 0;
 #pragma unroll
-  for (int it = wt; it < 64 * kPairs; it += 128) {
-    const int row = row0 + it / kPairs, cp = it % kPairs;
+  for (int i = 0; i < 4; ++i) {
+    const int row = first + i;
+    const int pos = pos_smem[row] - seg_start;
+    if (i == 0 || pos != have) ChunkPairSinCos(pos, inv_freq_smem, cp, sn, cs);
+    have = pos;
     uint4 lo = *reinterpret_cast<const uint4*>(q_smem + TileOffset<D>(row, cp));
     uint4 hi = *reinterpret_cast<const uint4*>(q_smem + TileOffset<D>(row, cp + kPairs));
-    RotateChunkPair(&lo, &hi, pos_smem[row] - seg_start, inv_freq_smem, cp);
+    RotateChunkPairBy(&lo, &hi, sn, cs);
     *reinterpret_cast<uint4*>(rot_smem + Sw128Offset<kRows>(row, cp)) = lo;
     *reinterpret_cast<uint4*>(rot_smem + Sw128Offset<kRows>(row, cp + kPairs)) = hi;
   }
