@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# One device call for the query block's fixed costs (issue 29, branch
-# wip/query-block-fixed-costs): in order of need, kernels_test (prefill, merge, stable history)
-# and the CUDA model against the CPU for the new build, ttft_bench main / new (early_kv 1 and 0)
-# in two rounds, the query-block phase trace new / old (kernel_bench --ws-trace of branches
-# wip/ws-trace-fixed2 and wip/ws-trace), kernel_bench new / main. Everything streams into $OUT,
+# One device call for a change to the query block (issue 29; first used for the branch
+# wip/query-block-fixed-costs, measured 2026-12-07, bench/HISTORY.md): in order of need,
+# kernels_test (prefill, merge, stable history) and the CUDA model against the CPU for the new
+# build, ttft_bench base / new (early_kv 1 and 0) in two rounds, the query-block phase trace new
+# / old (kernel_bench --ws-trace of two trace builds, e.g. the branches wip/ws-trace-fixed2 and
+# wip/ws-trace), kernel_bench new / base. Everything streams into $OUT,
 # so a run cut short keeps what it has. Run ON THE GPU MACHINE from the repository root.
 #
 # Packing here (no GPU needed), into an ignored folder, e.g. .gpu-q:
-#   this branch:      kernels_test, cuda_backend_test, ttft_bench -> ttft_new,
+#   the change:       kernels_test, cuda_backend_test, ttft_bench -> ttft_new,
 #                     kernel_bench -> kernel_bench_new
-#   main:             ttft_bench -> ttft_main, kernel_bench -> kernel_bench_main
-#   wip/ws-trace-fixed2, wip/ws-trace: kernel_bench -> kernel_bench_trace_new, kernel_bench_trace
+#   the base (main):  ttft_bench -> ttft_main, kernel_bench -> kernel_bench_main
+#   trace builds (kernel_bench --ws-trace): new -> kernel_bench_trace_new, base -> kernel_bench_trace
 #   mkdir -p /tmp/q/bin; cp <those> /tmp/q/bin/; strip /tmp/q/bin/*
 #   ../shared/device/collect-libs.sh /tmp/q/lib /tmp/q/bin/*
 #   tar cJf .gpu-q/pack.tar.xz -C /tmp/q bin lib
