@@ -277,6 +277,14 @@ std::vector<int64_t> LateRowOffsets(const Problem& p, const KvPool& pool, GpuRun
 // Runs one kernel on device copies of the problem; returns the bf16 output as floats.
 std::vector<float> RunGpu(const Problem& p, const KvPool& pool, const GpuRun& run);
 
+// The probe behind the StableHistoryProbeEarlyReads tests: with stable_history's promise broken
+// (every request's first key written late, GpuRun::LateRows::kFirstKeys), a request of
+// query_len rows after four 1,000-1,500-token documents, 8 splits: expects NaN in the output with
+// stable_history (the early copies read the late rows) and none without. Timing-dependent (on a
+// machine where the late writer finishes before the early copies it sees nothing:
+// bench/HISTORY.md), so the tests run it only on request (KERNELS_TEST_PROBE_EARLY_READS=1).
+void ExpectEarlyCopiesSeeLateRows(bool decode, int query_len, std::mt19937& rng);
+
 // |got - ref| <= atol + rtol |ref| everywhere (bf16 output, bf16 P and rotated q in the
 // kernel vs an fp32/double reference), and a small mean error.
 void ExpectClose(const std::vector<float>& got, const std::vector<float>& ref,

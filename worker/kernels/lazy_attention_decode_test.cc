@@ -158,24 +158,7 @@ TEST(LazyAttention, DecodeStableHistoryProbeEarlyReads) {
   if (std::getenv("KERNELS_TEST_PROBE_EARLY_READS") == nullptr) {
     GTEST_SKIP() << "set KERNELS_TEST_PROBE_EARLY_READS=1 to run";
   }
-  const Sizes s{/*head_dim=*/128, /*group=*/4, /*num_kv_heads=*/2, 16};
-  KvPool pool(16, s.num_kv_heads, s.head_dim, PagesFor(4 * 1500, 16) + 40, rng);
-  const std::vector<Doc> docs = MakeDocs(pool, 4, 1000, 1500, rng);
-  Problem b1 = EmptyProblem(s);
-  AddRequest(b1, pool, docs, {2, 0, 3, 1}, 37, 1, rng);
-  for (bool stable : {true, false}) {
-    GpuRun run{true, KeyLayout::kRotatedLocal, 8};
-    run.stable_history = stable;
-    run.late_rows = GpuRun::LateRows::kFirstKeys;
-    const std::vector<float> out = RunGpu(b1, pool, run);
-    const size_t nans =
-        std::count_if(out.begin(), out.end(), [](float x) { return std::isnan(x); });
-    if (stable) {
-      EXPECT_GT(nans, 0u) << "early copies did not see the late rows";
-    } else {
-      EXPECT_EQ(nans, 0u) << "without stable_history every read waits";
-    }
-  }
+  ExpectEarlyCopiesSeeLateRows(/*decode=*/true, /*query_len=*/1, rng);
 }
 
 // Decode split merge against the workspace size: room for all forced splits,
