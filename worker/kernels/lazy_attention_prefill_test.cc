@@ -21,6 +21,22 @@
 namespace lazyrag::kernels::testing {
 namespace {
 
+// The prefill problems of the tests below: a 32-row query block after five documents and a
+// 9-token prefix (b1), a batch of 16, and chunked causal prefill (a 100-row chunk after 200
+// own tokens; a 37-row block after two documents and 7 own tokens).
+struct PrefillProblems {
+  Problem b1, b16, causal;
+};
+PrefillProblems MakePrefillProblems(const Sizes& s, KvPool& pool, const std::vector<Doc>& docs,
+                                    std::mt19937& rng) {
+  PrefillProblems p{EmptyProblem(s), Problem(), EmptyProblem(s)};
+  AddRequest(p.b1, pool, docs, {5, 2, 7, 0, 3}, 9, 32, rng);
+  AddRequest(p.causal, pool, docs, {}, 200, 100, rng);
+  AddRequest(p.causal, pool, docs, {1, 6}, 7, 37, rng);
+  p.b16 = MakeRagBatch(s, pool, docs, 16, 3, 40, 32, rng);
+  return p;
+}
+
 TEST(LazyAttention, PrefillBatch16QueryBlocks) {
   GPU_TEST_SETUP(rng);
   Sizes s;
@@ -91,12 +107,8 @@ TEST(LazyAttention, PrefillWgmmaMatchesCpuAndMmaSync) {
   ForPageSizesAndGroups(
       rng, {16, 64}, 1200, 40 * 16,
       [&](const Sizes& s, KvPool& pool, const std::vector<Doc>& docs) {
-        Problem b1 = EmptyProblem(s);
-        Problem causal = b1;
-        AddRequest(b1, pool, docs, {5, 2, 7, 0, 3}, 9, 32, rng);
-        AddRequest(causal, pool, docs, {}, 200, 100, rng);
-        AddRequest(causal, pool, docs, {1, 6}, 7, 37, rng);
-        const Problem b16 = MakeRagBatch(s, pool, docs, 16, 3, 40, 32, rng);
+        const PrefillProblems pp = MakePrefillProblems(s, pool, docs, rng);
+        const Problem &b1 = pp.b1, &b16 = pp.b16, &causal = pp.causal;
         LazyAttentionParams probe;
         probe.shape = b1.shape;
         const bool wgmma = LazyAttentionPrefillUsesWgmma(probe);
@@ -150,14 +162,9 @@ TEST(LazyAttention, PrefillStableHistoryWaitsForTheStepsRows) {
     const Sizes s{/*head_dim=*/128, /*group=*/4, /*num_kv_heads=*/2, ps};
     KvPool pool(ps, s.num_kv_heads, s.head_dim, PagesFor(8 * 1200, ps) + 40 * 24, rng);
     const std::vector<Doc> docs = MakeDocs(pool, 8, 300, 1200, rng);
-    Problem b1 = EmptyProblem(s);
-    Problem causal = b1;
-    AddRequest(b1, pool, docs, {5, 2, 7, 0, 3}, 9, 32, rng);
-    AddRequest(causal, pool, docs, {}, 200, 100, rng);
-    AddRequest(causal, pool, docs, {1, 6}, 7, 37, rng);
-    const Problem b16 = MakeRagBatch(s, pool, docs, 16, 3, 40, 32, rng);
+    const PrefillProblems pp = MakePrefillProblems(s, pool, docs, rng);
     const std::pair<const char*, const Problem*> problems[] = {
-        {"b1", &b1}, {"b16", &b16}, {"causal", &causal}};
+        {"b1", &pp.b1}, {"b16", &pp.b16}, {"causal", &pp.causal}};
     for (const auto& [name, prob] : problems) {
       const std::vector<float> ref = RunCpu(*prob, pool, KeyLayout::kRotatedLocal);
       for (int splits : {0, 1, 3}) {
