@@ -5,8 +5,6 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -21,9 +19,9 @@
 namespace lazyrag::kernels::testing {
 namespace {
 
-// The prefill problems of the tests below: a 32-row query block after five documents and a
-// 9-token prefix (b1), a batch of 16, and chunked causal prefill (a 100-row chunk after 200
-// own tokens; a 37-row block after two documents and 7 own tokens).
+// The prefill problems of the tests below: a 32-row query block after five documents and 9
+// earlier tokens of its own (b1), a RAG batch of 16, and chunked causal prefill (a 100-row
+// chunk after 200 own tokens; a 37-row block after two documents and 7 own tokens).
 struct PrefillProblems {
   Problem b1, b16, causal;
 };
