@@ -415,7 +415,7 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
       if (fold) {
         RETURN_IF_ERROR(projections_.GemvQkv(a.h, {}, L.wqkv, d, qkv_split(l)));
       } else {
-        RETURN_IF_ERROR(projections_.Gemm(a.h, L.wqkv, a.qkv, CUDA_R_32F, T, qd + 2 * kvd, d));
+        RETURN_IF_ERROR(projections_.Qkv(a.h, L.wqkv, a.qkv, T, qd + 2 * kvd, d));
       }
     }
     if (!fold) {

@@ -63,8 +63,9 @@ struct CudaBackendOptions {
   bool early_kv_reads = true;
   // Projections of 1-64 token rows through kernels::LaunchWgmmaGemm (TMA + wgmma, the SwiGLU
   // fused into gate|up) instead of cuBLAS: 1 (default) where every SM gets a block (the lm_head
-  // and gate|up of Llama-3-8B, measured faster; ttft_bench --wgmma_gemm 0|1), 2 on every shape
-  // it takes (tests), 0 never. Needs a compute capability 9.0 device (cuBLAS otherwise).
+  // and gate|up of Llama-3-8B) and for QKV (it streams its weights under the RMSNorm before it),
+  // measured faster (ttft_bench --wgmma_gemm 0|1); 2 on every shape it takes (tests), 0 never.
+  // Needs a compute capability 9.0 device (cuBLAS otherwise).
   int wgmma_gemm = 1;
   // Tensor parallelism: this backend is rank shard.rank of shard.size (CreateCudaBackend takes
   // the global model and keeps the rank's slice). `nccl_comm` is that rank's ncclComm_t

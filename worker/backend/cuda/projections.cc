@@ -47,12 +47,22 @@ absl::Status Projections::Init(cudaStream_t stream, int wgmma_gemm) {
 
 absl::Status Projections::Gemm(const uint16_t* x, const uint16_t* w, void* y, cudaDataType y_type,
                                int rows, int n, int k) {
+  return Project(x, w, y, y_type, rows, n, k, false);
+}
+
+absl::Status Projections::Qkv(const uint16_t* x, const uint16_t* w, float* y, int rows, int n,
+                              int k) {
+  return Project(x, w, y, CUDA_R_32F, rows, n, k, true);
+}
+
+absl::Status Projections::Project(const uint16_t* x, const uint16_t* w, void* y,
+                                  cudaDataType y_type, int rows, int n, int k, bool any_shape) {
   if (rows == 0) return absl::OkStatus();
   if (rows == 1) {  // one token: the GEMV reads the weights closer to the HBM roof (gemv.h)
     const cuda_model::GemvParams g = OneRow(x, w, y, y_type == CUDA_R_32F, false, n, k);
     if (cuda_model::GemvPreferred(g)) return cuda_model::LaunchGemv(g, stream_);
   }
-  if (UseWgmma(x, w, rows, n, k, false)) {
+  if (UseWgmma(x, w, rows, n, k, false, any_shape)) {
     kernels::WgmmaGemmParams g;
     g.x = x;
     g.w = w;
@@ -92,13 +102,13 @@ absl::Status Projections::GateUpSwiGlu(const uint16_t* x, const uint16_t* w, uin
   return cuda_model::LaunchSwiGlu({gate_up, act, rows, ff}, stream_);
 }
 
-bool Projections::UseWgmma(const void* x, const void* w, int rows, int n, int k,
-                           bool swiglu) const {
+bool Projections::UseWgmma(const void* x, const void* w, int rows, int n, int k, bool swiglu,
+                           bool any_shape) const {
   if (wgmma_gemm_ == 0 || rows < 1 || !kernels::WgmmaGemmShapeOk(rows, n, k, swiglu)) return false;
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0) {
     return false;
   }
-  return wgmma_gemm_ == 2 || kernels::WgmmaGemmBlocks(n, swiglu, 128) >= sms_;
+  return wgmma_gemm_ == 2 || any_shape || kernels::WgmmaGemmBlocks(n, swiglu, 128) >= sms_;
 }
 
 bool Projections::OneRowNormsFold(int hidden, int q_dim, int kv_dim, int head_dim, int ff) {

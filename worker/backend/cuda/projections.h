@@ -1,8 +1,8 @@
 // The CUDA model's projections (the weight GEMMs of a forward step): cuBLAS; at one row the GEMV
 // of worker/kernels/gemv.h where it reads the weights closer to the HBM roof; and for up to 64
 // rows the TMA + wgmma kernel of worker/kernels/wgmma_gemm.h on shapes wide enough to give every
-// SM a block (SwiGLU fused into gate|up by both). Not thread-safe: the backend's mutex guards every
-// call.
+// SM a block and for QKV (SwiGLU fused into gate|up by both). Not thread-safe: the backend's mutex
+// guards every call.
 #pragma once
 
 #include <cublas_v2.h>
@@ -29,6 +29,10 @@ class Projections {
   // y[rows, n] = x[rows, k] * w[n, k]^T, bf16 inputs, fp32 accumulation, y of y_type.
   absl::Status Gemm(const uint16_t* x, const uint16_t* w, void* y, cudaDataType y_type, int rows,
                     int n, int k);
+  // The QKV projection of a step of `rows` tokens: Gemm with fp32 y, but on the TMA + wgmma
+  // kernel whatever its block count (wgmma_gemm >= 1): it launches as a programmatic dependent of
+  // the RMSNorm before it and streams the weights while the norm runs, which cuBLAS cannot.
+  absl::Status Qkv(const uint16_t* x, const uint16_t* w, float* y, int rows, int n, int k);
   // act[rows, ff] = SwiGLU of x[rows, k] * w[2 * ff, k]^T (gate rows, then up rows); gate_up
   // [rows, 2 * ff] is scratch (unused at one row, where the GEMV fuses the SwiGLU).
   absl::Status GateUpSwiGlu(const uint16_t* x, const uint16_t* w, uint16_t* gate_up, uint16_t* act,
@@ -54,8 +58,12 @@ class Projections {
                        int k, const cuda_model::GemvQkvOut& out);
 
  private:
+  // Gemm; `any_shape`: on the wgmma kernel wherever it is on, not only where every SM gets a block.
+  absl::Status Project(const uint16_t* x, const uint16_t* w, void* y, cudaDataType y_type, int rows,
+                       int n, int k, bool any_shape);
   // Whether kernels::LaunchWgmmaGemm takes y[rows, n] (n = 2 ff with swiglu) of this step.
-  bool UseWgmma(const void* x, const void* w, int rows, int n, int k, bool swiglu) const;
+  bool UseWgmma(const void* x, const void* w, int rows, int n, int k, bool swiglu,
+                bool any_shape = false) const;
 
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
