@@ -22,10 +22,13 @@
 // pages (shuffled page order) so bytes are not shared through L2. Prints a table, writes
 // JSON with --out PATH.
 //
-// Usage: kernel_bench [--out PATH] [--iters N] [--prefill-kernel auto|mma] [--decode-b1]
+// Usage: kernel_bench [--out PATH] [--iters N] [--prefill-kernel auto|mma]
+//                     [--decode-b1 | --chunks]
 // (--prefill-kernel mma: every prefill row that would take the launcher's choice runs the
 // mma.sync kernel instead; a fallback for when the wgmma kernel is broken. --decode-b1: only the
-// decode rows of batches 1-8 and batch 1's forced split counts, for quick A/B runs.)
+// decode rows of batches 1-8 and batch 1's forced split counts; --chunks: only the 2,048-row
+// chunk rows, sampled as in a full run; both for quick A/B runs, e.g. many alternations of
+// builds in one call for rows whose runs spread, as the chunks' do.)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -447,12 +450,15 @@ int Report(const std::vector<Result>& results, const cudaDeviceProp& prop, doubl
 int Main(int argc, char** argv) {
   std::string out_path;
   int iters = 50;
-  bool decode_b1 = false;  // only the decode rows of batches 1-8 (quick A/B runs)
+  bool decode_b1 = false;    // only the decode rows of batches 1-8 (quick A/B runs)
+  bool chunks_only = false;  // only the 2,048-row chunk rows (quick A/B runs)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
       out_path = argv[++i];
     } else if (!std::strcmp(argv[i], "--decode-b1")) {
       decode_b1 = true;
+    } else if (!std::strcmp(argv[i], "--chunks")) {
+      chunks_only = true;
     } else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) {
       iters = std::max(1, std::atoi(argv[++i]));
     } else if (!std::strcmp(argv[i], "--prefill-kernel") && i + 1 < argc &&
@@ -462,7 +468,7 @@ int Main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--out PATH] [--iters N] [--prefill-kernel auto|mma] "
-                   "[--decode-b1]\n",
+                   "[--decode-b1 | --chunks]\n",
                    argv[0]);
       return 2;
     }
@@ -506,6 +512,33 @@ int Main(int argc, char** argv) {
   } variants[] = {{"lazy", false, KeyLayout::kRotatedLocal},
                   {"zero_deltas", true, KeyLayout::kRotatedLocal},
                   {"rotate_keys", false, KeyLayout::kUnrotated}};
+
+  // Large prefill: a 2,048-token chunk of the request's own tokens (causal among themselves)
+  // after 10,200 document tokens, b1 and b4, the launcher's kernel and mma.sync. FLOPs count
+  // the visible (query, key) pairs only.
+  const auto time_chunks = [&] {
+    for (int batch : {1, 4}) {
+      constexpr int kChunk = 2048;
+      AttentionSetup s(batch, kChunk, prop.l2CacheSize, rng, true, /*own_len=*/kChunk,
+                       /*max_splits=*/4);
+      double pairs = 0;
+      for (int i = 0; i < kChunk; ++i) pairs += kDocs * kDocLen + i + 1;
+      const double flops = 4.0 * batch * kHeads * kHeadDim * pairs;
+      for (PrefillKernel kernel : {g_default_prefill_kernel, PrefillKernel::kMmaSync}) {
+        const double ms = TimeMedianMs(2, std::max(5, iters / 5), [&](int i, cudaStream_t st) {
+          LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
+          p.prefill_kernel = kernel;
+          BENCH_OK(LazyAttentionPrefill(p, st));
+        });
+        results.push_back({"prefill_q2048_b" + std::to_string(batch), "prefill", batch, kChunk,
+                           s.kv_len, VariantName(kernel), ms, s.KvBytes(), flops});
+      }
+    }
+  };
+  if (chunks_only) {
+    time_chunks();
+    return Report(results, prop, copy_tbs, read_tbs, out_path);
+  }
 
   // Decode.
   // --decode-b1: the small batches only (1-8, where the launcher splits the KV).
@@ -619,25 +652,7 @@ int Main(int argc, char** argv) {
                          "lazy_isolated", ms, s.KvBytes(), flops});
     }
   }
-  // Large prefill: a 2,048-token chunk of the request's own tokens (causal among themselves)
-  // after 10,200 document tokens. FLOPs count the visible (query, key) pairs only.
-  for (int batch : {1, 4}) {
-    constexpr int kChunk = 2048;
-    AttentionSetup s(batch, kChunk, prop.l2CacheSize, rng, true, /*own_len=*/kChunk,
-                     /*max_splits=*/4);
-    double pairs = 0;
-    for (int i = 0; i < kChunk; ++i) pairs += kDocs * kDocLen + i + 1;
-    const double flops = 4.0 * batch * kHeads * kHeadDim * pairs;
-    for (PrefillKernel kernel : {g_default_prefill_kernel, PrefillKernel::kMmaSync}) {
-      const double ms = TimeMedianMs(2, std::max(5, iters / 5), [&](int i, cudaStream_t st) {
-        LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
-        p.prefill_kernel = kernel;
-        BENCH_OK(LazyAttentionPrefill(p, st));
-      });
-      results.push_back({"prefill_q2048_b" + std::to_string(batch), "prefill", batch, kChunk,
-                         s.kv_len, VariantName(kernel), ms, s.KvBytes(), flops});
-    }
-  }
+  time_chunks();
   // Batch 1 against forced KV split counts (LAZY only): how the fixed costs move with the
   // number of blocks. "auto" rows above use the launcher's choice.
   {
