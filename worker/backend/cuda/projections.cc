@@ -52,7 +52,7 @@ absl::Status Projections::Gemm(const uint16_t* x, const uint16_t* w, void* y, cu
 
 absl::Status Projections::Qkv(const uint16_t* x, const uint16_t* w, float* y, int rows, int n,
                               int k) {
-  return Project(x, w, y, CUDA_R_32F, rows, n, k, true);
+  return Project(x, w, y, CUDA_R_32F, rows, n, k, /*any_shape=*/rows >= 2);
 }
 
 absl::Status Projections::Project(const uint16_t* x, const uint16_t* w, void* y,

@@ -29,9 +29,10 @@ class Projections {
   // y[rows, n] = x[rows, k] * w[n, k]^T, bf16 inputs, fp32 accumulation, y of y_type.
   absl::Status Gemm(const uint16_t* x, const uint16_t* w, void* y, cudaDataType y_type, int rows,
                     int n, int k);
-  // The QKV projection of a step of `rows` tokens: Gemm with fp32 y, but on the TMA + wgmma
-  // kernel whatever its block count (wgmma_gemm >= 1): it launches as a programmatic dependent of
-  // the RMSNorm before it and streams the weights while the norm runs, which cuBLAS cannot.
+  // The QKV projection of a step of `rows` tokens: Gemm with fp32 y, but with 2-64 rows on the
+  // TMA + wgmma kernel whatever its block count (wgmma_gemm >= 1): it launches as a programmatic
+  // dependent of the RMSNorm before it and streams the weights while the norm runs, which
+  // cuBLAS cannot.
   absl::Status Qkv(const uint16_t* x, const uint16_t* w, float* y, int rows, int n, int k);
   // act[rows, ff] = SwiGLU of x[rows, k] * w[2 * ff, k]^T (gate rows, then up rows); gate_up
   // [rows, 2 * ff] is scratch (unused at one row, where the GEMV fuses the SwiGLU).
