@@ -280,9 +280,9 @@ std::vector<float> RunGpu(const Problem& p, const KvPool& pool, const GpuRun& ru
 // The probe behind the StableHistoryProbeEarlyReads tests: with stable_history's promise broken
 // (every request's first key written late, GpuRun::LateRows::kFirstKeys), a request of
 // query_len rows after four 1,000-1,500-token documents, 8 splits: expects NaN in the output with
-// stable_history (the early copies read the late rows) and none without. Timing-dependent (if
-// the late writer finishes before the early copies it sees nothing), so the tests run it only
-// on request (KERNELS_TEST_PROBE_EARLY_READS=1).
+// stable_history (the early copies read the late rows) and none without: a check on a GPU that
+// the early copies happen. Timing-dependent (if the late writer finishes before the early copies
+// it sees nothing), so it skips the calling test unless KERNELS_TEST_PROBE_EARLY_READS=1.
 void ExpectEarlyCopiesSeeLateRows(bool decode, int query_len, std::mt19937& rng);
 
 // |got - ref| <= atol + rtol |ref| everywhere (bf16 output, bf16 P and rotated q in the

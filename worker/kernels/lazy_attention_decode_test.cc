@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -150,14 +149,9 @@ TEST(LazyAttention, DecodeStableHistoryWaitsForTheStepsRows) {
   }
 }
 
-// The probe that the test above can fail: with the promise broken (every request's FIRST key
-// written late), the early copies read the NaN rows. Timing-dependent, so only on request
-// (KERNELS_TEST_PROBE_EARLY_READS=1), to check on a GPU that the early copies happen.
+// The probe that the test above can fail (ExpectEarlyCopiesSeeLateRows; only on request).
 TEST(LazyAttention, DecodeStableHistoryProbeEarlyReads) {
   GPU_TEST_SETUP(rng);
-  if (std::getenv("KERNELS_TEST_PROBE_EARLY_READS") == nullptr) {
-    GTEST_SKIP() << "set KERNELS_TEST_PROBE_EARLY_READS=1 to run";
-  }
   ExpectEarlyCopiesSeeLateRows(/*decode=*/true, /*query_len=*/1, rng);
 }
 

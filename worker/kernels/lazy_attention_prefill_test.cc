@@ -106,9 +106,8 @@ TEST(LazyAttention, PrefillWgmmaMatchesCpuAndMmaSync) {
       rng, {16, 64}, 1200, 40 * 16,
       [&](const Sizes& s, KvPool& pool, const std::vector<Doc>& docs) {
         const PrefillProblems pp = MakePrefillProblems(s, pool, docs, rng);
-        const Problem &b1 = pp.b1, &b16 = pp.b16, &causal = pp.causal;
         LazyAttentionParams probe;
-        probe.shape = b1.shape;
+        probe.shape = pp.b1.shape;
         const bool wgmma = LazyAttentionPrefillUsesWgmma(probe);
         probe.num_pages = pool.pages;
         probe.view.page_size = s.page_size;
@@ -121,7 +120,7 @@ TEST(LazyAttention, PrefillWgmmaMatchesCpuAndMmaSync) {
         }
         if (!wgmma) std::printf("note: wgmma prefill kernels unavailable; mma.sync throughout\n");
         const std::pair<const char*, const Problem*> problems[] = {
-            {"b1", &b1}, {"b16", &b16}, {"causal", &causal}};
+            {"b1", &pp.b1}, {"b16", &pp.b16}, {"causal", &pp.causal}};
         for (const auto& [name, prob] : problems) {
           const std::vector<float> ref = RunCpu(*prob, pool, KeyLayout::kRotatedLocal);
           for (int splits : {0, 1, 3}) {
@@ -175,14 +174,9 @@ TEST(LazyAttention, PrefillStableHistoryWaitsForTheStepsRows) {
   }
 }
 
-// The probe that the test above can fail: with the promise broken (every request's first key
-// written late), the early copies read the NaN rows. Timing-dependent, so only on request
-// (KERNELS_TEST_PROBE_EARLY_READS=1), to check on a GPU that the early copies happen.
+// The probe that the test above can fail (ExpectEarlyCopiesSeeLateRows; only on request).
 TEST(LazyAttention, PrefillStableHistoryProbeEarlyReads) {
   GPU_TEST_SETUP(rng);
-  if (std::getenv("KERNELS_TEST_PROBE_EARLY_READS") == nullptr) {
-    GTEST_SKIP() << "set KERNELS_TEST_PROBE_EARLY_READS=1 to run";
-  }
   ExpectEarlyCopiesSeeLateRows(/*decode=*/false, /*query_len=*/32, rng);
 }
 
