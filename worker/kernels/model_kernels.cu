@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 
 #include "worker/kernels/attention_internal.cuh"  // PdlWait, LaunchPdlKernel
 #include "worker/kernels/cuda_check.h"
@@ -172,6 +173,84 @@ __global__ void __launch_bounds__(kNormThreads)
   kernels::detail::PdlLaunchDependents();
   __shared__ float scratch[kNormThreads / 32];
   RmsNormBody(p, scratch);
+}
+
+// A row over a cluster of kNormCluster blocks (rows of the residual stream, no embedding, dim
+// a multiple of 4 kNormCluster of at most 2 float4 a thread): block q of the cluster takes the
+// row's chunks [q C, (q + 1) C), C = dim / 4 / kNormCluster; the sum of squares is reduced in
+// the block, then over the cluster through distributed shared memory in rank order.
+constexpr int kNormCluster = 4;
+constexpr int kNormClusterChunks = 2;
+
+__global__ void __launch_bounds__(kNormThreads)
+    RmsNormClusterKernel(const __grid_constant__ RmsNormParams p) {
+  kernels::detail::PdlWait();
+  kernels::detail::PdlLaunchDependents();
+  __shared__ float scratch[kNormThreads / 32];
+  const int r = blockIdx.x / kNormCluster;
+  const unsigned q = blockIdx.x % kNormCluster;  // the block's rank in its cluster
+  const int dim = p.dim, per_block = dim / 4 / kNormCluster;
+  const int64_t src_row = p.rows != nullptr ? p.rows[r] : r;
+  float4 v[kNormClusterChunks], w[kNormClusterChunks];
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kNormClusterChunks; ++k) {
+    const int c = q * per_block + threadIdx.x + k * blockDim.x;
+    v[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (threadIdx.x + k * blockDim.x < per_block) {
+      v[k] = *reinterpret_cast<const float4*>(p.x + src_row * dim + 4 * c);
+      if (p.residual != nullptr) {
+        const float4 d = LoadBf16x4(p.residual + src_row * dim + 4 * c);
+        v[k].x += d.x;
+        v[k].y += d.y;
+        v[k].z += d.z;
+        v[k].w += d.w;
+      }
+      w[k] = *reinterpret_cast<const float4*>(p.weight + 4 * c);
+      ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+    }
+  }
+  ss = BlockSum(ss, scratch);
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
+                   : "memory");
+  float total = 0.0f;
+  {
+    uint32_t local = static_cast<uint32_t>(__cvta_generic_to_shared(&scratch[0]));
+#pragma unroll
+    for (unsigned rank = 0; rank < kNormCluster; ++rank) {
+      uint32_t remote;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+      float part;
+      asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(part) : "r"(remote) : "memory");
+      total += part;
+    }
+  }
+  // Peers read this block's scratch: it stays until every block of the cluster has.
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  const float inv = 1.0f / sqrtf(total / float(dim) + p.eps);
+#pragma unroll
+  for (int k = 0; k < kNormClusterChunks; ++k) {
+    const int c = q * per_block + threadIdx.x + k * blockDim.x;
+    if (threadIdx.x + k * blockDim.x < per_block) {
+      if (p.x_out != nullptr) *reinterpret_cast<float4*>(p.x_out + int64_t(r) * dim + 4 * c) = v[k];
+      uint2 o;
+      o.x = uint32_t(FloatToBf16(v[k].x * inv * w[k].x)) |
+            (uint32_t(FloatToBf16(v[k].y * inv * w[k].y)) << 16);
+      o.y = uint32_t(FloatToBf16(v[k].z * inv * w[k].z)) |
+            (uint32_t(FloatToBf16(v[k].w * inv * w[k].w)) << 16);
+      *reinterpret_cast<uint2*>(p.out + int64_t(r) * dim + 4 * c) = o;
+    }
+  }
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+bool NormClusterApplies(const RmsNormParams& p) {
+  static const bool on = [] {
+    const char* e = std::getenv("LAZYRAG_NORM_CLUSTER");  // experiment: 0 turns it off
+    return e == nullptr || std::atoi(e) != 0;
+  }();
+  return on && p.embedding == nullptr && p.x != nullptr && p.dim % (4 * kNormCluster) == 0 &&
+         p.dim / 4 / kNormCluster <= kNormThreads * kNormClusterChunks;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -506,6 +585,23 @@ absl::Status LaunchRopeTable(const RopeTableParams& p, cudaStream_t stream) {
 
 absl::Status LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
   if (p.num_rows == 0) return absl::OkStatus();
+  if (NormClusterApplies(p)) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(p.num_rows * kNormCluster);
+    config.blockDim = dim3(kNormThreads);
+    config.stream = stream;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    attr[1].id = cudaLaunchAttributeClusterDimension;
+    attr[1].val.clusterDim.x = kNormCluster;
+    attr[1].val.clusterDim.y = 1;
+    attr[1].val.clusterDim.z = 1;
+    config.attrs = attr;
+    config.numAttrs = 2;
+    LAZYRAG_RETURN_IF_CUDA_ERROR(cudaLaunchKernelEx(&config, RmsNormClusterKernel, p));
+    return absl::OkStatus();
+  }
   return kernels::detail::LaunchPdlKernel(RmsNormKernel, dim3(p.num_rows), kNormThreads, 0, nullptr,
                                           stream, p);
 }
