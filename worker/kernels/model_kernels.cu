@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
-#include <cstdlib>
 
 #include "worker/kernels/attention_internal.cuh"  // PdlWait, LaunchPdlKernel
 #include "worker/kernels/cuda_check.h"
@@ -175,10 +174,10 @@ __global__ void __launch_bounds__(kNormThreads)
   RmsNormBody(p, scratch);
 }
 
-// A row over a cluster of kNormCluster blocks (rows of the residual stream, no embedding, dim
-// a multiple of 4 kNormCluster of at most 2 float4 a thread): block q of the cluster takes the
-// row's chunks [q C, (q + 1) C), C = dim / 4 / kNormCluster; the sum of squares is reduced in
-// the block, then over the cluster through distributed shared memory in rank order.
+// RmsNormUsesClusters: a row over a cluster of kNormCluster blocks. Block q of the cluster
+// takes the row's chunks [q C, (q + 1) C), C = dim / 4 / kNormCluster, at most
+// kNormClusterChunks a thread; the sum of squares is reduced in the block, then over the cluster
+// through distributed shared memory in rank order (deterministic).
 constexpr int kNormCluster = 4;
 constexpr int kNormClusterChunks = 2;
 
@@ -211,22 +210,16 @@ __global__ void __launch_bounds__(kNormThreads)
     }
   }
   ss = BlockSum(ss, scratch);
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
-                   : "memory");
+  kernels::detail::ClusterArrive();  // every block's sum is in its scratch[0]
+  kernels::detail::ClusterWait();
   float total = 0.0f;
-  {
-    uint32_t local = static_cast<uint32_t>(__cvta_generic_to_shared(&scratch[0]));
 #pragma unroll
-    for (unsigned rank = 0; rank < kNormCluster; ++rank) {
-      uint32_t remote;
-      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
-      float part;
-      asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(part) : "r"(remote) : "memory");
-      total += part;
-    }
+  for (unsigned rank = 0; rank < kNormCluster; ++rank) {
+    total += kernels::detail::LoadClusterShared(&scratch[0], rank);
   }
-  // Peers read this block's scratch: it stays until every block of the cluster has.
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  // Peers read this block's scratch: it stays until every block of the cluster has (the wait
+  // at the end).
+  kernels::detail::ClusterArrive();
   const float inv = 1.0f / sqrtf(total / float(dim) + p.eps);
 #pragma unroll
   for (int k = 0; k < kNormClusterChunks; ++k) {
@@ -241,16 +234,7 @@ __global__ void __launch_bounds__(kNormThreads)
       *reinterpret_cast<uint2*>(p.out + int64_t(r) * dim + 4 * c) = o;
     }
   }
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-bool NormClusterApplies(const RmsNormParams& p) {
-  static const bool on = [] {
-    const char* e = std::getenv("LAZYRAG_NORM_CLUSTER");  // experiment: 0 turns it off
-    return e == nullptr || std::atoi(e) != 0;
-  }();
-  return on && p.embedding == nullptr && p.x != nullptr && p.dim % (4 * kNormCluster) == 0 &&
-         p.dim / 4 / kNormCluster <= kNormThreads * kNormClusterChunks;
+  kernels::detail::ClusterWait();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -583,9 +567,20 @@ absl::Status LaunchRopeTable(const RopeTableParams& p, cudaStream_t stream) {
   return absl::OkStatus();
 }
 
+bool RmsNormUsesClusters(const RmsNormParams& p) {
+  if (p.embedding != nullptr || p.x == nullptr || p.num_rows <= 0 ||
+      p.dim % (4 * kNormCluster) != 0 ||
+      p.dim / 4 / kNormCluster > kNormThreads * kNormClusterChunks) {
+    return false;
+  }
+  int sms = 0;
+  return kernels::detail::DeviceSmCount(&sms).ok() &&
+         int64_t(p.num_rows) * kNormCluster <= int64_t(sms);
+}
+
 absl::Status LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
   if (p.num_rows == 0) return absl::OkStatus();
-  if (NormClusterApplies(p)) {
+  if (RmsNormUsesClusters(p)) {
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(p.num_rows * kNormCluster);
     config.blockDim = dim3(kNormThreads);

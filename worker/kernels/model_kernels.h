@@ -50,6 +50,13 @@ struct RmsNormParams {
   float eps = 1e-5f;
 };
 absl::Status LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream);
+// Whether LaunchRmsNorm(p) splits each row over a cluster of blocks (rows of the residual
+// stream, x set and no embedding, dim a multiple of 16 up to 8,192, and few enough rows that
+// one block a row would leave most multiprocessors idle: rows x 4 <= SMs). Measured faster for
+// the 32-row step, whose two norms a layer sit between projections (bench/README.md); the
+// result differs from one block a row only in the order of the sum of squares. Needs the
+// current device.
+bool RmsNormUsesClusters(const RmsNormParams& p);
 
 // Splits the fused QKV projection: Q to bf16 (un-rotated; attention rotates it per segment),
 // K rotated at its token's position (rotate-half layout) and written with V to the token's
