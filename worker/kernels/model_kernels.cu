@@ -79,6 +79,33 @@ __device__ __forceinline__ float4 LoadBf16x4(const uint16_t* p) {
                      __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
 }
 
+// Chunk c (four features) of output row r's source: the embedding row of its token or x's row
+// src_row, plus the bf16 residual when set.
+__device__ __forceinline__ float4 NormSourceChunk(const RmsNormParams& p, int r, int64_t src_row,
+                                                  int c) {
+  float4 v = p.embedding != nullptr
+                 ? LoadBf16x4(p.embedding + int64_t(p.tokens[r]) * p.dim + 4 * c)
+                 : *reinterpret_cast<const float4*>(p.x + src_row * p.dim + 4 * c);
+  if (p.residual != nullptr) {
+    const float4 d = LoadBf16x4(p.residual + src_row * p.dim + 4 * c);
+    v.x += d.x;
+    v.y += d.y;
+    v.z += d.z;
+    v.w += d.w;
+  }
+  return v;
+}
+
+// Stores chunk c of output row r: the source to x_out (when set) and v * inv * w to out.
+__device__ __forceinline__ void StoreNormedChunk(const RmsNormParams& p, int r, int c,
+                                                 const float4& v, const float4& w, float inv) {
+  if (p.x_out != nullptr) *reinterpret_cast<float4*>(p.x_out + int64_t(r) * p.dim + 4 * c) = v;
+  uint2 o;
+  o.x = uint32_t(FloatToBf16(v.x * inv * w.x)) | (uint32_t(FloatToBf16(v.y * inv * w.y)) << 16);
+  o.y = uint32_t(FloatToBf16(v.z * inv * w.z)) | (uint32_t(FloatToBf16(v.w * inv * w.w)) << 16);
+  *reinterpret_cast<uint2*>(p.out + int64_t(r) * p.dim + 4 * c) = o;
+}
+
 __device__ __forceinline__ void RmsNormVecBody(const RmsNormParams& p, float* scratch) {
   const int r = blockIdx.x;
   const int dim = p.dim, chunks = dim / 4;
@@ -90,18 +117,7 @@ __device__ __forceinline__ void RmsNormVecBody(const RmsNormParams& p, float* sc
     const int c = threadIdx.x + k * blockDim.x;
     v[k] = make_float4(0.f, 0.f, 0.f, 0.f);
     if (c < chunks) {
-      if (p.embedding != nullptr) {
-        v[k] = LoadBf16x4(p.embedding + int64_t(p.tokens[r]) * dim + 4 * c);
-      } else {
-        v[k] = *reinterpret_cast<const float4*>(p.x + src_row * dim + 4 * c);
-      }
-      if (p.residual != nullptr) {
-        const float4 d = LoadBf16x4(p.residual + src_row * dim + 4 * c);
-        v[k].x += d.x;
-        v[k].y += d.y;
-        v[k].z += d.z;
-        v[k].w += d.w;
-      }
+      v[k] = NormSourceChunk(p, r, src_row, c);
       ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
     }
   }
@@ -118,15 +134,7 @@ __device__ __forceinline__ void RmsNormVecBody(const RmsNormParams& p, float* sc
 #pragma unroll
   for (int k = 0; k < kNormChunks; ++k) {
     const int c = threadIdx.x + k * blockDim.x;
-    if (c < chunks) {
-      if (p.x_out != nullptr) *reinterpret_cast<float4*>(p.x_out + int64_t(r) * dim + 4 * c) = v[k];
-      uint2 o;
-      o.x = uint32_t(FloatToBf16(v[k].x * inv * w[k].x)) |
-            (uint32_t(FloatToBf16(v[k].y * inv * w[k].y)) << 16);
-      o.y = uint32_t(FloatToBf16(v[k].z * inv * w[k].z)) |
-            (uint32_t(FloatToBf16(v[k].w * inv * w[k].w)) << 16);
-      *reinterpret_cast<uint2*>(p.out + int64_t(r) * dim + 4 * c) = o;
-    }
+    if (c < chunks) StoreNormedChunk(p, r, c, v[k], w[k], inv);
   }
 }
 
@@ -197,14 +205,7 @@ __global__ void __launch_bounds__(kNormThreads)
     const int c = q * per_block + threadIdx.x + k * blockDim.x;
     v[k] = make_float4(0.f, 0.f, 0.f, 0.f);
     if (threadIdx.x + k * blockDim.x < per_block) {
-      v[k] = *reinterpret_cast<const float4*>(p.x + src_row * dim + 4 * c);
-      if (p.residual != nullptr) {
-        const float4 d = LoadBf16x4(p.residual + src_row * dim + 4 * c);
-        v[k].x += d.x;
-        v[k].y += d.y;
-        v[k].z += d.z;
-        v[k].w += d.w;
-      }
+      v[k] = NormSourceChunk(p, r, src_row, c);
       w[k] = *reinterpret_cast<const float4*>(p.weight + 4 * c);
       ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
     }
@@ -224,15 +225,7 @@ __global__ void __launch_bounds__(kNormThreads)
 #pragma unroll
   for (int k = 0; k < kNormClusterChunks; ++k) {
     const int c = q * per_block + threadIdx.x + k * blockDim.x;
-    if (threadIdx.x + k * blockDim.x < per_block) {
-      if (p.x_out != nullptr) *reinterpret_cast<float4*>(p.x_out + int64_t(r) * dim + 4 * c) = v[k];
-      uint2 o;
-      o.x = uint32_t(FloatToBf16(v[k].x * inv * w[k].x)) |
-            (uint32_t(FloatToBf16(v[k].y * inv * w[k].y)) << 16);
-      o.y = uint32_t(FloatToBf16(v[k].z * inv * w[k].z)) |
-            (uint32_t(FloatToBf16(v[k].w * inv * w[k].w)) << 16);
-      *reinterpret_cast<uint2*>(p.out + int64_t(r) * dim + 4 * c) = o;
-    }
+    if (threadIdx.x + k * blockDim.x < per_block) StoreNormedChunk(p, r, c, v[k], w[k], inv);
   }
   kernels::detail::ClusterWait();
 }
