@@ -259,11 +259,14 @@ absl::Status MakeKernelParams(const LazyAttentionParams& params, int base_blocks
 // kernel, the merge kernel, the warp-specialized kernel with its tensor maps, and the CUDA
 // model's RMSNorm, QKV-scatter and SwiGLU kernels (worker/kernels/model_kernels.cu). With
 // `smem_configured` (the kernel's own once-per-device flags, see SetSmemLimitOnce), the
-// kernel's dynamic shared-memory limit is raised to smem_bytes first.
+// kernel's dynamic shared-memory limit is raised to smem_bytes first. `cluster_x` > 1: in
+// thread-block clusters of that many blocks along x (grid.x a multiple of it; the CUDA model's
+// few-row RMSNorm).
 template <typename... Params, typename... Args>
-absl::Status LaunchPdlKernel(void (*kernel)(Params...), dim3 grid, int threads, int smem_bytes,
-                             std::atomic<uint64_t>* smem_configured, cudaStream_t stream,
-                             const Args&... args) {
+absl::Status LaunchPdlClusterKernel(void (*kernel)(Params...), dim3 grid, int cluster_x,
+                                    int threads, int smem_bytes,
+                                    std::atomic<uint64_t>* smem_configured, cudaStream_t stream,
+                                    const Args&... args) {
   if (smem_configured != nullptr) {
     RETURN_IF_ERROR(
         SetSmemLimitOnce(reinterpret_cast<const void*>(kernel), smem_bytes, smem_configured));
@@ -273,13 +276,25 @@ absl::Status LaunchPdlKernel(void (*kernel)(Params...), dim3 grid, int threads, 
   config.blockDim = dim3(threads);
   config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
   config.stream = stream;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = static_cast<unsigned>(cluster_x);
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
   config.attrs = attr;
-  config.numAttrs = 1;
+  config.numAttrs = cluster_x > 1 ? 2 : 1;
   LAZYRAG_RETURN_IF_CUDA_ERROR(cudaLaunchKernelEx(&config, kernel, args...));
   return absl::OkStatus();
+}
+// LaunchPdlClusterKernel without clusters.
+template <typename... Params, typename... Args>
+absl::Status LaunchPdlKernel(void (*kernel)(Params...), dim3 grid, int threads, int smem_bytes,
+                             std::atomic<uint64_t>* smem_configured, cudaStream_t stream,
+                             const Args&... args) {
+  return LaunchPdlClusterKernel(kernel, grid, 1, threads, smem_bytes, smem_configured, stream,
+                                args...);
 }
 
 // The wgmma prefill kernel (lazy_attention_prefill_wgmma.cu): head dim 128, LAZY layout,

@@ -594,21 +594,9 @@ bool RmsNormUsesClusters(const RmsNormParams& p) {
 absl::Status LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
   if (p.num_rows == 0) return absl::OkStatus();
   if (RmsNormUsesClusters(p)) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(p.num_rows * kNormCluster);
-    config.blockDim = dim3(kNormThreads);
-    config.stream = stream;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    attr[1].id = cudaLaunchAttributeClusterDimension;
-    attr[1].val.clusterDim.x = kNormCluster;
-    attr[1].val.clusterDim.y = 1;
-    attr[1].val.clusterDim.z = 1;
-    config.attrs = attr;
-    config.numAttrs = 2;
-    LAZYRAG_RETURN_IF_CUDA_ERROR(cudaLaunchKernelEx(&config, RmsNormClusterKernel, p));
-    return absl::OkStatus();
+    return kernels::detail::LaunchPdlClusterKernel(RmsNormClusterKernel,
+                                                   dim3(p.num_rows * kNormCluster), kNormCluster,
+                                                   kNormThreads, 0, nullptr, stream, p);
   }
   return kernels::detail::LaunchPdlKernel(RmsNormKernel, dim3(p.num_rows), kNormThreads, 0, nullptr,
                                           stream, p);
