@@ -85,12 +85,9 @@ __device__ __forceinline__ void PdlLaunchDependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
-// Thread-block clusters (compute capability 9.0 and later; device code for older targets must
-// not call them): the cluster-wide barrier in its two halves (arrive releases this thread's
-// writes, wait acquires the others'), and a float of block `rank`'s shared memory at the address
-// `local` has in this block (distributed shared memory).
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-#define LAZYRAG_HAVE_CLUSTERS 1
+// Thread-block clusters: the cluster-wide barrier in its two halves (arrive releases this
+// thread's writes, wait acquires the others'), and a float of block `rank`'s shared memory at
+// the address `local` has in this block (distributed shared memory).
 __device__ __forceinline__ void ClusterArrive() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
 }
@@ -105,7 +102,6 @@ __device__ __forceinline__ float LoadClusterShared(const float* local, unsigned 
   asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
   return v;
 }
-#endif
 
 __device__ __forceinline__ int WarpSum(int x) {
 #pragma unroll

@@ -191,7 +191,6 @@ constexpr int kNormClusterChunks = 2;
 
 __global__ void __launch_bounds__(kNormThreads)
     RmsNormClusterKernel(const __grid_constant__ RmsNormParams p) {
-#ifdef LAZYRAG_HAVE_CLUSTERS
   kernels::detail::PdlWait();
   kernels::detail::PdlLaunchDependents();
   __shared__ float scratch[kNormThreads / 32];
@@ -229,11 +228,6 @@ __global__ void __launch_bounds__(kNormThreads)
     if (threadIdx.x + k * blockDim.x < per_block) StoreNormedChunk(p, r, c, v[k], w[k], inv);
   }
   kernels::detail::ClusterWait();
-#else
-  // Built for a target without clusters: RmsNormUsesClusters never selects this kernel there.
-  (void)p;
-  __trap();
-#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -572,20 +566,6 @@ bool RmsNormUsesClusters(const RmsNormParams& p) {
       p.dim / 4 / kNormCluster > kNormThreads * kNormClusterChunks) {
     return false;
   }
-  // Clusters need compute capability 9.0 and the kernel built for it (cached: one kind of
-  // device per process, as the other kernels' checks assume).
-  static const bool supported = [] {
-    int device = 0, major = 0;
-    cudaFuncAttributes attr;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaFuncGetAttributes(&attr, RmsNormClusterKernel) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    return major >= 9 && attr.binaryVersion >= 90;
-  }();
-  if (!supported) return false;
   int sms = 0;
   return kernels::detail::DeviceSmCount(&sms).ok() &&
          int64_t(p.num_rows) * kNormCluster <= int64_t(sms);
