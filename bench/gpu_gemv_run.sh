@@ -14,6 +14,8 @@
 #   strip .gpu-g/bin/* .gpu-g/base/*
 #   ../shared/device/collect-libs.sh /tmp/g/lib .gpu-g/bin/* .gpu-g/base/*
 #   tar cJf .gpu-g/lib.tar.xz -C /tmp/g lib
+# Or everything in one archive (smaller to carry): the folders above and lib/ together in
+#   tar cJf .gpu-g/pack.tar.xz -C /tmp/g bin base tools lib
 # Then one device call carrying [".gpu-g"]:  GPU_DIR=.gpu-g OUT=$OUT bash bench/gpu_gemv_run.sh
 # Knobs: ROUNDS=2 (new/base pairs), TTFT_ARGS (extra ttft_bench flags), TESTS=1, GEMV=1
 # (gemv_bench), NCU=0 (1: an Nsight Compute profile of one LAZY request, prefill and one decode
@@ -30,13 +32,18 @@
 set -uo pipefail
 OUT=${OUT:?set OUT to the output folder}
 GPU_DIR=${GPU_DIR:-.gpu-g}
+if [[ -f "$GPU_DIR/pack.tar.xz" ]]; then
+  mkdir -p /tmp/lazyrag-pack && tar xJf "$GPU_DIR/pack.tar.xz" -C /tmp/lazyrag-pack
+  GPU_DIR=/tmp/lazyrag-pack
+fi
+GPU_DIR=$(cd "$GPU_DIR" && pwd)
 ROUNDS=${ROUNDS:-2}
 # bin first, then every other folder holding a ttft_bench; "new" names bin in the results.
 BUILDS=$(cd "$GPU_DIR" && echo bin && for d in */; do d=${d%/}; [[ $d != bin && $d != lib && $d != tools && -x $d/ttft_bench ]] && echo "$d"; done)
 TTFT_ARGS=${TTFT_ARGS:-}
 TRACE_ARGS=${TRACE_ARGS:-}
 mkdir -p "$OUT"
-LIB="$PWD/$GPU_DIR/lib"
+LIB="$GPU_DIR/lib"
 if [[ ! -d "$LIB" ]]; then
   LIB=/tmp/lazyrag-gemv-lib
   mkdir -p "$LIB" && tar xJf "$GPU_DIR/lib.tar.xz" -C "$LIB" && LIB="$LIB/lib"
@@ -75,8 +82,8 @@ export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
       name=$([[ $which == bin ]] && echo new || echo "$which")
       echo "== kernel trace $name (ttft_bench --profile $TRACE_ARGS)"
       # shellcheck disable=SC2086
-      LD_LIBRARY_PATH="$PWD/$GPU_DIR/tools:$LD_LIBRARY_PATH" \
-        CUDA_INJECTION64_PATH="$PWD/$GPU_DIR/tools/libkernel_trace.so" \
+      LD_LIBRARY_PATH="$GPU_DIR/tools:$LD_LIBRARY_PATH" \
+        CUDA_INJECTION64_PATH="$GPU_DIR/tools/libkernel_trace.so" \
         KERNEL_TRACE_OUT="$OUT/trace-$name.csv" \
         timeout 200 "$GPU_DIR/$which/ttft_bench" --profile $TRACE_ARGS | tail -n 2
       python3 bench/dev/kernel_trace/trace_timeline.py "$OUT/trace-$name.csv" \
