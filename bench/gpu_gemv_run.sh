@@ -17,7 +17,7 @@
 # Or everything in one archive (smaller to carry): the folders above and lib/ together in
 #   tar cJf .gpu-g/pack.tar.xz -C /tmp/g bin base tools lib
 # Then one device call carrying [".gpu-g"]:  GPU_DIR=.gpu-g OUT=$OUT bash bench/gpu_gemv_run.sh
-# Knobs: ROUNDS=2 (new/base pairs), TTFT_ARGS (extra ttft_bench flags), TESTS=1, GEMV=1
+# Knobs: ROUNDS=2 (new/base pairs), TTFT_ARGS (extra ttft_bench flags), TESTS=1 (TEST_TIMEOUT=240 s each), GEMV=1
 # (gemv_bench), NCU=0 (1: an Nsight Compute profile of one LAZY request, prefill and one decode
 # step, for each build, and its per-kernel breakdown by bench/ncu_breakdown.py; kernels are
 # serialised and timed alone), TRACE=0 (1: the same request's kernels as they ran, CUDA graphs
@@ -57,7 +57,7 @@ export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
       [[ -x "$t" ]] || continue
       name=$(basename "$(dirname "$t")")-$(basename "$t")
       start=$(date +%s)
-      timeout 240 "$t" --gtest_brief=1 --gtest_output="xml:$OUT/$name.xml"
+      timeout "${TEST_TIMEOUT:-240}" "$t" --gtest_brief=1 --gtest_output="xml:$OUT/$name.xml"
       echo "$name rc=$? in $(( $(date +%s) - start )) s"
     done
   fi
