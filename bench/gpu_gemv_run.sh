@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One GPU session for the one-row projections (issue 29, worker/kernels/gemv.h): gemv_test and
-# the CUDA model against the CPU model first, then gemv_bench (cuBLAS beside the GEMV and its
-# block shapes) and ttft_bench for the binaries under test and, when carried, a base build
-# beside them (alternating, so both see the same machine). Run ON THE GPU MACHINE from the
-# repository root.
+# One GPU call comparing builds (issue 29; first written for the one-row projections of
+# worker/kernels/gemv.h, hence its name): every carried *_test first (the kernels and the CUDA
+# model against the CPU), then gemv_bench (cuBLAS beside the GEMV and its block shapes) and
+# ttft_bench for the binaries under test and, when carried, base builds beside them (alternating
+# rounds, so all see the same machine), then optionally kernel_bench, kernel traces and Nsight
+# Compute. Run ON THE GPU MACHINE from the repository root.
 #
 # Packing here (no GPU needed):
 #   mkdir -p .gpu-g/bin .gpu-g/base
@@ -17,18 +18,19 @@
 # Or everything in one archive (smaller to carry): the folders above and lib/ together in
 #   tar cJf .gpu-g/pack.tar.xz -C /tmp/g bin base tools lib
 # Then one device call carrying [".gpu-g"]:  GPU_DIR=.gpu-g OUT=$OUT bash bench/gpu_gemv_run.sh
-# Knobs: ROUNDS=2 (new/base pairs), TTFT_ARGS (extra ttft_bench flags), TESTS=1 (TEST_TIMEOUT=240 s each), GEMV=1
-# (gemv_bench), NCU=0 (1: an Nsight Compute profile of one LAZY request, prefill and one decode
-# step, for each build, and its per-kernel breakdown by bench/ncu_breakdown.py; kernels are
-# serialised and timed alone), TRACE=0 (1: the same request's kernels as they ran, CUDA graphs
-# and PDL overlap included, from bench/dev/kernel_trace, carried in $GPU_DIR/tools with
-# libcupti; TRACE_ARGS adds ttft_bench flags, e.g. "--quality_k 8").
+# Knobs: ROUNDS=2 (new/base pairs), TTFT_ARGS (extra ttft_bench flags), TESTS=1 (TEST_TIMEOUT=240 s
+# each), GEMV=1 (gemv_bench), NCU=0 (1: an Nsight Compute profile of one LAZY request, prefill and
+# one decode step, for each build, and its per-kernel breakdown by bench/ncu_breakdown.py; kernels
+# are serialised and timed alone), TRACE=0 (1: the same request's kernels as they ran, CUDA graphs
+# and PDL overlap included, from bench/dev/kernel_trace, carried in $GPU_DIR/tools with libcupti;
+# TRACE_ARGS adds ttft_bench flags, e.g. "--quality_k 8"), KERNEL_BENCH=0 (1: kernel_bench of every
+# build folder holding one, after the ttft rounds; KERNEL_BENCH_ARGS).
 # Packing for TRACE: mkdir .gpu-g/tools; cp build/bench/dev/libkernel_trace.so
 #   /usr/local/cuda/lib/libcupti.so.13 .gpu-g/tools/
 # Results in $OUT: log.txt, gemv.json, ttft-new-<i>.json, ttft-base-<i>.json, <test>.xml,
-# trace-<new|base>.csv.xz and .json, ncu-<new|base>.csv.xz and ncu-<new|base>.json (clocks and
-# caches as the run left them, not locked or flushed by ncu: closer to the served step;
-# NCU_BUILDS picks builds, default all).
+# kernel-<build>.json, trace-<new|base>.csv.xz and .json, ncu-<new|base>.csv.xz and
+# ncu-<new|base>.json (clocks and caches as the run left them, not locked or flushed by ncu: closer
+# to the served step; NCU_BUILDS picks builds, default all).
 set -uo pipefail
 OUT=${OUT:?set OUT to the output folder}
 GPU_DIR=${GPU_DIR:-.gpu-g}
@@ -42,6 +44,7 @@ ROUNDS=${ROUNDS:-2}
 BUILDS=$(cd "$GPU_DIR" && echo bin && for d in */; do d=${d%/}; [[ $d != bin && $d != lib && $d != tools && -x $d/ttft_bench ]] && echo "$d"; done)
 TTFT_ARGS=${TTFT_ARGS:-}
 TRACE_ARGS=${TRACE_ARGS:-}
+KERNEL_BENCH_ARGS=${KERNEL_BENCH_ARGS:-}
 mkdir -p "$OUT"
 LIB="$GPU_DIR/lib"
 if [[ ! -d "$LIB" ]]; then
@@ -76,6 +79,16 @@ export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
       echo "ttft_bench $name rc=$?"
     done
   done
+  if [[ "${KERNEL_BENCH:-0}" == 1 ]]; then
+    for which in $BUILDS; do
+      [[ -x "$GPU_DIR/$which/kernel_bench" ]] || continue
+      name=$([[ $which == bin ]] && echo new || echo "$which")
+      echo "== kernel_bench $name $KERNEL_BENCH_ARGS"
+      # shellcheck disable=SC2086
+      timeout 200 "$GPU_DIR/$which/kernel_bench" --out "$OUT/kernel-$name.json" $KERNEL_BENCH_ARGS
+      echo "kernel_bench $name rc=$?"
+    done
+  fi
   if [[ "${TRACE:-0}" == 1 && -f "$GPU_DIR/tools/libkernel_trace.so" ]]; then
     for which in $BUILDS; do
       [[ -x "$GPU_DIR/$which/ttft_bench" ]] || continue
