@@ -46,6 +46,20 @@ TTFT_ARGS=${TTFT_ARGS:-}
 TRACE_ARGS=${TRACE_ARGS:-}
 KERNEL_BENCH_ARGS=${KERNEL_BENCH_ARGS:-}
 mkdir -p "$OUT"
+# The build folders holding an executable $1, and a folder's name in the results (bin: new).
+builds_with() { for d in $BUILDS; do [[ -x "$GPU_DIR/$d/$1" ]] && echo "$d"; done; }
+build_name() { [[ $1 == bin ]] && echo new || echo "$1"; }
+# Runs tool $1 of every build holding it with --out $OUT/$2-<name>$3.json and the other arguments.
+run_each() {
+  local tool=$1 prefix=$2 suffix=$3 which name
+  shift 3
+  for which in $(builds_with "$tool"); do
+    name=$(build_name "$which")
+    echo "== $tool $name$suffix $*"
+    timeout 200 "$GPU_DIR/$which/$tool" --out "$OUT/$prefix-$name$suffix.json" "$@"
+    echo "$tool $name rc=$?"
+  done
+}
 LIB="$GPU_DIR/lib"
 if [[ ! -d "$LIB" ]]; then
   LIB=/tmp/lazyrag-gemv-lib
@@ -53,7 +67,7 @@ if [[ ! -d "$LIB" ]]; then
 fi
 export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 {
-  echo "== $(date -u +%FT%TZ) binaries of $(cat "$GPU_DIR/COMMIT" 2>/dev/null)"
+  echo "== $(date -u +%FT%TZ) builds:$(for d in $BUILDS; do echo -n " $d=$(cat "$GPU_DIR/$d/COMMIT" 2>/dev/null)"; done)"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv || true
   if [[ "${TESTS:-1}" == 1 ]]; then
     for t in "$GPU_DIR"/*/*_test; do
@@ -70,29 +84,16 @@ export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     echo "gemv_bench rc=$?"
   fi
   for i in $(seq 1 "$ROUNDS"); do
-    for which in $BUILDS; do
-      [[ -x "$GPU_DIR/$which/ttft_bench" ]] || continue
-      name=$([[ $which == bin ]] && echo new || echo "$which")
-      echo "== ttft_bench $name (round $i)"
-      # shellcheck disable=SC2086
-      timeout 200 "$GPU_DIR/$which/ttft_bench" --out "$OUT/ttft-$name-$i.json" $TTFT_ARGS
-      echo "ttft_bench $name rc=$?"
-    done
+    # shellcheck disable=SC2086
+    run_each ttft_bench ttft "-$i" $TTFT_ARGS
   done
   if [[ "${KERNEL_BENCH:-0}" == 1 ]]; then
-    for which in $BUILDS; do
-      [[ -x "$GPU_DIR/$which/kernel_bench" ]] || continue
-      name=$([[ $which == bin ]] && echo new || echo "$which")
-      echo "== kernel_bench $name $KERNEL_BENCH_ARGS"
-      # shellcheck disable=SC2086
-      timeout 200 "$GPU_DIR/$which/kernel_bench" --out "$OUT/kernel-$name.json" $KERNEL_BENCH_ARGS
-      echo "kernel_bench $name rc=$?"
-    done
+    # shellcheck disable=SC2086
+    run_each kernel_bench kernel "" $KERNEL_BENCH_ARGS
   fi
   if [[ "${TRACE:-0}" == 1 && -f "$GPU_DIR/tools/libkernel_trace.so" ]]; then
-    for which in $BUILDS; do
-      [[ -x "$GPU_DIR/$which/ttft_bench" ]] || continue
-      name=$([[ $which == bin ]] && echo new || echo "$which")
+    for which in $(builds_with ttft_bench); do
+      name=$(build_name "$which")
       echo "== kernel trace $name (ttft_bench --profile $TRACE_ARGS)"
       # shellcheck disable=SC2086
       LD_LIBRARY_PATH="$GPU_DIR/tools:$LD_LIBRARY_PATH" \
@@ -106,9 +107,9 @@ export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   fi
   if [[ "${NCU:-0}" == 1 ]]; then
     ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
-    for which in $BUILDS; do
-      [[ -x "$GPU_DIR/$which/ttft_bench" && -n "$ncu" ]] || continue
-      name=$([[ $which == bin ]] && echo new || echo "$which")
+    for which in $(builds_with ttft_bench); do
+      [[ -n "$ncu" ]] || continue
+      name=$(build_name "$which")
       echo "== ncu $name ($ncu)"
       [[ -z "${NCU_BUILDS:-}" || " $NCU_BUILDS " == *" $which "* ]] || continue
       timeout 240 "$ncu" --csv --log-file "$OUT/ncu-$name.csv" --profile-from-start off \
