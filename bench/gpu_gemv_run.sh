@@ -35,7 +35,8 @@ set -uo pipefail
 OUT=${OUT:?set OUT to the output folder}
 GPU_DIR=${GPU_DIR:-.gpu-g}
 if [[ -f "$GPU_DIR/pack.tar.xz" ]]; then
-  mkdir -p /tmp/lazyrag-pack && tar xJf "$GPU_DIR/pack.tar.xz" -C /tmp/lazyrag-pack
+  rm -rf /tmp/lazyrag-pack && mkdir -p /tmp/lazyrag-pack &&
+    tar xJf "$GPU_DIR/pack.tar.xz" -C /tmp/lazyrag-pack
   GPU_DIR=/tmp/lazyrag-pack
 fi
 GPU_DIR=$(cd "$GPU_DIR" && pwd)
