@@ -17,6 +17,8 @@
 #   tar cJf .gpu-g/lib.tar.xz -C /tmp/g lib
 # Or everything in one archive (smaller to carry): the folders above and lib/ together in
 #   tar cJf .gpu-g/pack.tar.xz -C /tmp/g bin base tools lib
+# which bench/dev/gpu_pack.sh builds from commits, e.g.
+#   bench/dev/gpu_pack.sh .gpu-g bin=my-branch:ttft_bench,kernels_test base=main:ttft_bench
 # Then one device call carrying [".gpu-g"]:  GPU_DIR=.gpu-g OUT=$OUT bash bench/gpu_gemv_run.sh
 # Knobs: ROUNDS=2 (new/base pairs), TTFT_ARGS (extra ttft_bench flags), TESTS=1 (TEST_TIMEOUT=240 s
 # each), GEMV=1 (gemv_bench), NCU=0 (1: an Nsight Compute profile of one LAZY request, prefill and
