@@ -45,13 +45,13 @@ for spec in "$@"; do
   cmake --build "$wt/build" -j"$(nproc)" --target $targets $extra | tail -n 1
   mkdir -p "$stage/$name"
   for t in $targets; do
-    exe=$(find "$wt/build" -type f -name "$t" -perm -u+x | head -n 1)
+    exe=$(find "$wt/build" -type f -name "$t" -perm -u+x -print -quit)
     [[ -n $exe ]] || { echo "gpu_pack.sh: no executable $t in $wt/build" >&2; exit 1; }
     cp "$exe" "$stage/$name/" && strip "$stage/$name/$t"
   done
   git -C "$repo" rev-parse --short "$commit" > "$stage/$name/COMMIT"
   if [[ $first == 1 ]]; then
-    cp "$(find "$wt/build" -name libkernel_trace.so | head -n 1)" "$stage/tools/"
+    cp "$(find "$wt/build" -name libkernel_trace.so -print -quit)" "$stage/tools/"
     cp -L /usr/local/cuda/lib64/libcupti.so.13 "$stage/tools/"
     first=0
   fi
