@@ -6,19 +6,11 @@
 # rounds, so all see the same machine), then optionally kernel_bench, kernel traces and Nsight
 # Compute. Run ON THE GPU MACHINE from the repository root.
 #
-# Packing here (no GPU needed):
-#   mkdir -p .gpu-g/bin .gpu-g/base
-#   cp build/worker/kernels/gemv_test build/worker/backend/cuda_backend_test \
-#      build/bench/gemv_bench build/bench/ttft_bench .gpu-g/bin/
-#   cp <base build>/bench/ttft_bench .gpu-g/base/     # optional: builds to compare with, one
-#   cp <another build>/bench/ttft_bench .gpu-g/mid/   # folder each (any name but bin and lib)
-#   strip .gpu-g/bin/* .gpu-g/base/*
-#   ../shared/device/collect-libs.sh /tmp/g/lib .gpu-g/bin/* .gpu-g/base/*
-#   tar cJf .gpu-g/lib.tar.xz -C /tmp/g lib
-# Or everything in one archive (smaller to carry): the folders above and lib/ together in
-#   tar cJf .gpu-g/pack.tar.xz -C /tmp/g bin base tools lib
-# which bench/dev/gpu_pack.sh builds from commits, e.g.
+# Packing here (no GPU needed), from commits:
 #   bench/dev/gpu_pack.sh .gpu-g bin=my-branch:ttft_bench,kernels_test base=main:ttft_bench
+# which writes .gpu-g/pack.tar.xz: a folder per build (bin, the builds under test; any other
+# name but lib and tools, a build to compare with), tools/ and lib/. Packs of earlier calls keep
+# those folders unpacked in .gpu-g with lib/ as .gpu-g/lib.tar.xz; both forms are read.
 # Then one device call carrying [".gpu-g"]:  GPU_DIR=.gpu-g OUT=$OUT bash bench/gpu_gemv_run.sh
 # Knobs: ROUNDS=2 (new/base pairs), TTFT_ARGS (extra ttft_bench flags), TESTS=1 (TEST_TIMEOUT=240 s
 # each), GEMV=1 (gemv_bench), NCU=0 (1: an Nsight Compute profile of one LAZY request, prefill and
@@ -27,8 +19,6 @@
 # and PDL overlap included, from bench/dev/kernel_trace, carried in $GPU_DIR/tools with libcupti;
 # TRACE_ARGS adds ttft_bench flags, e.g. "--quality_k 8"), KERNEL_BENCH=0 (1: kernel_bench of every
 # build folder holding one, after the ttft rounds; KERNEL_BENCH_ARGS).
-# Packing for TRACE: mkdir .gpu-g/tools; cp build/bench/dev/libkernel_trace.so
-#   /usr/local/cuda/lib/libcupti.so.13 .gpu-g/tools/
 # Results in $OUT: log.txt, gemv.json, ttft-new-<i>.json, ttft-base-<i>.json, <test>.xml,
 # kernel-<build>.json, trace-<new|base>.csv.xz and .json, ncu-<new|base>.csv.xz and
 # ncu-<new|base>.json (clocks and caches as the run left them, not locked or flushed by ncu: closer
