@@ -31,7 +31,8 @@ if [[ -f "$GPU_DIR/pack.tar.xz" ]]; then
     tar xJf "$GPU_DIR/pack.tar.xz" -C /tmp/lazyrag-pack
   GPU_DIR=/tmp/lazyrag-pack
 fi
-GPU_DIR=$(cd "$GPU_DIR" 2>/dev/null && pwd) || { echo "gpu_gemv_run.sh: no folder ${GPU_DIR}" >&2; exit 2; }
+[[ -d "$GPU_DIR" ]] || { echo "gpu_gemv_run.sh: no folder $GPU_DIR" >&2; exit 2; }
+GPU_DIR=$(cd "$GPU_DIR" && pwd)
 ROUNDS=${ROUNDS:-2}
 # bin first, then every other folder holding a ttft_bench; "new" names bin in the results.
 BUILDS=$(cd "$GPU_DIR" && echo bin && for d in */; do d=${d%/}; [[ $d != bin && $d != lib && $d != tools && -x $d/ttft_bench ]] && echo "$d"; done)
