@@ -1,0 +1,31 @@
+#!/bin/bash
+# Issue 29: the layer chain on a GPU, most important first: its match against the backend's
+# kernels, its benchmark beside them, the CUDA model with it against the CPU, ttft_bench
+# --layer_chain 1 / 0, then the grid and argument tests.
+D=$(cd "$(dirname "$0")" && pwd)
+export LD_LIBRARY_PATH=$D/lib:$LD_LIBRARY_PATH
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee $OUT/gpu.txt
+t() {
+  echo "== $1 $(date +%T)"
+  timeout ${TEST_TIMEOUT:-120} $D/bin/layer_chain_test --gtest_filter=$1 > $OUT/test-$1.txt 2>&1
+  rc=$?; echo "rc=$rc"; grep -E "FAILED|OK \]|Failure|max\|diff" $OUT/test-$1.txt | head -n 40
+  return $rc
+}
+t LayerChain.MatchesTheKernelSequence; ok=$?
+echo "== bench $(date +%T)"
+timeout 120 $D/bin/layer_chain_bench --iters ${ITERS:-8} --out $OUT/bench.json > $OUT/bench.txt 2>&1
+echo "rc=$?"; tail -n 30 $OUT/bench.txt
+if [ $ok = 0 ]; then
+  echo "== cuda_backend_test $(date +%T)"
+  timeout 150 $D/bin/cuda_backend_test --gtest_brief=1 --gtest_filter='*LayerChain*' > $OUT/cuda_backend_test.txt 2>&1
+  rc=$?; echo "rc=$rc"; grep -E "FAILED|PASSED|tests ran|Failure" $OUT/cuda_backend_test.txt | head
+  for r in ${ROUNDS_LIST:-1}; do
+    for c in 1 0; do
+      echo "== ttft_bench layer_chain $c round $r $(date +%T)"
+      timeout 100 $D/bin/ttft_bench --layer_chain $c --out $OUT/ttft-chain$c-$r.json > $OUT/ttft-chain$c-$r.txt 2>&1
+      echo "rc=$?"; grep -E "read ceiling|TTFT LAZY \(|forward step on|MATERIALIZE|decode step" $OUT/ttft-chain$c-$r.txt
+    done
+  done
+fi
+t LayerChain.GridSizesAgree
+t 'LayerChainArgs.*'
