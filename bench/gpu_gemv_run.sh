@@ -9,8 +9,8 @@
 # Packing here (no GPU needed), from commits:
 #   bench/dev/gpu_pack.sh .gpu-g bin=my-branch:ttft_bench,kernels_test base=main:ttft_bench
 # which writes .gpu-g/pack.tar.xz: a folder per build (bin, the builds under test; any other
-# name but lib and tools, a build to compare with), tools/ and lib/. Packs of earlier calls keep
-# those folders unpacked in .gpu-g with lib/ as .gpu-g/lib.tar.xz; both forms are read.
+# name but lib and tools, a build to compare with), tools/ and lib/ (GPU_DIR may also name those
+# folders unpacked).
 # Then one device call carrying [".gpu-g"]:  GPU_DIR=.gpu-g OUT=$OUT bash bench/gpu_gemv_run.sh
 # Knobs: ROUNDS=2 (new/base pairs), TTFT_ARGS (extra ttft_bench flags), TESTS=1 (TEST_TIMEOUT=240 s
 # each), GEMV=1 (gemv_bench), NCU=0 (1: an Nsight Compute profile of one LAZY request, prefill and
@@ -55,10 +55,7 @@ run_each() {
   done
 }
 LIB="$GPU_DIR/lib"
-if [[ ! -d "$LIB" ]]; then
-  LIB=/tmp/lazyrag-gemv-lib
-  mkdir -p "$LIB" && tar xJf "$GPU_DIR/lib.tar.xz" -C "$LIB" && LIB="$LIB/lib"
-fi
+[[ -d "$LIB" ]] || { echo "gpu_gemv_run.sh: no $LIB (bench/dev/gpu_pack.sh writes it)" >&2; exit 2; }
 export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 {
   echo "== $(date -u +%FT%TZ) builds:$(for d in $BUILDS; do echo -n " $d=$(cat "$GPU_DIR/$d/COMMIT" 2>/dev/null)"; done)"
