@@ -48,7 +48,25 @@ struct AttentionKernelParams {
   // LazyAttentionParams::stable_history: 1 = key rows at positions below a request's first
   // query position may be read before PdlWait.
   int stable_history;
+  // LazyAttentionParams::l2_prefetch (bytes 0: none).
+  const char* l2_prefetch;
+  int64_t l2_prefetch_bytes;
 };
+
+// This block's equal share of the kernel's l2_prefetch range (blocks in grid order, 16-byte
+// granules), asked of L2 by the calling warp's lanes in pieces of at most 64 KiB. Every lane of
+// one warp calls it.
+__device__ __forceinline__ void PrefetchL2Share(const AttentionKernelParams& p, int lane) {
+  if (p.l2_prefetch_bytes <= 0) return;
+  const int64_t blocks = int64_t(gridDim.x) * gridDim.y * gridDim.z;
+  const int64_t block = blockIdx.x + int64_t(gridDim.x) * (blockIdx.y + int64_t(gridDim.y) * blockIdx.z);
+  const int64_t granules = p.l2_prefetch_bytes / 16;
+  const int64_t g0 = block * granules / blocks, g1 = (block + 1) * granules / blocks;
+  constexpr int64_t kPiece = 4096;  // granules: 64 KiB
+  for (int64_t g = g0 + int64_t(lane) * kPiece; g < g1; g += 32 * kPiece) {
+    L2PrefetchBulk(p.l2_prefetch + g * 16, static_cast<uint32_t>(min(kPiece, g1 - g) * 16));
+  }
+}
 
 // Which (request b, KV head, query block, KV split) a prefill block computes (grid: x =
 // requests x KV heads x query blocks, y = splits) and its query rows: queries qi0 .. of the

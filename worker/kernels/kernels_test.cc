@@ -15,6 +15,7 @@
 #include <numeric>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -70,6 +71,23 @@ TEST(LazyAttentionArgs, RejectsBadShapes) {
   p = ValidParams();
   p.max_q_len = 0;
   EXPECT_EQ(code(p, false), absl::StatusCode::kInvalidArgument);
+  // The L2 prefetch range: a 16-byte aligned pointer, a non-negative multiple of 16 bytes.
+  alignas(16) static const char range[64] = {};
+  for (const auto& [ptr, bytes] : std::vector<std::pair<const void*, int64_t>>{
+           {nullptr, 16}, {range + 8, 16}, {range, 24}, {range, -16}}) {
+    p = ValidParams();
+    p.l2_prefetch = ptr;
+    p.l2_prefetch_bytes = bytes;
+    EXPECT_EQ(code(p, false), absl::StatusCode::kInvalidArgument) << bytes;
+    EXPECT_EQ(code(p, true), absl::StatusCode::kInvalidArgument) << bytes;
+  }
+  p = ValidParams();
+  p.l2_prefetch = range;
+  p.l2_prefetch_bytes = 64;
+  EXPECT_TRUE(ValidateLazyAttentionParams(p, true).ok());
+  p.l2_prefetch = nullptr;
+  p.l2_prefetch_bytes = 0;
+  EXPECT_TRUE(ValidateLazyAttentionParams(p, false).ok());
   // The kernels fold the scale into the softmax exponent after taking the row maximum of the
   // raw scores, which needs scale > 0.
   for (float scale : {0.f, -0.088f, std::nanf("")}) {

@@ -202,6 +202,11 @@ std::vector<float> RunGpu(const Problem& p, const KvPool& pool, const GpuRun& ru
   prm.prefill_kernel = run.prefill_kernel;
   prm.num_pages = run.num_pages_known ? pool.pages : 0;
   prm.stable_history = run.stable_history;
+  DeviceArray<uint8_t> prefetched(size_t(run.l2_prefetch_bytes), 0);
+  if (run.l2_prefetch_bytes > 0) {
+    prm.l2_prefetch = prefetched.get();
+    prm.l2_prefetch_bytes = run.l2_prefetch_bytes;
+  }
   if (!late.empty()) {
     EXPECT_TRUE(testing::LaunchDelayedRowWrite(k.get(), v.get(), late_offsets.get(), k_late_d.get(),
                                                v_late_d.get(), int(late.size()), pool.d,

@@ -269,6 +269,8 @@ struct GpuRun {
   // kFirstKeys, every request's first key (breaks stable_history's promise: a probe).
   enum class LateRows { kNone, kStepRows, kFirstKeys } late_rows = LateRows::kNone;
   int64_t late_delay_ns = 20000;
+  // LazyAttentionParams::l2_prefetch over a device buffer of this many bytes (0: none).
+  int64_t l2_prefetch_bytes = 0;
 };
 
 // Element offsets (layer 0) of the rows GpuRun::late_rows names, for every KV head.

@@ -179,6 +179,8 @@ absl::Status MakeKernelParams(const LazyAttentionParams& params, int base_blocks
   kp->num_splits = splits;
   kp->ws_pingpong = 0;
   kp->stable_history = params.stable_history ? 1 : 0;
+  kp->l2_prefetch = static_cast<const char*>(params.l2_prefetch);
+  kp->l2_prefetch_bytes = params.l2_prefetch_bytes;
   kp->o_partial = nullptr;
   kp->lse_partial = nullptr;
   if (splits > 1) {
@@ -259,6 +261,15 @@ absl::Status ValidateLazyAttentionParams(const LazyAttentionParams& p, bool deco
   }
   if (p.num_splits < 0) return absl::InvalidArgumentError("num_splits must be >= 0");
   if (p.num_pages < 0) return absl::InvalidArgumentError("num_pages must be >= 0");
+  if (p.l2_prefetch_bytes < 0 || p.l2_prefetch_bytes % 16 != 0 ||
+      (p.l2_prefetch_bytes > 0 &&
+       (p.l2_prefetch == nullptr || reinterpret_cast<uintptr_t>(p.l2_prefetch) % 16 != 0))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("l2_prefetch needs a 16-byte aligned pointer and a byte count that is a "
+                     "non-negative multiple of 16, got ",
+                     p.l2_prefetch_bytes, " bytes at address ",
+                     reinterpret_cast<uintptr_t>(p.l2_prefetch)));
+  }
   if (p.max_q_len < 1 || p.max_kv_len < 0) {
     return absl::InvalidArgumentError("max_q_len must be >= 1 and max_kv_len >= 0");
   }

@@ -92,6 +92,14 @@ struct LazyAttentionParams {
   // wait where all its keys sit below the request's first query position; the other prefill
   // kernels ignore the flag. false: every K/V read waits.
   bool stable_history = false;
+  // A range for L2 to hold when the attention is done with the memory: each block of the
+  // warp-specialized prefill and of the decode asks L2 (bulk prefetch) for its equal share
+  // once it has issued its last K/V copy, so that the bytes the next kernel reads (the O
+  // projection's weights) stream while the attention's tail, stores and split merge leave the
+  // memory idle. A hint: outputs are the same with or without it; the other kernels ignore it.
+  // REQUIRES: 16-byte aligned, bytes a multiple of 16 (0: none).
+  const void* l2_prefetch = nullptr;
+  int64_t l2_prefetch_bytes = 0;
 };
 
 inline constexpr int kMaxKvSplits = 128;

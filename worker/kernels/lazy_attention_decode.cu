@@ -287,6 +287,8 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     cons.Next(plan, v);
     stage = (stage + 1) % kStages;
   }
+  // Every copy of this block is issued: its share of the next kernel's bytes into L2.
+  if (warp == 0) PrefetchL2Share(p, lane);
   CpAsyncWait<0>();
   __syncthreads();  // the tile buffers become the merge buffer
 

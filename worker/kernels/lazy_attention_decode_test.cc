@@ -149,6 +149,30 @@ TEST(LazyAttention, DecodeStableHistoryWaitsForTheStepsRows) {
   }
 }
 
+// LazyAttentionParams::l2_prefetch is a hint: the decode's output with a range is
+// bit-identical to the output without, TMA and cp.async pipes, launcher and forced splits.
+TEST(LazyAttention, DecodeL2PrefetchKeepsTheOutput) {
+  GPU_TEST_SETUP(rng);
+  const Sizes s{/*head_dim=*/128, /*group=*/4, /*num_kv_heads=*/2, /*page_size=*/16};
+  KvPool pool(16, s.num_kv_heads, s.head_dim, PagesFor(6 * 1500, 16) + 40 * 6, rng);
+  const std::vector<Doc> docs = MakeDocs(pool, 6, 1, 1500, rng);
+  const Problem b6 = MakeRagBatch(s, pool, docs, 6, 4, 40, 1, rng);
+  const std::vector<float> ref = RunCpu(b6, pool, KeyLayout::kRotatedLocal);
+  for (int splits : {0, 1, 7}) {
+    for (bool num_pages_known : {true, false}) {
+      GpuRun run{true, KeyLayout::kRotatedLocal, splits};
+      run.num_pages_known = num_pages_known;
+      const std::vector<float> plain = RunGpu(b6, pool, run);
+      ExpectClose(plain, ref, absl::StrCat("splits=", splits));
+      for (int64_t bytes : {int64_t(1) << 20, int64_t(33554432) + 48}) {
+        run.l2_prefetch_bytes = bytes;
+        EXPECT_TRUE(RunGpu(b6, pool, run) == plain)
+            << "splits=" << splits << " cp.async=" << !num_pages_known << " bytes=" << bytes;
+      }
+    }
+  }
+}
+
 // The probe that the test above can fail (ExpectEarlyCopiesSeeLateRows; only on request).
 TEST(LazyAttention, DecodeStableHistoryProbeEarlyReads) {
   GPU_TEST_SETUP(rng);

@@ -174,6 +174,27 @@ TEST(LazyAttention, PrefillStableHistoryWaitsForTheStepsRows) {
   }
 }
 
+// LazyAttentionParams::l2_prefetch is a hint: the warp-specialized prefill's output with a
+// range (one that divides evenly over the blocks and one that does not, larger than 64 KiB a
+// block) is bit-identical to the output without, for the launcher's split and forced ones.
+TEST(LazyAttention, PrefillL2PrefetchKeepsTheOutput) {
+  GPU_TEST_SETUP(rng);
+  const Sizes s{/*head_dim=*/128, /*group=*/4, /*num_kv_heads=*/2, /*page_size=*/16};
+  KvPool pool(16, s.num_kv_heads, s.head_dim, PagesFor(8 * 1200, 16) + 40 * 24, rng);
+  const std::vector<Doc> docs = MakeDocs(pool, 8, 300, 1200, rng);
+  const PrefillProblems pp = MakePrefillProblems(s, pool, docs, rng);
+  const std::vector<float> ref = RunCpu(pp.b1, pool, KeyLayout::kRotatedLocal);
+  for (int splits : {0, 1, 3}) {
+    GpuRun run{false, KeyLayout::kRotatedLocal, splits};
+    const std::vector<float> plain = RunGpu(pp.b1, pool, run);
+    ExpectClose(plain, ref, absl::StrCat("splits=", splits));
+    for (int64_t bytes : {int64_t(1) << 20, int64_t(33554432) + 48}) {
+      run.l2_prefetch_bytes = bytes;
+      EXPECT_TRUE(RunGpu(pp.b1, pool, run) == plain) << "splits=" << splits << " bytes=" << bytes;
+    }
+  }
+}
+
 // The probe that the test above can fail (ExpectEarlyCopiesSeeLateRows; only on request).
 TEST(LazyAttention, PrefillStableHistoryProbeEarlyReads) {
   GPU_TEST_SETUP(rng);

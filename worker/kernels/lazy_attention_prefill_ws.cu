@@ -143,6 +143,8 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
       loader.Prefetch(cur, v, /*warp=*/lane, /*lane=*/0);
       ++tile;
     }
+    // Every copy of this block is issued: its share of the next kernel's bytes into L2.
+    PrefetchL2Share(p, lane);
     return;
   }
 

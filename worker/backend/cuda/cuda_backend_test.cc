@@ -434,6 +434,38 @@ TEST(CudaBackendTest, CudaGraphReplaysMatchEagerSteps) {
   }
 }
 
+// CudaBackendOptions::prefetch_o_weights is a hint to L2: the same requests on a backend with
+// it and on one without give the same logits bit for bit (a query block and decode steps of
+// SmolLM2's shape and of the wide one, whose one-token steps take the GEMV; LAZY and
+// MATERIALIZE).
+TEST(CudaBackendTest, PrefetchingTheOWeightsKeepsTheLogits) {
+  SKIP_WITHOUT_DEVICE();
+  for (const char* name : {"synthetic:smollm2-135m@5", "synthetic:wide@5"}) {
+    SCOPED_TRACE(name);
+    LoadedModel m = LoadWithHostWeights(name);
+    CudaBackendOptions with, without;
+    with.prefetch_o_weights = true;
+    auto p = CreateCudaBackend(m, with);
+    auto n = CreateCudaBackend(m, without);
+    ASSERT_TRUE(p.ok() && n.ok());
+    std::unique_ptr<Engine> prefetched = MakeEngine(std::move(*p), 16, 128);
+    std::unique_ptr<Engine> plain = MakeEngine(std::move(*n), 16, 128);
+    ASSERT_TRUE(prefetched && plain);
+    std::mt19937 rng(13);
+    const TokenPrompt rag = RagPrompt(rng, plain->config().vocab_size, {37, 250, 100}, 21);
+    for (AttentionMode mode : {AttentionMode::kLazy, AttentionMode::kMaterialize}) {
+      SCOPED_TRACE(testing::Message() << "mode " << int(mode));
+      const ModeRun a = RunMode(*prefetched, rag, mode, 6);
+      const ModeRun b = RunMode(*plain, rag, mode, 6);
+      EXPECT_EQ(a.tokens, b.tokens);
+      ASSERT_EQ(a.logits.size(), b.logits.size());
+      for (size_t i = 0; i < b.logits.size(); ++i) {
+        EXPECT_EQ(a.logits[i], b.logits[i]) << "step " << i << " differs";
+      }
+    }
+  }
+}
+
 // Backend-level batches with several requests: prefill chunks, decode-only (the decode
 // kernel with 2 requests) and a mixed prefill + decode batch over shared segments.
 TEST(CudaBackendTest, MultiRequestBatchesMatchCpu) {
