@@ -115,14 +115,14 @@ struct AttentionSetup {
   }
 
   // own_len: the request's own tokens after the documents (queries are its last q_len);
-  // max_splits sizes the split workspace.
+  // max_splits sizes the split workspace; last_doc_len: the last document's tokens.
   AttentionSetup(int batch_, int q_len_, size_t l2_bytes, std::mt19937& rng, bool shuffle = true,
-                 int own_len = kOwnLen, int max_splits = kMaxKvSplits)
+                 int own_len = kOwnLen, int max_splits = kMaxKvSplits, int last_doc_len = kDocLen)
       : batch(batch_), q_len(q_len_) {
     const int doc_pages = (kDocLen + kPageSize - 1) / kPageSize;
     const int own_pages = (own_len + kPageSize - 1) / kPageSize;
     const int pages_per_request = kDocs * doc_pages + own_pages;
-    kv_len = kDocs * kDocLen + own_len;
+    kv_len = (kDocs - 1) * kDocLen + last_doc_len + own_len;
     const size_t page_bytes = size_t(kPageSize) * kKvHeads * kHeadDim * 2;
     const size_t bytes_per_copy = size_t(batch) * pages_per_request * page_bytes * 2;
     copies = int(std::min<size_t>(16, std::max<size_t>(1, (4 * l2_bytes) / bytes_per_copy + 1)));
@@ -155,8 +155,9 @@ struct AttentionSetup {
           for (int d = 0; d < kDocs; ++d) {
             std::vector<int32_t> pages(perm.begin() + next, perm.begin() + next + doc_pages);
             next += doc_pages;
-            h.AddSegment(zero ? 0 : start, kDocLen, pages);
-            start += kDocLen;
+            const int len = d + 1 == kDocs ? last_doc_len : kDocLen;
+            h.AddSegment(zero ? 0 : start, len, pages);
+            start += len;
           }
           std::vector<int32_t> pages(perm.begin() + next, perm.begin() + next + own_pages);
           next += own_pages;
@@ -650,6 +651,16 @@ int Main(int argc, char** argv) {
       });
       results.push_back({"prefill_q32_b" + std::to_string(batch), "prefill", batch, 32, s.kv_len,
                          "lazy_isolated", ms, s.KvBytes(), flops});
+    }
+    // The last document 128 keys shorter: 80 key tiles of 128 instead of 81, which 16 splits
+    // share evenly (81 leave one split a sixth tile): what the uneven split costs.
+    if (batch == 1) {
+      AttentionSetup e(batch, 32, prop.l2CacheSize, rng, true, kOwnLen, kMaxKvSplits, kDocLen - 128);
+      const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+        BENCH_OK(LazyAttentionPrefill(e.Params(i % e.copies, false, KeyLayout::kRotatedLocal), st));
+      });
+      results.push_back({"prefill_q32_b1", "prefill", batch, 32, e.kv_len, "lazy_80_tiles", ms,
+                         e.KvBytes(), 4.0 * 32 * kHeads * kHeadDim * double(e.kv_len)});
     }
   }
   time_chunks();
