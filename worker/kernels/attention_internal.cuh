@@ -51,6 +51,7 @@ struct AttentionKernelParams {
   // LazyAttentionParams::l2_prefetch (bytes 0: none).
   const char* l2_prefetch;
   int64_t l2_prefetch_bytes;
+  int kv_evict_first;  // LazyAttentionParams::kv_evict_first
 };
 
 // This block's equal share of the kernel's l2_prefetch range (blocks in grid order, 16-byte

@@ -49,14 +49,16 @@ struct DecodeTmaSlice {
   // Lane 0: declares the slice's bytes on `bar` and copies K and V into the slices at k_dst and
   // v_dst (shared-memory addresses). The caller synced the warp after its last reads of the
   // stage, and fenced (fence.proxy.async, every writing lane) any generic writes to it.
+  // `policy`: an L2 cache policy for the copies (0: none).
   __device__ __forceinline__ void Issue(uint32_t k_dst, uint32_t v_dst, uint32_t bar,
-                                        const TmaMaps& maps, int kv_head, int lane) const {
+                                        const TmaMaps& maps, int kv_head, int lane,
+                                        uint64_t policy = 0) const {
     if (!issued || lane != 0) return;
     MbarArriveExpectTx(bar, 4 * kSliceHalfBytes);
-    TmaLoad3d(k_dst, &maps.k, 0, kv_head, token, bar);
-    TmaLoad3d(k_dst + kSliceHalfBytes, &maps.k, 64, kv_head, token, bar);
-    TmaLoad3d(v_dst, &maps.v, 0, kv_head, token, bar);
-    TmaLoad3d(v_dst + kSliceHalfBytes, &maps.v, 64, kv_head, token, bar);
+    TmaLoad3d(k_dst, &maps.k, 0, kv_head, token, bar, policy);
+    TmaLoad3d(k_dst + kSliceHalfBytes, &maps.k, 64, kv_head, token, bar, policy);
+    TmaLoad3d(v_dst, &maps.v, 0, kv_head, token, bar, policy);
+    TmaLoad3d(v_dst + kSliceHalfBytes, &maps.v, 64, kv_head, token, bar, policy);
   }
 };
 

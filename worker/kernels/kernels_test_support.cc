@@ -202,6 +202,7 @@ std::vector<float> RunGpu(const Problem& p, const KvPool& pool, const GpuRun& ru
   prm.prefill_kernel = run.prefill_kernel;
   prm.num_pages = run.num_pages_known ? pool.pages : 0;
   prm.stable_history = run.stable_history;
+  prm.kv_evict_first = run.kv_evict_first;
   DeviceArray<uint8_t> prefetched(size_t(run.l2_prefetch_bytes), 0);
   if (run.l2_prefetch_bytes > 0) {
     prm.l2_prefetch = prefetched.get();

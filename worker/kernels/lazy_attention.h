@@ -100,6 +100,10 @@ struct LazyAttentionParams {
   // REQUIRES: 16-byte aligned, bytes a multiple of 16 (0: none).
   const void* l2_prefetch = nullptr;
   int64_t l2_prefetch_bytes = 0;
+  // The K/V copies by TMA (the warp-specialized prefill, the decode's TMA warp pipes) ask L2
+  // to evict the lines they bring in first: the documents are read once a step, and what
+  // l2_prefetch asked for stays. A hint: outputs are the same.
+  bool kv_evict_first = false;
 };
 
 inline constexpr int kMaxKvSplits = 128;

@@ -115,11 +115,14 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
   const int64_t token_stride = int64_t(p.num_kv_heads) * D;
   const int head_off = kvh * D;
   // Copies of the tile whose page ids `l` holds into stage st: one commit group (cp.async) or
-  // the stage's mbarrier (TMA).
+  // the stage's mbarrier (TMA, under the kv_evict_first policy).
+  uint64_t policy = 0;
+  if constexpr (kTma) policy = p.kv_evict_first != 0 ? L2EvictFirstPolicy() : 0;
   const auto issue = [&](const Loader& l, int st) {
     if constexpr (kTma) {
       l.Issue(SmemAddr(k_smem + st * Cfg::kTileBytes + slice),
-              SmemAddr(v_smem + st * Cfg::kTileBytes + slice), bars + 8 * st, *maps, kvh, lane);
+              SmemAddr(v_smem + st * Cfg::kTileBytes + slice), bars + 8 * st, *maps, kvh, lane,
+              policy);
     } else {
       l.Issue(k_smem + st * Cfg::kTileBytes + slice, v_smem + st * Cfg::kTileBytes + slice,
               p.k_cache, p.v_cache, token_stride, head_off, load_tid);

@@ -174,9 +174,10 @@ TEST(LazyAttention, PrefillStableHistoryWaitsForTheStepsRows) {
   }
 }
 
-// LazyAttentionParams::l2_prefetch is a hint: the warp-specialized prefill's output with a
-// range (one that divides evenly over the blocks and one that does not, larger than 64 KiB a
-// block) is bit-identical to the output without, for the launcher's split and forced ones.
+// LazyAttentionParams::l2_prefetch and kv_evict_first are hints: the warp-specialized
+// prefill's output with a range (one that divides evenly over the blocks and one that does not,
+// larger than 64 KiB a block), with and without the evict-first copies, is bit-identical to the
+// output without either, for the launcher's split and forced ones.
 TEST(LazyAttention, PrefillL2PrefetchKeepsTheOutput) {
   GPU_TEST_SETUP(rng);
   const Sizes s{/*head_dim=*/128, /*group=*/4, /*num_kv_heads=*/2, /*page_size=*/16};
@@ -188,9 +189,13 @@ TEST(LazyAttention, PrefillL2PrefetchKeepsTheOutput) {
     GpuRun run{false, KeyLayout::kRotatedLocal, splits};
     const std::vector<float> plain = RunGpu(pp.b1, pool, run);
     ExpectClose(plain, ref, absl::StrCat("splits=", splits));
-    for (int64_t bytes : {int64_t(1) << 20, int64_t(33554432) + 48}) {
-      run.l2_prefetch_bytes = bytes;
-      EXPECT_TRUE(RunGpu(pp.b1, pool, run) == plain) << "splits=" << splits << " bytes=" << bytes;
+    for (bool evict_first : {false, true}) {
+      run.kv_evict_first = evict_first;
+      for (int64_t bytes : {int64_t(0), int64_t(1) << 20, int64_t(33554432) + 48}) {
+        run.l2_prefetch_bytes = bytes;
+        EXPECT_TRUE(RunGpu(pp.b1, pool, run) == plain)
+            << "splits=" << splits << " bytes=" << bytes << " evict_first=" << evict_first;
+      }
     }
   }
 }

@@ -115,10 +115,11 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Cfg::kProducerRegs));
     if (warp != 0) return;
     TmaTileLoader<kBlockN, 32> loader;  // op o of a tile is lane o % 32's
+    const uint64_t policy = p.kv_evict_first != 0 ? L2EvictFirstPolicy() : 0;
     loader.Prefetch(cur, v, /*warp=*/lane, /*lane=*/0);
     const bool early = p.stable_history != 0 && cur.valid && cur.j_end - cur.j >= kBlockN &&
                        cur.start + cur.j + kBlockN <= v.q_pos[q_begin];
-    if (early) loader.Issue(k_base, v_base, full_bar, maps, kvh, v.page_size, lane, 0);
+    if (early) loader.Issue(k_base, v_base, full_bar, maps, kvh, v.page_size, lane, 0, policy);
     PdlWait();
     int tile = 0, tails = 0;
     while (cur.valid) {
@@ -129,9 +130,9 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
       if (tile == 0 && early) {
         // issued before the wait
       } else if (valid_rows == kBlockN) {
-        loader.Issue(kt, vt, full_bar + 8 * st, maps, kvh, v.page_size, lane, 0);
+        loader.Issue(kt, vt, full_bar + 8 * st, maps, kvh, v.page_size, lane, 0, policy);
       } else {
-        loader.Issue(kt, vt, tail_bar, maps, kvh, v.page_size, lane, 0);
+        loader.Issue(kt, vt, tail_bar, maps, kvh, v.page_size, lane, 0, policy);
         MbarWait(tail_bar, uint32_t(tails) & 1u);
         ++tails;
         ZeroTileTail<kBlockN, 32>(v_smem + st * Cfg::kTileBytes, valid_rows, lane);

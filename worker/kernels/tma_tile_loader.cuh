@@ -67,10 +67,27 @@ __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
   while (!MbarTryWait(bar, parity)) {
   }
 }
+// An L2 cache policy under which the lines an access brings in are evicted first (data read
+// once, such as the documents' K/V in a step).
+__device__ __forceinline__ uint64_t L2EvictFirstPolicy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
 // One box {c0, c1, c2} of the tensor `map` into shared memory at `dst`, completing `bytes` on
-// the mbarrier `bar` (the issuing thread declared them with MbarArriveExpectTx first).
+// the mbarrier `bar` (the issuing thread declared them with MbarArriveExpectTx first); with an
+// L2 cache policy (L2EvictFirstPolicy) where `policy` is not 0.
 __device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
-                                          int c2, uint32_t bar) {
+                                          int c2, uint32_t bar, uint64_t policy = 0) {
+  if (policy != 0) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
+        : "memory");
+    return;
+  }
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
@@ -108,11 +125,12 @@ struct TmaTileLoader {
   }
 
   // Lane 0 of every warp: declares its bytes on `bar` and issues its boxes into the stage's
-  // K and V tiles (each two 64-column halves of kBlockN rows x 128 bytes). Every warp arrives
-  // (kWarps arrivals per phase), also with nothing to load.
+  // K and V tiles (each two 64-column halves of kBlockN rows x 128 bytes), under the L2 cache
+  // policy `policy` (0: none). Every warp arrives (kWarps arrivals per phase), also with
+  // nothing to load.
   __device__ __forceinline__ void Issue(uint32_t k_tile, uint32_t v_tile, uint32_t bar,
                                         const TmaMaps& maps, int kv_head, int page_size, int warp,
-                                        int lane) const {
+                                        int lane, uint64_t policy = 0) const {
     if (!any || lane != 0) return;
     uint32_t bytes = 0;
 #pragma unroll
@@ -129,9 +147,9 @@ struct TmaTileLoader {
       const int page = o / 4, half = (o / 2) % 2;
       const uint32_t offset = uint32_t(half * kHalfBytes + page * page_size * 128);
       if (o % 2 == 0) {
-        TmaLoad3d(k_tile + offset, &maps.k, half * 64, kv_head, page_token[i], bar);
+        TmaLoad3d(k_tile + offset, &maps.k, half * 64, kv_head, page_token[i], bar, policy);
       } else {
-        TmaLoad3d(v_tile + offset, &maps.v, half * 64, kv_head, page_token[i], bar);
+        TmaLoad3d(v_tile + offset, &maps.v, half * 64, kv_head, page_token[i], bar, policy);
       }
     }
   }

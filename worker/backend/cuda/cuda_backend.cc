@@ -451,6 +451,7 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
       // page uploads, all finished before this step's first kernel; only the QKV scatter (or
       // the QKV GEMV's split) just before writes (the step's own rows).
       ap.stable_history = options_.early_kv_reads;
+      ap.kv_evict_first = options_.kv_evict_first;
       if (options_.prefetch_o_weights) {
         ap.l2_prefetch = L.wo;
         ap.l2_prefetch_bytes = int64_t(d) * qd * 2;

@@ -66,6 +66,10 @@ struct CudaBackendOptions {
   // from L2 while the attention's tail and split merge would leave the memory idle. Off by
   // default until measured faster (ttft_bench --o_prefetch 0|1).
   bool prefetch_o_weights = false;
+  // The attention's TMA copies of K/V ask L2 to evict them first (kernels::LazyAttentionParams::
+  // kv_evict_first), keeping the prefetched O weights. Off by default until measured faster
+  // (ttft_bench --kv_evict_first 0|1).
+  bool kv_evict_first = false;
   // Projections of 1-64 token rows through kernels::LaunchWgmmaGemm (TMA + wgmma, the SwiGLU
   // fused into gate|up) instead of cuBLAS: 1 (default) where every SM gets a block (the lm_head
   // and gate|up of Llama-3-8B) and for QKV (it streams its weights under the RMSNorm before it),

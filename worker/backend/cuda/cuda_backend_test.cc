@@ -434,10 +434,10 @@ TEST(CudaBackendTest, CudaGraphReplaysMatchEagerSteps) {
   }
 }
 
-// CudaBackendOptions::prefetch_o_weights is a hint to L2: the same requests on a backend with
-// it and on one without give the same logits bit for bit (a query block and decode steps of
-// SmolLM2's shape and of the wide one, whose one-token steps take the GEMV; LAZY and
-// MATERIALIZE).
+// CudaBackendOptions::prefetch_o_weights and kv_evict_first are hints to L2: the same requests
+// on a backend with both and on one without give the same logits bit for bit (a query block and
+// decode steps of SmolLM2's shape and of the wide one, whose one-token steps take the GEMV; LAZY
+// and MATERIALIZE).
 TEST(CudaBackendTest, PrefetchingTheOWeightsKeepsTheLogits) {
   SKIP_WITHOUT_DEVICE();
   for (const char* name : {"synthetic:smollm2-135m@5", "synthetic:wide@5"}) {
@@ -445,6 +445,7 @@ TEST(CudaBackendTest, PrefetchingTheOWeightsKeepsTheLogits) {
     LoadedModel m = LoadWithHostWeights(name);
     CudaBackendOptions with, without;
     with.prefetch_o_weights = true;
+    with.kv_evict_first = true;
     auto p = CreateCudaBackend(m, with);
     auto n = CreateCudaBackend(m, without);
     ASSERT_TRUE(p.ok() && n.ok());
