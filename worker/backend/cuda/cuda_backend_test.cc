@@ -387,83 +387,68 @@ TEST(CudaBackendTest, QualitySettingsMatchCpu) {
   }
 }
 
+// The same requests `runs` times on a backend with options `a` and on one with `b`, LAZY and
+// MATERIALIZE alternating: every step's logits equal bit for bit, and `a`'s last run against
+// the CPU model.
+void ExpectOptionsGiveTheSameLogits(const std::string& name, const CudaBackendOptions& a,
+                                    const CudaBackendOptions& b, int runs) {
+  LoadedModel m = LoadWithHostWeights(name);
+  auto ga = CreateCudaBackend(m, a);
+  auto gb = CreateCudaBackend(m, b);
+  ASSERT_TRUE(ga.ok() && gb.ok());
+  auto cpu = CreateCpuBackend(std::move(m.weights));
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  std::unique_ptr<Engine> ea = MakeEngine(std::move(*ga), 16, 128);
+  std::unique_ptr<Engine> eb = MakeEngine(std::move(*gb), 16, 128);
+  std::unique_ptr<Engine> ref = MakeEngine(std::move(*cpu), 16, 128);
+  ASSERT_TRUE(ea && eb && ref);
+  std::mt19937 rng(11);
+  const int vocab = ref->config().vocab_size;
+  TokenPrompt rag = RagPrompt(rng, vocab, {37, 250, 100}, 21);
+  for (int run = 0; run < runs; ++run) {
+    for (AttentionMode mode : {AttentionMode::kLazy, AttentionMode::kMaterialize}) {
+      SCOPED_TRACE(testing::Message() << "run " << run << ", mode " << int(mode));
+      const ModeRun ra = RunMode(*ea, rag, mode, 6);
+      const ModeRun rb = RunMode(*eb, rag, mode, 6);
+      EXPECT_EQ(ra.tokens, rb.tokens);
+      ASSERT_EQ(ra.logits.size(), rb.logits.size());
+      for (size_t i = 0; i < rb.logits.size(); ++i) {
+        EXPECT_EQ(ra.logits[i], rb.logits[i]) << "step " << i << " differs";
+      }
+      if (run == runs - 1)
+        ExpectRunsMatch(ra, RunMode(*ref, rag, mode, 6), kLogitTolerance, "GPU vs CPU");
+    }
+  }
+}
+
 // CUDA graphs (CudaBackendOptions::cuda_graphs): the same requests run three times on a backend
 // with graphs and on one without. Step shapes repeat across runs and across decode steps (one
 // 1024-token KV bucket), so steps run eagerly, are captured, then replayed; LAZY and
 // MATERIALIZE alternate (MATERIALIZE's copies grow the upload buffer, which drops the graphs).
 // Replays must give the eager logits bit for bit (both round the KV bound the same way).
-void ExpectGraphReplaysMatchEagerSteps(const std::string& name) {
-  LoadedModel m = LoadWithHostWeights(name);
-  CudaBackendOptions with, without;
-  with.cuda_graphs = true;
-  without.cuda_graphs = false;
-  auto g = CreateCudaBackend(m, with);
-  auto e = CreateCudaBackend(m, without);
-  ASSERT_TRUE(g.ok() && e.ok());
-  auto cpu = CreateCpuBackend(std::move(m.weights));
-  ASSERT_TRUE(cpu.ok()) << cpu.status();
-  std::unique_ptr<Engine> graphs = MakeEngine(std::move(*g), 16, 128);
-  std::unique_ptr<Engine> eager = MakeEngine(std::move(*e), 16, 128);
-  std::unique_ptr<Engine> ref = MakeEngine(std::move(*cpu), 16, 128);
-  ASSERT_TRUE(graphs && eager && ref);
-  std::mt19937 rng(11);
-  const int vocab = ref->config().vocab_size;
-  TokenPrompt rag = RagPrompt(rng, vocab, {37, 250, 100}, 21);
-  for (int run = 0; run < 3; ++run) {
-    for (AttentionMode mode : {AttentionMode::kLazy, AttentionMode::kMaterialize}) {
-      SCOPED_TRACE(testing::Message() << "run " << run << ", mode " << int(mode));
-      const ModeRun replayed = RunMode(*graphs, rag, mode, 6);
-      const ModeRun direct = RunMode(*eager, rag, mode, 6);
-      EXPECT_EQ(replayed.tokens, direct.tokens);
-      ASSERT_EQ(replayed.logits.size(), direct.logits.size());
-      for (size_t i = 0; i < direct.logits.size(); ++i) {
-        EXPECT_EQ(replayed.logits[i], direct.logits[i]) << "step " << i << " differs";
-      }
-      if (run == 2)
-        ExpectRunsMatch(replayed, RunMode(*ref, rag, mode, 6), kLogitTolerance, "graphs vs CPU");
-    }
-  }
-}
-
 TEST(CudaBackendTest, CudaGraphReplaysMatchEagerSteps) {
   SKIP_WITHOUT_DEVICE();
+  CudaBackendOptions graphs, eager;
+  graphs.cuda_graphs = true;
+  eager.cuda_graphs = false;
   // SmolLM2's shape (cuBLAS projections) and the wide one (one-token steps on the GEMV).
   for (const char* name : {"synthetic:smollm2-135m@5", "synthetic:wide@5"}) {
     SCOPED_TRACE(name);
-    ExpectGraphReplaysMatchEagerSteps(name);
+    ExpectOptionsGiveTheSameLogits(name, graphs, eager, 3);
   }
 }
 
-// CudaBackendOptions::prefetch_o_weights and kv_evict_first are hints to L2: the same requests
-// on a backend with both and on one without give the same logits bit for bit (a query block and
-// decode steps of SmolLM2's shape and of the wide one, whose one-token steps take the GEMV; LAZY
-// and MATERIALIZE).
+// CudaBackendOptions::prefetch_o_weights and kv_evict_first are hints to L2: a backend with
+// both gives the logits of one without bit for bit (query blocks and decode steps of SmolLM2's
+// shape and of the wide one, whose one-token steps take the GEMV; eager, then replayed).
 TEST(CudaBackendTest, PrefetchingTheOWeightsKeepsTheLogits) {
   SKIP_WITHOUT_DEVICE();
+  CudaBackendOptions hinted, plain;
+  hinted.prefetch_o_weights = true;
+  hinted.kv_evict_first = true;
   for (const char* name : {"synthetic:smollm2-135m@5", "synthetic:wide@5"}) {
     SCOPED_TRACE(name);
-    LoadedModel m = LoadWithHostWeights(name);
-    CudaBackendOptions with, without;
-    with.prefetch_o_weights = true;
-    with.kv_evict_first = true;
-    auto p = CreateCudaBackend(m, with);
-    auto n = CreateCudaBackend(m, without);
-    ASSERT_TRUE(p.ok() && n.ok());
-    std::unique_ptr<Engine> prefetched = MakeEngine(std::move(*p), 16, 128);
-    std::unique_ptr<Engine> plain = MakeEngine(std::move(*n), 16, 128);
-    ASSERT_TRUE(prefetched && plain);
-    std::mt19937 rng(13);
-    const TokenPrompt rag = RagPrompt(rng, plain->config().vocab_size, {37, 250, 100}, 21);
-    for (AttentionMode mode : {AttentionMode::kLazy, AttentionMode::kMaterialize}) {
-      SCOPED_TRACE(testing::Message() << "mode " << int(mode));
-      const ModeRun a = RunMode(*prefetched, rag, mode, 6);
-      const ModeRun b = RunMode(*plain, rag, mode, 6);
-      EXPECT_EQ(a.tokens, b.tokens);
-      ASSERT_EQ(a.logits.size(), b.logits.size());
-      for (size_t i = 0; i < b.logits.size(); ++i) {
-        EXPECT_EQ(a.logits[i], b.logits[i]) << "step " << i << " differs";
-      }
-    }
+    ExpectOptionsGiveTheSameLogits(name, hinted, plain, 2);
   }
 }
 
