@@ -44,6 +44,8 @@ using cuda_backend::UploadPlan;
 
 // Steps that may run from a CUDA graph round their KV bound up to a multiple of this.
 constexpr int kGraphKvBucket = 256;
+// The most token rows of a step whose attention prefetches O's weights (prefetch_o_weights).
+constexpr int kPrefetchOMaxRows = 64;
 
 // The Backend: the forward pass on one stream, over the weights, the KV pool, the activation
 // scratch and the step graphs it owns.
@@ -451,10 +453,10 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
       // page uploads, all finished before this step's first kernel; only the QKV scatter (or
       // the QKV GEMV's split) just before writes (the step's own rows).
       ap.stable_history = options_.early_kv_reads;
-      ap.kv_evict_first = options_.kv_evict_first;
-      if (options_.prefetch_o_weights) {
+      if (options_.prefetch_o_weights && T >= 2 && T <= kPrefetchOMaxRows) {
         ap.l2_prefetch = L.wo;
         ap.l2_prefetch_bytes = int64_t(d) * qd * 2;
+        ap.kv_evict_first = true;
       }
       RETURN_IF_ERROR(s.decode ? kernels::LazyAttentionDecode(ap, stream_)
                                : kernels::LazyAttentionPrefill(ap, stream_));

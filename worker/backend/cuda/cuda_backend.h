@@ -61,15 +61,14 @@ struct CudaBackendOptions {
   // scatter writes only the step's own rows). On by default: measured faster (ttft_bench
   // --early_kv 0|1; see bench/README.md).
   bool early_kv_reads = true;
-  // The attention kernels ask L2 for the layer's O-projection weights once each block has
-  // issued its last K/V copy (kernels::LazyAttentionParams::l2_prefetch), so that O reads them
-  // from L2 while the attention's tail and split merge would leave the memory idle. Off by
-  // default until measured faster (ttft_bench --o_prefetch 0|1).
-  bool prefetch_o_weights = false;
-  // The attention's TMA copies of K/V ask L2 to evict them first (kernels::LazyAttentionParams::
-  // kv_evict_first), keeping the prefetched O weights. Off by default until measured faster
-  // (ttft_bench --kv_evict_first 0|1).
-  bool kv_evict_first = false;
+  // In steps of 2-64 token rows (query blocks, batched decode) the attention kernels ask L2
+  // for the layer's O-projection weights once each block has issued its last K/V copy, and
+  // copy K/V under an evict-first policy (kernels::LazyAttentionParams::l2_prefetch,
+  // kv_evict_first), so that O's weights stream while the attention's tail and split merge
+  // leave the memory idle and O reads them from L2. Not in one-row steps, whose latency-bound
+  // decode attention the prefetch slows by more than O gains, nor above 64 rows. On by
+  // default: measured faster (ttft_bench --o_prefetch 0|1; see bench/README.md).
+  bool prefetch_o_weights = true;
   // Projections of 1-64 token rows through kernels::LaunchWgmmaGemm (TMA + wgmma, the SwiGLU
   // fused into gate|up) instead of cuBLAS: 1 (default) where every SM gets a block (the lm_head
   // and gate|up of Llama-3-8B) and for QKV (it streams its weights under the RMSNorm before it),

@@ -438,14 +438,14 @@ TEST(CudaBackendTest, CudaGraphReplaysMatchEagerSteps) {
   }
 }
 
-// CudaBackendOptions::prefetch_o_weights and kv_evict_first are hints to L2: a backend with
-// both gives the logits of one without bit for bit (query blocks and decode steps of SmolLM2's
-// shape and of the wide one, whose one-token steps take the GEMV; eager, then replayed).
+// CudaBackendOptions::prefetch_o_weights is a hint to L2: a backend with it gives the logits of
+// one without bit for bit (query blocks of 21 rows and decode steps of SmolLM2's shape and of
+// the wide one, whose one-token steps take the GEMV; eager, then replayed).
 TEST(CudaBackendTest, PrefetchingTheOWeightsKeepsTheLogits) {
   SKIP_WITHOUT_DEVICE();
   CudaBackendOptions hinted, plain;
   hinted.prefetch_o_weights = true;
-  hinted.kv_evict_first = true;
+  plain.prefetch_o_weights = false;
   for (const char* name : {"synthetic:smollm2-135m@5", "synthetic:wide@5"}) {
     SCOPED_TRACE(name);
     ExpectOptionsGiveTheSameLogits(name, hinted, plain, 2);
