@@ -655,7 +655,8 @@ int Main(int argc, char** argv) {
     // The last document 128 keys shorter: 80 key tiles of 128 instead of 81, which 16 splits
     // share evenly (81 leave one split a sixth tile): what the uneven split costs.
     if (batch == 1) {
-      AttentionSetup e(batch, 32, prop.l2CacheSize, rng, true, kOwnLen, kMaxKvSplits, kDocLen - 128);
+      AttentionSetup e(batch, 32, prop.l2CacheSize, rng, true, kOwnLen, kMaxKvSplits,
+                       kDocLen - 128);
       const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
         BENCH_OK(LazyAttentionPrefill(e.Params(i % e.copies, false, KeyLayout::kRotatedLocal), st));
       });

@@ -60,7 +60,8 @@ struct AttentionKernelParams {
 __device__ __forceinline__ void PrefetchL2Share(const AttentionKernelParams& p, int lane) {
   if (p.l2_prefetch_bytes <= 0) return;
   const int64_t blocks = int64_t(gridDim.x) * gridDim.y * gridDim.z;
-  const int64_t block = blockIdx.x + int64_t(gridDim.x) * (blockIdx.y + int64_t(gridDim.y) * blockIdx.z);
+  const int64_t block =
+      blockIdx.x + int64_t(gridDim.x) * (blockIdx.y + int64_t(gridDim.y) * blockIdx.z);
   const int64_t granules = p.l2_prefetch_bytes / 16;
   const int64_t g0 = block * granules / blocks, g1 = (block + 1) * granules / blocks;
   constexpr int64_t kPiece = 4096;  // granules: 64 KiB

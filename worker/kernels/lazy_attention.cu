@@ -265,11 +265,10 @@ absl::Status ValidateLazyAttentionParams(const LazyAttentionParams& p, bool deco
   if (p.l2_prefetch_bytes < 0 || p.l2_prefetch_bytes % 16 != 0 ||
       (p.l2_prefetch_bytes > 0 &&
        (p.l2_prefetch == nullptr || reinterpret_cast<uintptr_t>(p.l2_prefetch) % 16 != 0))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("l2_prefetch needs a 16-byte aligned pointer and a byte count that is a "
-                     "non-negative multiple of 16, got ",
-                     p.l2_prefetch_bytes, " bytes at address ",
-                     reinterpret_cast<uintptr_t>(p.l2_prefetch)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "l2_prefetch needs a 16-byte aligned pointer and a byte count that is a "
+        "non-negative multiple of 16, got ",
+        p.l2_prefetch_bytes, " bytes at address ", reinterpret_cast<uintptr_t>(p.l2_prefetch)));
   }
   if (p.max_q_len < 1 || p.max_kv_len < 0) {
     return absl::InvalidArgumentError("max_q_len must be >= 1 and max_kv_len >= 0");
