@@ -13,7 +13,7 @@
 // Usage: ttft_bench [--model NAME] [--docs N] [--doc_len N] [--query N] [--runs N]
 //                   [--warmup N] [--cold_runs N] [--chunk N] [--page_size N]
 //                   [--decode_steps N] [--cuda_graphs 0|1] [--step_times 0|1]
-//                   [--idle_ms N] [--early_kv 0|1] [--wgmma_gemm 0|1|2] [--o_prefetch 0|1]
+//                   [--idle_ms N] [--early_kv 0|1] [--wgmma_gemm 0|1|2] [--o_prefetch 0|1|2]
 //                   [--profile] [--out PATH]
 //                   [--kvstore_binary PATH] [--quality_k K] [--quality_d D]
 //                   [--decode_batches B,B]
@@ -68,7 +68,7 @@ struct BenchOptions {
   bool step_times = true;   // CudaBackendOptions::time_steps: where LAZY's TTFT goes
   bool early_kv = true;     // CudaBackendOptions::early_kv_reads
   int wgmma_gemm = 1;       // CudaBackendOptions::wgmma_gemm
-  bool o_prefetch = true;   // CudaBackendOptions::prefetch_o_weights
+  int o_prefetch = 1;       // CudaBackendOptions::prefetch_o_weights
   int idle_ms = 0;          // GPU idle before each timed request (a lone request)
   // EngineOptions::host_cache_bytes in GiB (0: no host tier). With a host tier: a row for a
   // LAZY request whose documents are all in the host tier, none in the pool.
@@ -130,7 +130,7 @@ int Main(int argc, char** argv) {
     else if (arg("--wgmma_gemm"))
       o.wgmma_gemm = std::atoi(argv[++i]);
     else if (arg("--o_prefetch"))
-      o.o_prefetch = std::atoi(argv[++i]) != 0;
+      o.o_prefetch = std::atoi(argv[++i]);
     else if (arg("--idle_ms"))
       o.idle_ms = std::max(0, std::atoi(argv[++i]));
     else if (arg("--cuda_graphs"))
@@ -158,7 +158,7 @@ int Main(int argc, char** argv) {
                    "[--warmup N] [--cold_runs N] [--chunk N] [--page_size N] "
                    "[--decode_steps N] [--cuda_graphs 0|1] "
                    "[--step_times 0|1] [--idle_ms N] [--early_kv 0|1] [--wgmma_gemm 0|1|2] "
-                   "[--o_prefetch 0|1] [--host_cache_gb G] "
+                   "[--o_prefetch 0|1|2] [--host_cache_gb G] "
                    "[--profile] "
                    "[--out PATH] [--kvstore_binary PATH] [--quality_k K] [--quality_d D] "
                    "[--decode_batches B,B]\n",
@@ -639,7 +639,7 @@ int Main(int argc, char** argv) {
       << "  \"cuda_graphs\": " << (o.cuda_graphs ? "true" : "false") << ",\n"
       << "  \"early_kv\": " << (o.early_kv ? "true" : "false") << ",\n"
       << "  \"wgmma_gemm\": " << o.wgmma_gemm << ",\n"
-      << "  \"o_prefetch\": " << (o.o_prefetch ? "true" : "false") << ",\n"
+      << "  \"o_prefetch\": " << o.o_prefetch << ",\n"
       << "  \"idle_ms\": " << o.idle_ms << ",\n"
       << "  \"chunk\": " << o.chunk << ", \"page_size\": " << o.page_size
       << ", \"runs\": " << o.runs << ", \"warmup\": " << o.warmup << ",\n"

@@ -48,17 +48,21 @@ struct AttentionKernelParams {
   // LazyAttentionParams::stable_history: 1 = key rows at positions below a request's first
   // query position may be read before PdlWait.
   int stable_history;
-  // LazyAttentionParams::l2_prefetch (bytes 0: none).
+  // LazyAttentionParams::l2_prefetch (bytes 0: none), l2_prefetch_at_start.
   const char* l2_prefetch;
   int64_t l2_prefetch_bytes;
+  int l2_prefetch_at_start;
   int kv_evict_first;  // LazyAttentionParams::kv_evict_first
 };
 
 // This block's equal share of the kernel's l2_prefetch range (blocks in grid order, 16-byte
 // granules), asked of L2 by the calling warp's lanes in pieces of at most 64 KiB. Every lane of
 // one warp calls it.
-__device__ __forceinline__ void PrefetchL2Share(const AttentionKernelParams& p, int lane) {
-  if (p.l2_prefetch_bytes <= 0) return;
+// `at_start`: the call site at the block's start (true) or after its last K/V copy (false);
+// only the one that l2_prefetch_at_start names asks.
+__device__ __forceinline__ void PrefetchL2Share(const AttentionKernelParams& p, int lane,
+                                                bool at_start) {
+  if (p.l2_prefetch_bytes <= 0 || at_start != (p.l2_prefetch_at_start != 0)) return;
   const int64_t blocks = int64_t(gridDim.x) * gridDim.y * gridDim.z;
   const int64_t block =
       blockIdx.x + int64_t(gridDim.x) * (blockIdx.y + int64_t(gridDim.y) * blockIdx.z);

@@ -207,6 +207,7 @@ std::vector<float> RunGpu(const Problem& p, const KvPool& pool, const GpuRun& ru
   if (run.l2_prefetch_bytes > 0) {
     prm.l2_prefetch = prefetched.get();
     prm.l2_prefetch_bytes = run.l2_prefetch_bytes;
+    prm.l2_prefetch_at_start = run.l2_prefetch_at_start;
   }
   if (!late.empty()) {
     EXPECT_TRUE(testing::LaunchDelayedRowWrite(k.get(), v.get(), late_offsets.get(), k_late_d.get(),

@@ -271,7 +271,8 @@ struct GpuRun {
   int64_t late_delay_ns = 20000;
   // LazyAttentionParams::l2_prefetch over a device buffer of this many bytes (0: none).
   int64_t l2_prefetch_bytes = 0;
-  bool kv_evict_first = false;  // LazyAttentionParams::kv_evict_first
+  bool l2_prefetch_at_start = false;  // LazyAttentionParams::l2_prefetch_at_start
+  bool kv_evict_first = false;        // LazyAttentionParams::kv_evict_first
 };
 
 // Element offsets (layer 0) of the rows GpuRun::late_rows names, for every KV head.

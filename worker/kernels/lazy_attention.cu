@@ -181,6 +181,7 @@ absl::Status MakeKernelParams(const LazyAttentionParams& params, int base_blocks
   kp->stable_history = params.stable_history ? 1 : 0;
   kp->l2_prefetch = static_cast<const char*>(params.l2_prefetch);
   kp->l2_prefetch_bytes = params.l2_prefetch_bytes;
+  kp->l2_prefetch_at_start = params.l2_prefetch_at_start ? 1 : 0;
   kp->kv_evict_first = params.kv_evict_first ? 1 : 0;
   kp->o_partial = nullptr;
   kp->lse_partial = nullptr;

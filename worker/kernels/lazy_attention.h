@@ -96,10 +96,13 @@ struct LazyAttentionParams {
   // warp-specialized prefill and of the decode asks L2 (bulk prefetch) for its equal share
   // once it has issued its last K/V copy, so that the bytes the next kernel reads (the O
   // projection's weights) stream while the attention's tail, stores and split merge leave the
-  // memory idle. A hint: outputs are the same with or without it; the other kernels ignore it.
+  // memory idle; with l2_prefetch_at_start, as soon as the block starts (before waiting for
+  // the previous kernel: under that kernel's tail and the attention's prologue). A hint:
+  // outputs are the same with or without it; the other kernels ignore it.
   // REQUIRES: 16-byte aligned, bytes a multiple of 16 (0: none).
   const void* l2_prefetch = nullptr;
   int64_t l2_prefetch_bytes = 0;
+  bool l2_prefetch_at_start = false;
   // The K/V copies by TMA (the warp-specialized prefill, the decode's TMA warp pipes) ask L2
   // to evict the lines they bring in first: the documents are read once a step, and what
   // l2_prefetch asked for stays. A hint: outputs are the same.

@@ -162,6 +162,7 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     ids_prod = prod;
     if (ids_prod.valid) ids_prod.Next(plan, v);
     prefetch(ids_next, ids_prod);
+    if (warp == 0) PrefetchL2Share(p, lane, /*at_start=*/true);
     PdlWait();
     // Raw query rows (row r = head kvh * group + r; rows >= group zero). Block tiles: by
     // cp.async, completing with the first K/V tile. Warp pipelines: a warp waits only for its
@@ -291,7 +292,7 @@ __device__ __forceinline__ void DecodeBody(const AttentionKernelParams& p, char*
     stage = (stage + 1) % kStages;
   }
   // Every copy of this block is issued: its share of the next kernel's bytes into L2.
-  if (warp == 0) PrefetchL2Share(p, lane);
+  if (warp == 0) PrefetchL2Share(p, lane, /*at_start=*/false);
   CpAsyncWait<0>();
   __syncthreads();  // the tile buffers become the merge buffer
 

@@ -150,8 +150,8 @@ TEST(LazyAttention, DecodeStableHistoryWaitsForTheStepsRows) {
 }
 
 // LazyAttentionParams::l2_prefetch and kv_evict_first are hints: the decode's output with a
-// range and with evict-first copies is bit-identical to the output without, TMA and cp.async
-// pipes, launcher and forced splits.
+// range (asked after the last copy and at the start) and with evict-first copies is
+// bit-identical to the output without, TMA and cp.async pipes, launcher and forced splits.
 TEST(LazyAttention, DecodeL2PrefetchKeepsTheOutput) {
   GPU_TEST_SETUP(rng);
   const Sizes s{/*head_dim=*/128, /*group=*/4, /*num_kv_heads=*/2, /*page_size=*/16};
@@ -166,12 +166,15 @@ TEST(LazyAttention, DecodeL2PrefetchKeepsTheOutput) {
       const std::vector<float> plain = RunGpu(b6, pool, run);
       ExpectClose(plain, ref, absl::StrCat("splits=", splits));
       for (bool evict_first : {false, true}) {
-        run.kv_evict_first = evict_first;
-        for (int64_t bytes : {int64_t(0), int64_t(1) << 20, int64_t(33554432) + 48}) {
-          run.l2_prefetch_bytes = bytes;
-          EXPECT_TRUE(RunGpu(b6, pool, run) == plain)
-              << "splits=" << splits << " cp.async=" << !num_pages_known << " bytes=" << bytes
-              << " evict_first=" << evict_first;
+        for (bool at_start : {false, true}) {
+          run.kv_evict_first = evict_first;
+          run.l2_prefetch_at_start = at_start;
+          for (int64_t bytes : {int64_t(0), int64_t(1) << 20, int64_t(33554432) + 48}) {
+            run.l2_prefetch_bytes = bytes;
+            EXPECT_TRUE(RunGpu(b6, pool, run) == plain)
+                << "splits=" << splits << " cp.async=" << !num_pages_known << " bytes=" << bytes
+                << " evict_first=" << evict_first << " at_start=" << at_start;
+          }
         }
       }
     }

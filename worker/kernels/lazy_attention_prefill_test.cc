@@ -176,8 +176,9 @@ TEST(LazyAttention, PrefillStableHistoryWaitsForTheStepsRows) {
 
 // LazyAttentionParams::l2_prefetch and kv_evict_first are hints: the warp-specialized
 // prefill's output with a range (one that divides evenly over the blocks and one that does not,
-// larger than 64 KiB a block), with and without the evict-first copies, is bit-identical to the
-// output without either, for the launcher's split and forced ones.
+// larger than 64 KiB a block; asked after the last copy and at the start), with and without the
+// evict-first copies, is bit-identical to the output without either, for the launcher's split
+// and forced ones.
 TEST(LazyAttention, PrefillL2PrefetchKeepsTheOutput) {
   GPU_TEST_SETUP(rng);
   const Sizes s{/*head_dim=*/128, /*group=*/4, /*num_kv_heads=*/2, /*page_size=*/16};
@@ -190,11 +191,15 @@ TEST(LazyAttention, PrefillL2PrefetchKeepsTheOutput) {
     const std::vector<float> plain = RunGpu(pp.b1, pool, run);
     ExpectClose(plain, ref, absl::StrCat("splits=", splits));
     for (bool evict_first : {false, true}) {
-      run.kv_evict_first = evict_first;
-      for (int64_t bytes : {int64_t(0), int64_t(1) << 20, int64_t(33554432) + 48}) {
-        run.l2_prefetch_bytes = bytes;
-        EXPECT_TRUE(RunGpu(pp.b1, pool, run) == plain)
-            << "splits=" << splits << " bytes=" << bytes << " evict_first=" << evict_first;
+      for (bool at_start : {false, true}) {
+        run.kv_evict_first = evict_first;
+        run.l2_prefetch_at_start = at_start;
+        for (int64_t bytes : {int64_t(0), int64_t(1) << 20, int64_t(33554432) + 48}) {
+          run.l2_prefetch_bytes = bytes;
+          EXPECT_TRUE(RunGpu(pp.b1, pool, run) == plain)
+              << "splits=" << splits << " bytes=" << bytes << " evict_first=" << evict_first
+              << " at_start=" << at_start;
+        }
       }
     }
   }

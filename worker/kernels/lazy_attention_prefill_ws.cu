@@ -120,6 +120,7 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
     const bool early = p.stable_history != 0 && cur.valid && cur.j_end - cur.j >= kBlockN &&
                        cur.start + cur.j + kBlockN <= v.q_pos[q_begin];
     if (early) loader.Issue(k_base, v_base, full_bar, maps, kvh, v.page_size, lane, 0, policy);
+    PrefetchL2Share(p, lane, /*at_start=*/true);
     PdlWait();
     int tile = 0, tails = 0;
     while (cur.valid) {
@@ -145,7 +146,7 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
       ++tile;
     }
     // Every copy of this block is issued: its share of the next kernel's bytes into L2.
-    PrefetchL2Share(p, lane);
+    PrefetchL2Share(p, lane, /*at_start=*/false);
     return;
   }
 

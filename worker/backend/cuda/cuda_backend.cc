@@ -453,9 +453,10 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
       // page uploads, all finished before this step's first kernel; only the QKV scatter (or
       // the QKV GEMV's split) just before writes (the step's own rows).
       ap.stable_history = options_.early_kv_reads;
-      if (options_.prefetch_o_weights && T >= 2 && T <= kPrefetchOMaxRows) {
+      if (options_.prefetch_o_weights != 0 && T >= 2 && T <= kPrefetchOMaxRows) {
         ap.l2_prefetch = L.wo;
         ap.l2_prefetch_bytes = int64_t(d) * qd * 2;
+        ap.l2_prefetch_at_start = options_.prefetch_o_weights == 2;
         ap.kv_evict_first = true;
       }
       RETURN_IF_ERROR(s.decode ? kernels::LazyAttentionDecode(ap, stream_)
@@ -627,6 +628,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const LoadedModel& mo
   absl::Status st = config.status();
   if (st.ok() && options.shard.size > 1 && options.nccl_comm == nullptr) {
     st = absl::InvalidArgumentError("cuda backend: tensor parallel rank without an NCCL comm");
+  }
+  if (st.ok() && (options.prefetch_o_weights < 0 || options.prefetch_o_weights > 2)) {
+    st = absl::InvalidArgumentError(absl::StrCat(
+        "cuda backend: prefetch_o_weights must be 0, 1 or 2, got ", options.prefetch_o_weights));
   }
   if (st.ok() && options.shard.size > 1 && !CudaBackendHasNccl()) {
     st = absl::UnimplementedError("cuda backend: built without NCCL (no tensor parallelism)");

@@ -66,9 +66,10 @@ struct CudaBackendOptions {
   // copy K/V under an evict-first policy (kernels::LazyAttentionParams::l2_prefetch,
   // kv_evict_first), so that O's weights stream while the attention's tail and split merge
   // leave the memory idle and O reads them from L2. Not in one-row steps, whose latency-bound
-  // decode attention the prefetch slows by more than O gains, nor above 64 rows. On by
-  // default: measured faster (ttft_bench --o_prefetch 0|1; see bench/README.md).
-  bool prefetch_o_weights = true;
+  // decode attention the prefetch slows by more than O gains, nor above 64 rows. 1 (default):
+  // measured faster than 0, off (ttft_bench --o_prefetch 0|1|2; see bench/README.md); 2: the
+  // blocks ask at their start instead (under the QKV projection's tail), not yet measured.
+  int prefetch_o_weights = 1;
   // Projections of 1-64 token rows through kernels::LaunchWgmmaGemm (TMA + wgmma, the SwiGLU
   // fused into gate|up) instead of cuBLAS: 1 (default) where every SM gets a block (the lm_head
   // and gate|up of Llama-3-8B) and for QKV (it streams its weights under the RMSNorm before it),

@@ -438,17 +438,21 @@ TEST(CudaBackendTest, CudaGraphReplaysMatchEagerSteps) {
   }
 }
 
-// CudaBackendOptions::prefetch_o_weights is a hint to L2: a backend with it gives the logits of
-// one without bit for bit (query blocks of 21 rows and decode steps of SmolLM2's shape and of
-// the wide one, whose one-token steps take the GEMV; eager, then replayed).
+// CudaBackendOptions::prefetch_o_weights is a hint to L2: a backend with it (after the last
+// K/V copy, and at the blocks' start) gives the logits of one without bit for bit (query blocks
+// of 21 rows and decode steps of SmolLM2's shape and of the wide one, whose one-token steps
+// take the GEMV; eager, then replayed).
 TEST(CudaBackendTest, PrefetchingTheOWeightsKeepsTheLogits) {
   SKIP_WITHOUT_DEVICE();
-  CudaBackendOptions hinted, plain;
-  hinted.prefetch_o_weights = true;
-  plain.prefetch_o_weights = false;
-  for (const char* name : {"synthetic:smollm2-135m@5", "synthetic:wide@5"}) {
-    SCOPED_TRACE(name);
-    ExpectOptionsGiveTheSameLogits(name, hinted, plain, 2);
+  CudaBackendOptions plain;
+  plain.prefetch_o_weights = 0;
+  for (int mode : {1, 2}) {
+    CudaBackendOptions hinted;
+    hinted.prefetch_o_weights = mode;
+    for (const char* name : {"synthetic:smollm2-135m@5", "synthetic:wide@5"}) {
+      SCOPED_TRACE(testing::Message() << name << " mode " << mode);
+      ExpectOptionsGiveTheSameLogits(name, hinted, plain, 2);
+    }
   }
 }
 
@@ -763,6 +767,16 @@ TEST(CudaBackendTest, BadInputsAreRejected) {
   b.logit_rows = {0};
   ASSERT_TRUE(be.Forward(b, &logits).ok());
   EXPECT_EQ(logits.size(), size_t(m.config.vocab_size));
+}
+
+// An unknown prefetch mode is refused before any device work (no device needed).
+TEST(CudaBackendTest, RejectsAnUnknownPrefetchMode) {
+  LoadedModel m = LoadWithHostWeights("synthetic:tiny");
+  for (int mode : {-1, 3}) {
+    CudaBackendOptions o;
+    o.prefetch_o_weights = mode;
+    EXPECT_EQ(CreateCudaBackend(m, o).status().code(), absl::StatusCode::kInvalidArgument) << mode;
+  }
 }
 
 TEST(CudaBackendTest, SkipsCleanlyWithoutDevice) {
