@@ -18,7 +18,9 @@
 # are serialised and timed alone), TRACE=0 (1: the same request's kernels as they ran, CUDA graphs
 # and PDL overlap included, from bench/dev/kernel_trace, carried in $GPU_DIR/tools with libcupti;
 # TRACE_ARGS adds ttft_bench flags, e.g. "--quality_k 8"), KERNEL_BENCH=0 (1: kernel_bench of every
-# build folder holding one, after the ttft rounds; KERNEL_BENCH_ARGS).
+# build folder holding one, after the ttft rounds; KERNEL_BENCH_ARGS), FLAG_SETS (one build with
+# several option sets, "name=flags;name=flags", e.g. "o0=--o_prefetch 0;o1=--o_prefetch 1": bin's
+# ttft_bench runs every set in each round, ttft-<name>-<i>.json, and TRACE=1 traces each set).
 # Results in $OUT: log.txt, gemv.json, ttft-new-<i>.json, ttft-base-<i>.json, <test>.xml,
 # kernel-<build>.json, trace-<new|base>.csv.xz and .json, ncu-<new|base>.csv.xz and
 # ncu-<new|base>.json (clocks and caches as the run left them, not locked or flushed by ncu: closer
@@ -75,22 +77,40 @@ export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     echo "gemv_bench rc=$?"
   fi
   for i in $(seq 1 "$ROUNDS"); do
-    # shellcheck disable=SC2086
-    run_each ttft_bench ttft "-$i" $TTFT_ARGS
+    if [[ -n "${FLAG_SETS:-}" ]]; then
+      IFS=';' read -ra sets <<< "$FLAG_SETS"
+      for set in "${sets[@]}"; do
+        echo "== ttft_bench ${set%%=*} round $i: ${set#*=} $TTFT_ARGS"
+        # shellcheck disable=SC2086
+        timeout 200 "$GPU_DIR/bin/ttft_bench" --out "$OUT/ttft-${set%%=*}-$i.json" ${set#*=} $TTFT_ARGS
+        echo "ttft_bench ${set%%=*} rc=$?"
+      done
+    else
+      # shellcheck disable=SC2086
+      run_each ttft_bench ttft "-$i" $TTFT_ARGS
+    fi
   done
   if [[ "${KERNEL_BENCH:-0}" == 1 ]]; then
     # shellcheck disable=SC2086
     run_each kernel_bench kernel "" $KERNEL_BENCH_ARGS
   fi
   if [[ "${TRACE:-0}" == 1 && -f "$GPU_DIR/tools/libkernel_trace.so" ]]; then
-    for which in $(builds_with ttft_bench); do
-      name=$(build_name "$which")
-      echo "== kernel trace $name (ttft_bench --profile $TRACE_ARGS)"
+    # name:build:flags of each trace: bin with each flag set, or every build as it is.
+    traces=()
+    if [[ -n "${FLAG_SETS:-}" ]]; then
+      IFS=';' read -ra sets <<< "$FLAG_SETS"
+      for set in "${sets[@]}"; do traces+=("${set%%=*}:bin:${set#*=}"); done
+    else
+      for which in $(builds_with ttft_bench); do traces+=("$(build_name "$which"):$which:"); done
+    fi
+    for t in "${traces[@]}"; do
+      IFS=':' read -r name which flags <<< "$t"
+      echo "== kernel trace $name (ttft_bench --profile $flags $TRACE_ARGS)"
       # shellcheck disable=SC2086
       LD_LIBRARY_PATH="$GPU_DIR/tools:$LD_LIBRARY_PATH" \
         CUDA_INJECTION64_PATH="$GPU_DIR/tools/libkernel_trace.so" \
         KERNEL_TRACE_OUT="$OUT/trace-$name.csv" \
-        timeout 200 "$GPU_DIR/$which/ttft_bench" --profile $TRACE_ARGS | tail -n 2
+        timeout 200 "$GPU_DIR/$which/ttft_bench" --profile $flags $TRACE_ARGS | tail -n 2
       python3 bench/dev/kernel_trace/trace_timeline.py "$OUT/trace-$name.csv" \
         --json "$OUT/trace-$name.json"
       xz -f "$OUT/trace-$name.csv"
