@@ -223,6 +223,23 @@ std::vector<float> RunGpu(const Problem& p, const KvPool& pool, const GpuRun& ru
   return ToFloat(out.Download());
 }
 
+void ExpectL2HintsKeepTheOutput(const Problem& p, const KvPool& pool, GpuRun run,
+                                const std::string& what) {
+  const std::vector<float> plain = RunGpu(p, pool, run);
+  for (bool evict_first : {false, true}) {
+    for (bool at_start : {false, true}) {
+      for (int64_t bytes : {int64_t(0), int64_t(1) << 20, int64_t(33554432) + 48}) {
+        run.kv_evict_first = evict_first;
+        run.l2_prefetch_at_start = at_start;
+        run.l2_prefetch_bytes = bytes;
+        EXPECT_TRUE(RunGpu(p, pool, run) == plain)
+            << what << " bytes=" << bytes << " evict_first=" << evict_first
+            << " at_start=" << at_start;
+      }
+    }
+  }
+}
+
 void ExpectClose(const std::vector<float>& got, const std::vector<float>& ref,
                  const std::string& what, float atol, float rtol) {
   ASSERT_EQ(got.size(), ref.size()) << what;

@@ -281,6 +281,12 @@ std::vector<int64_t> LateRowOffsets(const Problem& p, const KvPool& pool, GpuRun
 // Runs one kernel on device copies of the problem; returns the bf16 output as floats.
 std::vector<float> RunGpu(const Problem& p, const KvPool& pool, const GpuRun& run);
 
+// LazyAttentionParams' L2 hints leave `run`'s output bit-identical to the hint-free run's:
+// kv_evict_first off and on, l2_prefetch asked after the last copy and at the start, over none,
+// 1 MiB and 32 MiB + 48 bytes (more than 64 KiB a block, not a multiple of the blocks).
+void ExpectL2HintsKeepTheOutput(const Problem& p, const KvPool& pool, GpuRun run,
+                                const std::string& what);
+
 // The probe behind the StableHistoryProbeEarlyReads tests: with stable_history's promise broken
 // (every request's first key written late, GpuRun::LateRows::kFirstKeys), a request of
 // query_len rows after four 1,000-1,500-token documents, 8 splits: expects NaN in the output with

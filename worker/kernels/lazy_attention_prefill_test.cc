@@ -187,21 +187,9 @@ TEST(LazyAttention, PrefillL2PrefetchKeepsTheOutput) {
   const PrefillProblems pp = MakePrefillProblems(s, pool, docs, rng);
   const std::vector<float> ref = RunCpu(pp.b1, pool, KeyLayout::kRotatedLocal);
   for (int splits : {0, 1, 3}) {
-    GpuRun run{false, KeyLayout::kRotatedLocal, splits};
-    const std::vector<float> plain = RunGpu(pp.b1, pool, run);
-    ExpectClose(plain, ref, absl::StrCat("splits=", splits));
-    for (bool evict_first : {false, true}) {
-      for (bool at_start : {false, true}) {
-        run.kv_evict_first = evict_first;
-        run.l2_prefetch_at_start = at_start;
-        for (int64_t bytes : {int64_t(0), int64_t(1) << 20, int64_t(33554432) + 48}) {
-          run.l2_prefetch_bytes = bytes;
-          EXPECT_TRUE(RunGpu(pp.b1, pool, run) == plain)
-              << "splits=" << splits << " bytes=" << bytes << " evict_first=" << evict_first
-              << " at_start=" << at_start;
-        }
-      }
-    }
+    const GpuRun run{false, KeyLayout::kRotatedLocal, splits};
+    ExpectClose(RunGpu(pp.b1, pool, run), ref, absl::StrCat("splits=", splits));
+    ExpectL2HintsKeepTheOutput(pp.b1, pool, run, absl::StrCat("splits=", splits));
   }
 }
 
