@@ -76,9 +76,10 @@ export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     timeout 120 "$GPU_DIR/bin/gemv_bench" --out "$OUT/gemv.json"
     echo "gemv_bench rc=$?"
   fi
+  sets=()
+  [[ -z "${FLAG_SETS:-}" ]] || IFS=';' read -ra sets <<< "$FLAG_SETS"
   for i in $(seq 1 "$ROUNDS"); do
-    if [[ -n "${FLAG_SETS:-}" ]]; then
-      IFS=';' read -ra sets <<< "$FLAG_SETS"
+    if [[ ${#sets[@]} -gt 0 ]]; then
       for set in "${sets[@]}"; do
         echo "== ttft_bench ${set%%=*} round $i: ${set#*=} $TTFT_ARGS"
         # shellcheck disable=SC2086
@@ -97,8 +98,7 @@ export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   if [[ "${TRACE:-0}" == 1 && -f "$GPU_DIR/tools/libkernel_trace.so" ]]; then
     # name:build:flags of each trace: bin with each flag set, or every build as it is.
     traces=()
-    if [[ -n "${FLAG_SETS:-}" ]]; then
-      IFS=';' read -ra sets <<< "$FLAG_SETS"
+    if [[ ${#sets[@]} -gt 0 ]]; then
       for set in "${sets[@]}"; do traces+=("${set%%=*}:bin:${set#*=}"); done
     else
       for which in $(builds_with ttft_bench); do traces+=("$(build_name "$which"):$which:"); done

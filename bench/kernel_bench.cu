@@ -115,7 +115,8 @@ struct AttentionSetup {
   }
 
   // own_len: the request's own tokens after the documents (queries are its last q_len);
-  // max_splits sizes the split workspace; last_doc_len: the last document's tokens.
+  // max_splits sizes the split workspace; last_doc_len: the last document's tokens
+  // (REQUIRES <= kDocLen: every document gets kDocLen's pages).
   AttentionSetup(int batch_, int q_len_, size_t l2_bytes, std::mt19937& rng, bool shuffle = true,
                  int own_len = kOwnLen, int max_splits = kMaxKvSplits, int last_doc_len = kDocLen)
       : batch(batch_), q_len(q_len_) {
