@@ -643,6 +643,17 @@ int Main(int argc, char** argv) {
       results.push_back({"prefill_q32_b" + std::to_string(batch), "prefill", batch, 32, s.kv_len,
                          "lazy_stable", ms, s.KvBytes(), flops});
     }
+    // The query's own 32 keys (each request's last tile) computed at a wgmma width of 32
+    // (LazyAttentionParams::narrow_tail_tiles).
+    {
+      const double ms = TimeMedianMs(5, iters, [&](int i, cudaStream_t st) {
+        LazyAttentionParams p = s.Params(i % s.copies, false, KeyLayout::kRotatedLocal);
+        p.narrow_tail_tiles = true;
+        BENCH_OK(LazyAttentionPrefill(p, st));
+      });
+      results.push_back({"prefill_q32_b" + std::to_string(batch), "prefill", batch, 32, s.kv_len,
+                         "lazy_narrow_tail", ms, s.KvBytes(), flops});
+    }
     // The launcher's kernel without the overlap between consecutive launches (an empty kernel
     // without the programmatic attribute before every call; its ~0.8 us included).
     {

@@ -53,6 +53,7 @@ struct AttentionKernelParams {
   int64_t l2_prefetch_bytes;
   int l2_prefetch_at_start;
   int kv_evict_first;  // LazyAttentionParams::kv_evict_first
+  int narrow_tail;     // LazyAttentionParams::narrow_tail_tiles
 };
 
 // This block's equal share of the kernel's l2_prefetch range (blocks in grid order, 16-byte

@@ -203,6 +203,7 @@ std::vector<float> RunGpu(const Problem& p, const KvPool& pool, const GpuRun& ru
   prm.num_pages = run.num_pages_known ? pool.pages : 0;
   prm.stable_history = run.stable_history;
   prm.kv_evict_first = run.kv_evict_first;
+  prm.narrow_tail_tiles = run.narrow_tail_tiles;
   DeviceArray<uint8_t> prefetched(size_t(run.l2_prefetch_bytes), 0);
   if (run.l2_prefetch_bytes > 0) {
     prm.l2_prefetch = prefetched.get();

@@ -273,6 +273,7 @@ struct GpuRun {
   int64_t l2_prefetch_bytes = 0;
   bool l2_prefetch_at_start = false;  // LazyAttentionParams::l2_prefetch_at_start
   bool kv_evict_first = false;        // LazyAttentionParams::kv_evict_first
+  bool narrow_tail_tiles = false;     // LazyAttentionParams::narrow_tail_tiles
 };
 
 // Element offsets (layer 0) of the rows GpuRun::late_rows names, for every KV head.

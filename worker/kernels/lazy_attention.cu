@@ -183,6 +183,7 @@ absl::Status MakeKernelParams(const LazyAttentionParams& params, int base_blocks
   kp->l2_prefetch_bytes = params.l2_prefetch_bytes;
   kp->l2_prefetch_at_start = params.l2_prefetch_at_start ? 1 : 0;
   kp->kv_evict_first = params.kv_evict_first ? 1 : 0;
+  kp->narrow_tail = params.narrow_tail_tiles ? 1 : 0;
   kp->o_partial = nullptr;
   kp->lse_partial = nullptr;
   if (splits > 1) {

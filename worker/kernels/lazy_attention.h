@@ -107,6 +107,11 @@ struct LazyAttentionParams {
   // to evict the lines they bring in first: the documents are read once a step, and what
   // l2_prefetch asked for stays. A hint: outputs are the same.
   bool kv_evict_first = false;
+  // The warp-specialized prefill computes a tile of at most 32 or 64 valid keys (a segment's
+  // tail: the query block's own keys after whole document tiles) at that wgmma width instead of
+  // 128, so the split that holds it pays a quarter or half of a tile's products and softmax.
+  // The same outputs bit for bit; the other kernels ignore it.
+  bool narrow_tail_tiles = false;
 };
 
 inline constexpr int kMaxKvSplits = 128;

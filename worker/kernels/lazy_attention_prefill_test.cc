@@ -193,6 +193,40 @@ TEST(LazyAttention, PrefillL2PrefetchKeepsTheOutput) {
   }
 }
 
+// LazyAttentionParams::narrow_tail_tiles: tiles of 1-64 valid keys computed at a wgmma width of
+// 32 or 64 give the whole-tile output bit for bit, near the CPU: documents ending in tails of
+// 1, 31, 32, 33, 64, 65 and 127 keys and requests' own segments of 20 and 83 keys, a RAG batch
+// and chunked causal prefill; page sizes 16 and 64 (a page longer than the tail: rows past it
+// are loaded and never read), GQA groups 4 and 8, the launcher's and forced splits.
+TEST(LazyAttention, PrefillNarrowTailTilesKeepTheOutput) {
+  GPU_TEST_SETUP(rng);
+  const auto body = [&](const Sizes& s, KvPool& pool, const std::vector<Doc>& docs) {
+    std::vector<Doc> tails;
+    for (int len : {129, 287, 32, 161, 64, 193, 127, 1}) {
+      tails.push_back(MakeDocs(pool, 1, len, len, rng)[0]);
+    }
+    Problem tailed = EmptyProblem(s);
+    AddRequest(tailed, pool, tails, {0, 1, 2, 3, 4, 5, 6, 7}, 0, 20, rng);
+    AddRequest(tailed, pool, tails, {7, 2, 4}, 50, 33, rng);
+    const PrefillProblems pp = MakePrefillProblems(s, pool, docs, rng);
+    const std::pair<const char*, const Problem*> problems[] = {
+        {"tails", &tailed}, {"b16", &pp.b16}, {"causal", &pp.causal}};
+    for (const auto& [name, prob] : problems) {
+      const std::vector<float> ref = RunCpu(*prob, pool, KeyLayout::kRotatedLocal);
+      for (int splits : {0, 1, 3}) {
+        const std::string what = absl::StrCat(name, " splits=", splits);
+        GpuRun run{false, KeyLayout::kRotatedLocal, splits};
+        const std::vector<float> whole = RunGpu(*prob, pool, run);
+        run.narrow_tail_tiles = true;
+        const std::vector<float> narrow = RunGpu(*prob, pool, run);
+        EXPECT_TRUE(narrow == whole) << what;
+        ExpectClose(narrow, ref, what);
+      }
+    }
+  };
+  ForPageSizesAndGroups(rng, {16, 64}, 1200, 40 * 24 + 200, body);
+}
+
 // The probe that the test above can fail (ExpectEarlyCopiesSeeLateRows; only on request).
 TEST(LazyAttention, PrefillStableHistoryProbeEarlyReads) {
   GPU_TEST_SETUP(rng);

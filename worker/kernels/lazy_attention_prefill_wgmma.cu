@@ -204,7 +204,7 @@ __device__ __forceinline__ void PrefillWgmmaBody(const AttentionKernelParams& p,
       WgmmaWait<0>();
       FenceAccumulators(s);
     } else {
-      QkTile128<Cfg::kBlockM>(s, q_base + wg * 64 * 128, kt);
+      QkTile<Cfg::kBlockM>(s, q_base + wg * 64 * 128, kt);
     }
 
     SoftmaxTile<kBlockN>(s, o, sc.skip - cons.j, min(cons.j_end, pos_lo - cons.start + 1) - cons.j,

@@ -10,7 +10,8 @@
 //    mbarrier (32 arrivals + the bytes), each tile's page ids loaded a tile ahead (the first
 //    before the PDL wait, and with stable_history the first tile's copies too). A segment's
 //    last, partial tile goes to a separate mbarrier first; the warp then zeroes V's rows past
-//    the valid keys (0 x NaN would poison P V) and only then arrives on "full";
+//    the valid keys (0 x NaN would poison P V) and only then arrives on "full" (with narrow
+//    tails only up to the 32 or 64 keys the consumers then compute over, TileKeys);
 //  * warpgroups 1 and 2 are the consumers (setmaxnreg.inc), 64 packed rows each: at a new
 //    segment rotate the query rows (before waiting for the tile), wait on "full", S = Q K^T,
 //    online softmax, O += P V, then each warp arrives on the stage's "empty" mbarrier (8
@@ -50,6 +51,13 @@ struct WsConfig {
 
 __device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// The keys of a tile with `valid` of them that the consumers' products read: with narrow tails
+// (AttentionKernelParams::narrow_tail) the smallest wgmma width of 32, 64 or 128 that holds
+// them, else the whole tile. Producer and consumers decide alike.
+__device__ __forceinline__ int TileKeys(int valid, bool narrow) {
+  return !narrow || valid > 64 ? WsConfig::kBlockN : valid > 32 ? 64 : 32;
 }
 
 __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, const TmaMaps& maps,
@@ -119,6 +127,7 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
     loader.Prefetch(cur, v, /*warp=*/lane, /*lane=*/0);
     const bool early = p.stable_history != 0 && cur.valid && cur.j_end - cur.j >= kBlockN &&
                        cur.start + cur.j + kBlockN <= v.q_pos[q_begin];
+    const bool narrow = p.narrow_tail != 0;
     if (early) loader.Issue(k_base, v_base, full_bar, maps, kvh, v.page_size, lane, 0, policy);
     PrefetchL2Share(p, lane, /*at_start=*/true);
     PdlWait();
@@ -127,16 +136,17 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
       const int st = tile % kStages;
       if (tile >= kStages) MbarWait(empty_bar + 8 * st, uint32_t(tile / kStages - 1) & 1u);
       const int valid_rows = min(kBlockN, cur.j_end - cur.j);
+      const int keys = TileKeys(valid_rows, narrow);  // what the consumers read
       const uint32_t kt = k_base + st * Cfg::kTileBytes, vt = v_base + st * Cfg::kTileBytes;
       if (tile == 0 && early) {
         // issued before the wait
-      } else if (valid_rows == kBlockN) {
+      } else if (valid_rows == keys) {
         loader.Issue(kt, vt, full_bar + 8 * st, maps, kvh, v.page_size, lane, 0, policy);
       } else {
         loader.Issue(kt, vt, tail_bar, maps, kvh, v.page_size, lane, 0, policy);
         MbarWait(tail_bar, uint32_t(tails) & 1u);
         ++tails;
-        ZeroTileTail<kBlockN, 32>(v_smem + st * Cfg::kTileBytes, valid_rows, lane);
+        ZeroTileTail<kBlockN, 32>(v_smem + st * Cfg::kTileBytes, valid_rows, lane, keys);
         FenceProxyAsyncShared();
         __syncwarp();
         MbarArrive(full_bar + 8 * st);
@@ -177,8 +187,18 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
     if (pingpong) asm volatile("bar.arrive %0, 256;\n" ::"r"(5 - wg) : "memory");
   };
   if (pingpong && wg == 1) pass_turn();
+  const bool narrow = p.narrow_tail != 0;
   int q_seg = -1, tile = 0;
   SegScores sc;  // of segment q_seg
+  // One tile's S = Q K^T, softmax and O += P V over its first kN keys (TileKeys).
+  const auto consume = [&]<int kN>(uint32_t kt, uint32_t vt, int lo, int lim_lo, int lim_hi) {
+    float s[kN / 8][4];
+    if (pingpong) NamedBarrierSync(4 + wg, 256);  // my turn on the tensor cores
+    QkTile<Cfg::kBlockM, kN>(s, q_rows, kt, pass_turn);
+    SoftmaxTile<kN>(s, o, lo, lim_lo, lim_hi, sc, t, &rows);
+    if (pingpong) NamedBarrierSync(4 + wg, 256);
+    PvTile<kN, kBlockN>(o, s, vt, pass_turn);
+  };
   while (cur.valid) {
     const int st = tile % kStages;
     if (cur.s != q_seg) {
@@ -193,13 +213,17 @@ __device__ __forceinline__ void PrefillWsBody(const AttentionKernelParams& p, co
       q_seg = cur.s;
     }
     MbarWait(full_bar + 8 * st, uint32_t(tile / kStages) & 1u);
-    float s[kBlockN / 8][4];
-    if (pingpong) NamedBarrierSync(4 + wg, 256);  // my turn on the tensor cores
-    QkTile128<Cfg::kBlockM>(s, q_rows, k_base + st * Cfg::kTileBytes, pass_turn);
-    SoftmaxTile<kBlockN>(s, o, sc.skip - cur.j, min(cur.j_end, pos_lo - cur.start + 1) - cur.j,
-                         min(cur.j_end, pos_hi - cur.start + 1) - cur.j, sc, t, &rows);
-    if (pingpong) NamedBarrierSync(4 + wg, 256);
-    PvTile<kBlockN>(o, s, v_base + st * Cfg::kTileBytes, pass_turn);
+    const uint32_t kt = k_base + st * Cfg::kTileBytes, vt = v_base + st * Cfg::kTileBytes;
+    const int lo = sc.skip - cur.j, lim_lo = min(cur.j_end, pos_lo - cur.start + 1) - cur.j,
+              lim_hi = min(cur.j_end, pos_hi - cur.start + 1) - cur.j;
+    const int keys = TileKeys(min(kBlockN, cur.j_end - cur.j), narrow);
+    if (keys == 32) {
+      consume.template operator()<32>(kt, vt, lo, lim_lo, lim_hi);
+    } else if (keys == 64) {
+      consume.template operator()<64>(kt, vt, lo, lim_lo, lim_hi);
+    } else {
+      consume.template operator()<kBlockN>(kt, vt, lo, lim_lo, lim_hi);
+    }
     __syncwarp();
     if (lane == 0) MbarArrive(empty_bar + 8 * st);  // this warp is done with the stage
     cur.Next(plan, v);

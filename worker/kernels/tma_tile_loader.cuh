@@ -155,11 +155,13 @@ struct TmaTileLoader {
   }
 };
 
-// Zeroes rows [valid_rows, kBlockN) of a V tile (both column halves) in shared memory; all
-// threads of the block. The caller fences (fence.proxy.async) and syncs before wgmma reads it.
+// Zeroes rows [valid_rows, rows_end) of a V tile of kBlockN rows (both column halves) in shared
+// memory, rows_end <= kBlockN the keys the products read; the kThreads calling threads. The
+// caller fences (fence.proxy.async) and syncs before wgmma reads it.
 template <int kBlockN, int kThreads>
-__device__ __forceinline__ void ZeroTileTail(char* tile, int valid_rows, int tid) {
-  const int chunks = (kBlockN - valid_rows) * 8;  // 16-byte chunks per half
+__device__ __forceinline__ void ZeroTileTail(char* tile, int valid_rows, int tid,
+                                             int rows_end = kBlockN) {
+  const int chunks = (rows_end - valid_rows) * 8;  // 16-byte chunks per half
   for (int i = tid; i < 2 * chunks; i += kThreads) {
     const int half = i / chunks, c = i % chunks;
     const int row = valid_rows + c / 8;

@@ -41,22 +41,31 @@ __device__ __forceinline__ void RotateQRowsSw128(char* rot_smem, const char* q_s
 }
 
 #ifdef LAZYRAG_HAVE_WGMMA
-// S[64 x 128] = Q K^T over a 128-key tile, both operands K-major Sw128 in shared memory: the
-// warpgroup's 64 rotated query rows at q_rows (row 0 of the warpgroup inside a kQRows-row
-// operand) and the K tile at kt (two halves of 128 rows x 128 bytes). k-step kk reads columns
-// 16kk..16kk+15: 32 bytes at (kk % 4) * 32 of column half kk / 4. Calls issued() once the
-// products are issued, then waits for the result.
+// S[64 x kN] = Q K^T over the first kN keys (32, 64 or 128) of a 128-key tile, both operands
+// K-major Sw128 in shared memory: the warpgroup's 64 rotated query rows at q_rows (row 0 of the
+// warpgroup inside a kQRows-row operand) and the K tile at kt (two halves of 128 rows x 128
+// bytes). k-step kk reads columns 16kk..16kk+15: 32 bytes at (kk % 4) * 32 of column half
+// kk / 4. A narrower kN computes the same scores for its keys (each is its own dot product).
+// Calls issued() once the products are issued, then waits for the result.
 struct NoHook {
   __device__ __forceinline__ void operator()() const {}
 };
-template <int kQRows, typename Hook = NoHook>
-__device__ __forceinline__ void QkTile128(float (&s)[16][4], uint32_t q_rows, uint32_t kt,
-                                          Hook issued = {}) {
+template <int kQRows, int kN = 128, typename Hook = NoHook>
+__device__ __forceinline__ void QkTile(float (&s)[kN / 8][4], uint32_t q_rows, uint32_t kt,
+                                       Hook issued = {}) {
+  static_assert(kN == 32 || kN == 64 || kN == 128, "a wgmma N of 32, 64 or 128 keys");
   WgmmaFence();
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
-    WgmmaM64N128K16SS(s, Sw128Desc(q_rows + (kk / 4) * (kQRows * 128) + (kk % 4) * 32, 16),
-                      Sw128Desc(kt + (kk / 4) * (128 * 128) + (kk % 4) * 32, 16), kk > 0 ? 1 : 0);
+    const uint64_t a = Sw128Desc(q_rows + (kk / 4) * (kQRows * 128) + (kk % 4) * 32, 16);
+    const uint64_t b = Sw128Desc(kt + (kk / 4) * (128 * 128) + (kk % 4) * 32, 16);
+    if constexpr (kN == 128) {
+      WgmmaM64N128K16SS(s, a, b, kk > 0 ? 1 : 0);
+    } else if constexpr (kN == 64) {
+      WgmmaM64N64K16SS(s, a, b, kk > 0 ? 1 : 0);
+    } else {
+      WgmmaM64N32K16SS(s, a, b, kk > 0 ? 1 : 0);
+    }
   }
   WgmmaCommit();
   issued();
@@ -120,14 +129,15 @@ __device__ __forceinline__ void SoftmaxTile(float (&s)[kBlockN / 8][4], float (&
 }
 
 #ifdef LAZYRAG_HAVE_WGMMA
-// O += P V over a kBlockN-key tile: P (the softmax'd S accumulators, rounded to bf16) is the
-// register A fragment of k-step kk (keys 16kk..16kk+15); V [kBlockN keys x 128] at vt is read
-// MN-major: its k-step is two 8-key row groups (2 KiB) further on, its 128 columns two
-// 64-column halves kBlockN x 128 bytes apart (the leading-dimension offset). Calls issued()
-// once the products are issued, then waits for them.
-template <int kBlockN, typename Hook = NoHook>
+// O += P V over the first kBlockN keys of a kTileN-key tile: P (the softmax'd S accumulators,
+// rounded to bf16) is the register A fragment of k-step kk (keys 16kk..16kk+15); V [kTileN keys
+// x 128] at vt is read MN-major: its k-step is two 8-key row groups (2 KiB) further on, its 128
+// columns two 64-column halves kTileN x 128 bytes apart (the leading-dimension offset). Calls
+// issued() once the products are issued, then waits for them.
+template <int kBlockN, int kTileN = kBlockN, typename Hook = NoHook>
 __device__ __forceinline__ void PvTile(float (&o)[16][4], const float (&s)[kBlockN / 8][4],
                                        uint32_t vt, Hook issued = {}) {
+  static_assert(kBlockN % 16 == 0 && kBlockN <= kTileN, "whole k-steps of the tile's keys");
   uint32_t pa[kBlockN / 16][4];
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) {
@@ -140,7 +150,7 @@ __device__ __forceinline__ void PvTile(float (&o)[16][4], const float (&s)[kBloc
   WgmmaFence();
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) {
-    WgmmaM64N128K16Trans(o, pa[kk], Sw128Desc(vt + kk * 16 * 128, kBlockN * 128), 1);
+    WgmmaM64N128K16Trans(o, pa[kk], Sw128Desc(vt + kk * 16 * 128, kTileN * 128), 1);
   }
   WgmmaCommit();
   issued();

@@ -459,6 +459,7 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
         ap.l2_prefetch_at_start = options_.prefetch_o_weights == 2;
         ap.kv_evict_first = true;
       }
+      ap.narrow_tail_tiles = options_.narrow_tail_tiles;
       RETURN_IF_ERROR(s.decode ? kernels::LazyAttentionDecode(ap, stream_)
                                : kernels::LazyAttentionPrefill(ap, stream_));
     } else {

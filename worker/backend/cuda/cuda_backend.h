@@ -70,6 +70,10 @@ struct CudaBackendOptions {
   // measured faster than 0, off (ttft_bench --o_prefetch 0|1|2; see bench/README.md); 2: the
   // blocks ask at their start instead (under the QKV projection's tail), not yet measured.
   int prefetch_o_weights = 1;
+  // The prefill attention computes a segment's tail tile of at most 64 keys (a query block's
+  // own keys) at a narrower wgmma width (kernels::LazyAttentionParams::narrow_tail_tiles): the
+  // same logits bit for bit. Off by default until measured (ttft_bench --narrow_tail 0|1).
+  bool narrow_tail_tiles = false;
   // Projections of 1-64 token rows through kernels::LaunchWgmmaGemm (TMA + wgmma, the SwiGLU
   // fused into gate|up) instead of cuBLAS: 1 (default) where every SM gets a block (the lm_head
   // and gate|up of Llama-3-8B) and for QKV (it streams its weights under the RMSNorm before it),

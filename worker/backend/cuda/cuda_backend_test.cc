@@ -456,6 +456,17 @@ TEST(CudaBackendTest, PrefetchingTheOWeightsKeepsTheLogits) {
   }
 }
 
+// CudaBackendOptions::narrow_tail_tiles: the prefill attention's short tail tiles (documents of
+// 37, 250 and 100 tokens: tails of 37, 122 and 100 keys; the 21-row query block's own keys)
+// computed at a narrower width give the logits of whole tiles bit for bit (the wide shape,
+// whose head dim 128 takes the warp-specialized prefill; eager, then replayed).
+TEST(CudaBackendTest, NarrowTailTilesKeepTheLogits) {
+  SKIP_WITHOUT_DEVICE();
+  CudaBackendOptions narrow;
+  narrow.narrow_tail_tiles = true;
+  ExpectOptionsGiveTheSameLogits("synthetic:wide@5", narrow, CudaBackendOptions(), 2);
+}
+
 // Backend-level batches with several requests: prefill chunks, decode-only (the decode
 // kernel with 2 requests) and a mixed prefill + decode batch over shared segments.
 TEST(CudaBackendTest, MultiRequestBatchesMatchCpu) {
