@@ -5,7 +5,9 @@
 // the 64 up rows of the same outputs, so silu(g) * u is formed in registers), or 64 rows and 8
 // stages, over all of k. Launched as a
 // programmatic dependent: the producer issues the first stages' weight copies before the PDL
-// wait (weights are never written by a step), the token rows after.
+// wait (weights are never written by a step), the token rows after. A folded RMSNorm
+// (WgmmaResidualOut, WgmmaNormIn) lives in the consumers: 1/rms of every row before the main
+// loop, the residual add and the per-row sums of squares in the epilogue.
 #include <cuda.h>          // CUtensorMap
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cuda_bf16.h>
@@ -50,6 +52,8 @@ struct Params {
   int out_n = 0;  // outputs per row: n, or n / 2 with SwiGLU
   int ksteps = 0;
   int fp32 = 0;
+  WgmmaResidualOut residual_out;  // on when residual is set
+  WgmmaNormIn norm_in;            // on when sum_squares is set
 };
 
 // A block's shape: kBoxes boxes of 64 weight rows (the SwiGLU: 2, gate and up) and a ring of
@@ -84,6 +88,9 @@ __device__ __forceinline__ void Mma(float (&d)[kTokens / 8][4], uint64_t a, uint
 
 __device__ __forceinline__ float Bf16Round(float v) {
   return __uint_as_float(uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(v))) << 16);
+}
+__device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 __device__ __forceinline__ void Store(const Params& p, int t, int j, float v) {
   if (p.fp32) {
@@ -158,6 +165,31 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) acc[h][j][e] = 0.f;
     }
   }
+  // Folded norm: each row's 1/rms from the previous projection's parts, kPer consumer threads a
+  // row each summing every kPer-th part, then their sums in thread order (deterministic).
+  __shared__ float row_sums[kConsumerThreads / 32][kTokens];
+  __shared__ float inv_rms[kTokens];
+  const bool norm_in = p.norm_in.sum_squares != nullptr;
+  if (norm_in) {
+    constexpr int kPer = kConsumerThreads / kTokens;
+    PdlWait();  // the parts are the previous kernel's
+    const int t = threadIdx.x % kTokens, q = threadIdx.x / kTokens;
+    float s = 0.f;
+    if (t < p.rows) {
+      const float* parts = p.norm_in.sum_squares + int64_t(t) * p.norm_in.parts;
+#pragma unroll 8
+      for (int i = q; i < p.norm_in.parts; i += kPer) s += parts[i];
+    }
+    row_sums[q][t] = s;
+    NamedBarrierSync(1, kConsumerThreads);
+    if (threadIdx.x < kTokens) {
+      float ss = 0.f;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) ss += row_sums[i][threadIdx.x];
+      inv_rms[threadIdx.x] = 1.0f / sqrtf(ss / float(p.k) + p.norm_in.eps);
+    }
+    NamedBarrierSync(1, kConsumerThreads);
+  }
   for (int i = 0; i < steps; ++i) {
     const int s = i % kStages;
     MbarWait(full(s), (i / kStages) & 1);
@@ -182,6 +214,8 @@ __global__ void __launch_bounds__(kThreads)
   // This thread's outputs: weight row 16 warp + lane / 4 (+ 8) of each half, tokens 8 j + 2 (lane
   // % 4) (+ 1): acc[h][j][e] is (row + 8 (e / 2), token + e % 2).
   const int row_in_half = 16 * warp + lane / 4, tok0 = 2 * (lane % 4);
+  // Row t's 1/rms with a folded norm (the sums times it), else 1 (the sums as they are).
+  const auto scale = [&](int t) { return norm_in ? inv_rms[t] : 1.f; };
   if constexpr (kSwiGlu) {  // as cuda_model::LaunchSwiGlu on the bf16-rounded gate|up row
 #pragma unroll
     for (int j = 0; j < kTokens / 8; ++j) {
@@ -189,10 +223,55 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) {
         const int t = 8 * j + tok0 + (e & 1), out = tile * kHalfRows + row_in_half + 8 * (e >> 1);
         if (t < p.rows && out < p.out_n) {
-          const float g = Bf16Round(acc[0][j][e]);
-          Store(p, t, out, g / (1.0f + expf(-g)) * Bf16Round(acc[1][j][e]));
+          const float g = Bf16Round(acc[0][j][e] * scale(t));
+          Store(p, t, out, g / (1.0f + expf(-g)) * Bf16Round(acc[1][j][e] * scale(t)));
         }
       }
+    }
+  } else if (p.residual_out.residual != nullptr) {
+    // As LaunchRmsNorm's residual add of the bf16 projection output, then bf16(v * g) and this
+    // block's sum of v^2 per row: in the thread, over the 8 lanes of a row (a fixed butterfly),
+    // then over the 4 warps in order.
+    PdlWait();  // the residual is an earlier kernel's
+    const WgmmaResidualOut& r = p.residual_out;
+    float squares[kTokens / 8][2];
+#pragma unroll
+    for (int j = 0; j < kTokens / 8; ++j) squares[j][0] = squares[j][1] = 0.f;
+#pragma unroll
+    for (int h = 0; h < kBoxes; ++h) {
+#pragma unroll
+      for (int j = 0; j < kTokens / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int t = 8 * j + tok0 + (e & 1);
+          const int out = (tile * kBoxes + h) * kHalfRows + row_in_half + 8 * (e >> 1);
+          if (t < p.rows && out < p.n) {
+            const int64_t at = int64_t(t) * p.n + out;
+            const float v = r.residual[at] + Bf16Round(acc[h][j][e] * scale(t));
+            r.residual[at] = v;
+            r.scaled[at] = __bfloat16_as_ushort(__float2bfloat16_rn(v * r.norm_weight[out]));
+            squares[j][e & 1] += v * v;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kTokens / 8; ++j) {
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+#pragma unroll
+        for (int off = 4; off < 32; off *= 2) {
+          squares[j][b] += __shfl_xor_sync(0xffffffffu, squares[j][b], off);
+        }
+        if (lane < 4) row_sums[warp][8 * j + 2 * lane + b] = squares[j][b];
+      }
+    }
+    NamedBarrierSync(1, kConsumerThreads);
+    if (threadIdx.x < p.rows) {
+      float total = 0.f;
+#pragma unroll
+      for (int w = 0; w < kConsumerThreads / 32; ++w) total += row_sums[w][threadIdx.x];
+      r.sum_squares[int64_t(threadIdx.x) * gridDim.x + tile] = total;
     }
   } else {
 #pragma unroll
@@ -203,7 +282,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int e = 0; e < 4; ++e) {
           const int t = 8 * j + tok0 + (e & 1);
           const int out = (tile * kBoxes + h) * kHalfRows + row_in_half + 8 * (e >> 1);
-          if (t < p.rows && out < p.n) Store(p, t, out, acc[h][j][e]);
+          if (t < p.rows && out < p.n) Store(p, t, out, acc[h][j][e] * scale(t));
         }
       }
     }
@@ -267,6 +346,10 @@ int WgmmaGemmRowsPerBlock(const WgmmaGemmParams& p) {
   return WgmmaGemmBlocks(p.n, false, 128) >= sms ? 128 : 64;
 }
 
+int WgmmaGemmNormParts(const WgmmaGemmParams& p) {
+  return WgmmaGemmBlocks(p.n, p.swiglu, WgmmaGemmRowsPerBlock(p));
+}
+
 bool WgmmaGemmSupported() {
   static const bool supported = [] {
     int device = 0, major = 0, minor = 0;
@@ -297,10 +380,24 @@ absl::Status LaunchWgmmaGemm(const WgmmaGemmParams& wp, cudaStream_t stream) {
   const auto misaligned = [](const void* ptr) {
     return reinterpret_cast<uintptr_t>(ptr) % 16 != 0;
   };
-  if (wp.x == nullptr || wp.w == nullptr || wp.y == nullptr || misaligned(wp.x) ||
+  const WgmmaResidualOut& res = wp.residual_out;
+  const bool residual = res.residual != nullptr;
+  if (wp.x == nullptr || wp.w == nullptr || (wp.y == nullptr && !residual) || misaligned(wp.x) ||
       misaligned(wp.w) || (wp.swiglu && wp.y_fp32)) {
     return absl::InvalidArgumentError(
-        "wgmma gemm: x, w and y must be set, x and w 16-byte aligned, no fp32 y with swiglu");
+        "wgmma gemm: x, w and y (or a residual output) must be set, x and w 16-byte aligned, no "
+        "fp32 y with swiglu");
+  }
+  if (residual && (res.norm_weight == nullptr || res.scaled == nullptr ||
+                   res.sum_squares == nullptr || wp.swiglu || wp.y_fp32)) {
+    return absl::InvalidArgumentError(
+        "wgmma gemm: a residual output needs its norm weight, scaled rows and sum-of-squares "
+        "parts, and no swiglu or fp32 y");
+  }
+  if (wp.norm_in.sum_squares != nullptr && (wp.norm_in.parts < 1 || !(wp.norm_in.eps >= 0.f))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("wgmma gemm: a norm input needs parts >= 1 and eps >= 0, got parts ",
+                     wp.norm_in.parts, ", eps ", wp.norm_in.eps));
   }
   if (wp.rows == 0) return absl::OkStatus();
   if (!WgmmaGemmSupported()) {
@@ -315,6 +412,8 @@ absl::Status LaunchWgmmaGemm(const WgmmaGemmParams& wp, cudaStream_t stream) {
   p.out_n = wp.swiglu ? wp.n / 2 : wp.n;
   p.fp32 = wp.y_fp32 ? 1 : 0;
   p.ksteps = (wp.k + kStepK - 1) / kStepK;
+  p.residual_out = wp.residual_out;
+  p.norm_in = wp.norm_in;
   Maps maps;
   RETURN_IF_ERROR(Encode2d(&maps.w, wp.w, wp.n, wp.k, kHalfRows));
   RETURN_IF_ERROR(Encode2d(&maps.x, wp.x, wp.rows, wp.k, tokens));

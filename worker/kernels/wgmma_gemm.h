@@ -21,6 +21,27 @@ namespace lazyrag::kernels {
 
 constexpr int kWgmmaGemmMaxRows = 64;
 
+// The RMSNorm between two projections folded into them per token row, as the one-token GEMVs
+// fold it (cuda_model::GemvResidualOut / GemvNormIn): the projection before the norm adds its
+// bf16-rounded output to the fp32 residual and writes the norm's input times the norm weight and
+// each block's sum of squares per row; the projection after it sums those parts (a fixed order:
+// deterministic) and multiplies its sums by that row's 1/rms. So y = (1/rms) W bf16(v * g)
+// where LaunchRmsNorm then the projection compute W bf16(v (1/rms) g): one bf16 rounding moves,
+// and the norm kernel and its launch go.
+struct WgmmaResidualOut {
+  float* residual = nullptr;           // [rows, n] fp32, in place: v = residual + bf16(y)
+  const float* norm_weight = nullptr;  // [n]: the next RMSNorm's weight g
+  uint16_t* scaled = nullptr;          // [rows, n] bf16: bf16(v * g), the next projection's x
+  // [rows, parts], parts = WgmmaGemmNormParts of the launch: at t * parts + b the sum of v^2
+  // over row t's outputs of block b.
+  float* sum_squares = nullptr;
+};
+struct WgmmaNormIn {
+  const float* sum_squares = nullptr;  // a WgmmaResidualOut's parts (and x its `scaled`)
+  int parts = 0;                       // that launch's WgmmaGemmNormParts
+  float eps = 0.f;                     // 1/rms of row t = 1 / sqrt(sum(parts of t) / k + eps)
+};
+
 struct WgmmaGemmParams {
   const uint16_t* x = nullptr;  // [rows, k] bf16, 16-byte aligned
   const uint16_t* w = nullptr;  // [n, k] bf16 row-major, 16-byte aligned
@@ -38,6 +59,9 @@ struct WgmmaGemmParams {
   // Weight rows a block computes, 64 or 128; 0: the launcher's choice (128 with swiglu or where
   // that gives every SM a block, else 64 with a deeper ring). Set for comparisons (benchmarks).
   int rows_per_block = 0;
+  // On when residual is set: y is not written (may be null). REQUIRES: !swiglu, !y_fp32.
+  WgmmaResidualOut residual_out;
+  WgmmaNormIn norm_in;  // on when sum_squares is set
 };
 
 // Whether the shape is one LaunchWgmmaGemm takes (pointers aside).
@@ -46,13 +70,16 @@ bool WgmmaGemmShapeOk(int rows, int n, int k, bool swiglu);
 // swiglu (their gate and up rows), else one per rows_per_block outputs.
 int WgmmaGemmRowsPerBlock(const WgmmaGemmParams& p);
 int WgmmaGemmBlocks(int n, bool swiglu, int rows_per_block);
+// The sum-of-squares parts per row that a launch of `p` with residual_out writes: its blocks.
+int WgmmaGemmNormParts(const WgmmaGemmParams& p);
 // Whether the current device runs it (compute capability 9.0, the kernel built for sm_90a, the
 // driver's tensor-map encoder present). Cached on first call.
 bool WgmmaGemmSupported();
 
 // Queues the GEMM on `stream` (no allocation, no synchronization: graph-capturable).
 // INVALID_ARGUMENT for a shape WgmmaGemmShapeOk rejects, null or misaligned pointers, fp32 y with
-// swiglu; FAILED_PRECONDITION when !WgmmaGemmSupported().
+// swiglu, a residual output with a pointer unset or with swiglu or fp32 y, a norm input with
+// parts < 1 or eps < 0; FAILED_PRECONDITION when !WgmmaGemmSupported().
 absl::Status LaunchWgmmaGemm(const WgmmaGemmParams& p, cudaStream_t stream);
 
 }  // namespace lazyrag::kernels

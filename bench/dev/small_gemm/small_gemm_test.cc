@@ -308,6 +308,120 @@ void CheckFusedSwiGlu(bool wgmma) {
 TEST(SmallGemm, FusedSwiGluMatchesCublasThenSwiGlu) { CheckFusedSwiGlu(false); }
 TEST(WgmmaGemm, FusedSwiGluMatchesCublasThenSwiGlu) { CheckFusedSwiGlu(true); }
 
+// The FFN's RMSNorm folded into the wgmma O and gate|up projections (WgmmaResidualOut,
+// WgmmaNormIn) against the kernels it replaces: O to bf16, LaunchRmsNorm adding it to the fp32
+// residual, then gate|up with the SwiGLU. The residual equal bit for bit, the scaled rows exactly
+// bf16(v * g), each row's parts summing to its sum of squares, the activations within the moved
+// bf16 rounding (relative to each value and to its row's rms), two launches bit-identical; the
+// model shapes, an odd one (O of 136 outputs: three 64-row blocks, the last partial) and row
+// counts on both sides of 32.
+TEST(WgmmaGemm, FoldedFfnNormMatchesTheKernelSequence) {
+  GPU_TEST_SETUP(rng);
+  const struct {
+    const char* name;
+    int hidden, q_dim, ff;
+  } cases[] = {{"8b", 4096, 4096, 14336}, {"smol", 576, 576, 1536}, {"odd", 136, 96, 200}};
+  constexpr float kEps = 1e-5f;
+  for (const auto& c : cases) {
+    DeviceArray<uint16_t> wo(size_t(c.hidden) * c.q_dim), wgu(size_t(2) * c.ff * c.hidden);
+    FillWeights(wo, c.hidden, c.q_dim, seed + 5);
+    FillWeights(wgu, 2 * c.ff, c.hidden, seed + 6);
+    std::uniform_real_distribution<float> weight(0.5f, 1.5f), residual(-2.f, 2.f);
+    std::vector<float> g(c.hidden);
+    for (float& e : g) e = weight(rng);
+    const DeviceArray<float> norm_weight(g);
+    for (int rows : {2, 7, 32, 33, 64}) {
+      SCOPED_TRACE(absl::StrCat(c.name, " rows=", rows));
+      const size_t cells = size_t(rows) * c.hidden;
+      std::vector<float> x0(cells);
+      for (float& e : x0) e = residual(rng);
+      const DeviceArray<uint16_t> attn(RandomBf16(size_t(rows) * c.q_dim, rng));
+      // The kernels the fold replaces.
+      DeviceArray<float> x_ref(x0);
+      DeviceArray<uint16_t> delta(cells), h(cells), act_ref(size_t(rows) * c.ff);
+      WgmmaGemmParams o;
+      o.x = attn.get();
+      o.w = wo.get();
+      o.y = delta.get();
+      o.rows = rows;
+      o.n = c.hidden;
+      o.k = c.q_dim;
+      ASSERT_TRUE(LaunchWgmmaGemm(o, nullptr).ok());
+      cuda_model::RmsNormParams norm;
+      norm.x = x_ref.get();
+      norm.residual = delta.get();
+      norm.x_out = x_ref.get();
+      norm.weight = norm_weight.get();
+      norm.out = h.get();
+      norm.num_rows = rows;
+      norm.dim = c.hidden;
+      norm.eps = kEps;
+      ASSERT_TRUE(cuda_model::LaunchRmsNorm(norm, nullptr).ok());
+      WgmmaGemmParams gu;
+      gu.x = h.get();
+      gu.w = wgu.get();
+      gu.y = act_ref.get();
+      gu.swiglu = true;
+      gu.rows = rows;
+      gu.n = 2 * c.ff;
+      gu.k = c.hidden;
+      ASSERT_TRUE(LaunchWgmmaGemm(gu, nullptr).ok());
+      ASSERT_CUDA(cudaDeviceSynchronize());
+      const std::vector<float> want_x = x_ref.Download(), want = ToFloat(act_ref.Download());
+      std::vector<float> first;
+      for (int run = 0; run < 2; ++run) {
+        DeviceArray<float> x(x0), parts(cells);
+        DeviceArray<uint16_t> scaled(cells), act(size_t(rows) * c.ff);
+        WgmmaGemmParams fo = o;
+        fo.y = nullptr;
+        fo.residual_out = {x.get(), norm_weight.get(), scaled.get(), parts.get()};
+        ASSERT_TRUE(LaunchWgmmaGemm(fo, nullptr).ok());
+        const int num_parts = WgmmaGemmNormParts(fo);
+        WgmmaGemmParams fg = gu;
+        fg.x = scaled.get();
+        fg.y = act.get();
+        fg.norm_in = {parts.get(), num_parts, kEps};
+        ASSERT_TRUE(LaunchWgmmaGemm(fg, nullptr).ok());
+        ASSERT_CUDA(cudaDeviceSynchronize());
+        const std::vector<float> got_x = x.Download(), got_parts = parts.Download();
+        const std::vector<uint16_t> got_scaled = scaled.Download();
+        ASSERT_TRUE(got_x == want_x) << "residual";
+        for (size_t i = 0; i < cells; ++i) {
+          ASSERT_EQ(got_scaled[i], ToBf16(got_x[i] * g[i % c.hidden])) << "scaled " << i;
+        }
+        for (int t = 0; t < rows; ++t) {
+          double sum = 0, ss = 0;
+          for (int b = 0; b < num_parts; ++b) sum += got_parts[size_t(t) * num_parts + b];
+          for (int j = 0; j < c.hidden; ++j)
+            ss += double(got_x[size_t(t) * c.hidden + j]) * got_x[size_t(t) * c.hidden + j];
+          EXPECT_NEAR(sum, ss, 1e-5 * ss) << "row " << t << " parts";
+        }
+        const std::vector<float> got = ToFloat(act.Download());
+        if (run == 0) {
+          first = got;
+        } else {
+          EXPECT_TRUE(got == first) << "two launches differ";
+        }
+        int bad = 0;
+        for (int t = 0; t < rows && bad < 5; ++t) {
+          double sq = 0;
+          for (int j = 0; j < c.ff; ++j)
+            sq += double(want[size_t(t) * c.ff + j]) * want[size_t(t) * c.ff + j];
+          const double row_rms = std::sqrt(sq / c.ff);
+          for (int j = 0; j < c.ff && bad < 5; ++j) {
+            const size_t i = size_t(t) * c.ff + j;
+            if (!(std::fabs(got[i] - want[i]) <= 2e-2 * std::fabs(want[i]) + 1e-2 * row_rms)) {
+              ADD_FAILURE() << "token " << t << " feature " << j << ": " << got[i] << " vs "
+                            << want[i] << " (row rms " << row_rms << ")";
+              ++bad;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // Launches that split k reuse the tile counters: repeated launches (eager and replayed from a CUDA
 // graph) give bit-identical outputs.
 void CheckDeterministic(bool wgmma) {
@@ -422,6 +536,27 @@ TEST(WgmmaGemmArgs, RejectsBadShapesAndPointers) {
   q = p;
   q.rows = 65;
   invalid(q, "too many rows");
+  alignas(16) static float cells[64];
+  const WgmmaResidualOut residual{cells, cells, buf, cells};
+  q = p;
+  q.y = nullptr;
+  invalid(q, "no y and no residual output");
+  q.residual_out = residual;
+  q.residual_out.scaled = nullptr;
+  invalid(q, "residual output without its scaled rows");
+  q.residual_out = residual;
+  q.swiglu = true;
+  q.n = 4;
+  invalid(q, "residual output with swiglu");
+  q = p;
+  q.residual_out = residual;
+  q.y_fp32 = true;
+  invalid(q, "residual output with fp32 y");
+  q = p;
+  q.norm_in = {cells, 0, 1e-5f};
+  invalid(q, "norm input without parts");
+  q.norm_in = {cells, 4, -1.f};
+  invalid(q, "norm input with a negative eps");
 }
 
 // Argument checks: no device needed (the launcher validates before any CUDA call).

@@ -24,6 +24,7 @@
 #include "worker/kernels/cuda_check.h"
 #include "worker/kernels/lazy_attention.h"
 #include "worker/kernels/model_kernels.h"
+#include "worker/kernels/wgmma_gemm.h"
 
 namespace lazyrag {
 namespace {
@@ -369,6 +370,10 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
   // kernels go but the first (embedding) and the last (logit rows); and the QKV GEMV splits its
   // outputs to q and the pool itself (GemvQkvOut): no scatter kernel.
   const bool fold = T == 1 && one_row_norms_fold_;
+  // 2-64 rows with fold_ffn_norm: O adds to a.x itself and writes gate|up's input, which applies
+  // the norm's 1/rms (wgmma_gemm.h, WgmmaResidualOut): no FFN RMSNorm kernel.
+  const bool fold_ffn =
+      options_.fold_ffn_norm && !tensor_parallel() && projections_.FoldsFfnNorm(T, d, qd, ff);
   cuda_model::GemvNormIn norm_in;
   norm_in.sum_squares = a.norm_parts;
   norm_in.parts = cuda_model::GemvNormParts(d);
@@ -481,6 +486,17 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
       RETURN_IF_ERROR(projections_.GemvToResidual(a.attn, L.wo, d, qd, to_residual(L.ffn_norm)));
       RETURN_IF_ERROR(projections_.GemvFromResidual(a.h, norm_in, L.w_gate_up, a.act, CUDA_R_16BF,
                                                     /*swiglu=*/true, ff, d));
+    } else if (fold_ffn) {
+      kernels::WgmmaResidualOut out;
+      out.residual = a.x;
+      out.norm_weight = L.ffn_norm;
+      out.scaled = a.h;
+      out.sum_squares = a.norm_parts;
+      kernels::WgmmaNormIn in;
+      in.sum_squares = a.norm_parts;
+      in.eps = c.rms_norm_eps;
+      RETURN_IF_ERROR(projections_.WgmmaToResidual(a.attn, L.wo, T, d, qd, out, &in.parts));
+      RETURN_IF_ERROR(projections_.GateUpSwiGluNormed(a.h, in, L.w_gate_up, a.act, T, ff, d));
     } else {
       RETURN_IF_ERROR(projections_.Gemm(a.attn, L.wo, a.delta, CUDA_R_16BF, T, d, qd));
       RETURN_IF_ERROR(all_reduce_.SumBf16(a.delta, int64_t(T) * d, stream_));

@@ -313,13 +313,10 @@ TEST(CudaBackendTest, WideShapeOneRowGemvMatchesCpu) {
   ExpectModesMatchCpu(e, full, 6, rag, 5, "wide");
 }
 
-// Every projection of 1-64 rows that kernels::LaunchWgmmaGemm takes goes to it (wgmma_gemm = 2:
-// query blocks, decode steps, the LM head and SwiGLU-fused gate|up of both shapes; prefill chunks
-// above 64 rows stay on cuBLAS): against the CPU, LAZY against MATERIALIZE.
-TEST(CudaBackendTest, WgmmaGemmProjectionsMatchCpu) {
-  SKIP_WITHOUT_DEVICE();
-  CudaBackendOptions co;
-  co.wgmma_gemm = 2;
+// SmolLM2's shape (FULL in 64-row chunks) and the wide one (128-row chunks) on a backend with
+// options `co`: FULL, a 24-row query block and decode steps against the CPU, LAZY against
+// MATERIALIZE.
+void ExpectBothShapesMatchCpu(const CudaBackendOptions& co, const std::string& tag) {
   for (const char* name : {"smollm2", "wide"}) {
     SCOPED_TRACE(name);
     const bool wide = std::string(name) == "wide";
@@ -331,8 +328,27 @@ TEST(CudaBackendTest, WgmmaGemmProjectionsMatchCpu) {
     TokenPrompt full;
     full.suffix = RandomTokens(rng, 150, vocab);
     const TokenPrompt rag = RagPrompt(rng, vocab, {37, 120, 64}, 24);  // a 24-token query block
-    ExpectModesMatchCpu(e, full, 4, rag, 4, std::string(name) + " wgmma");
+    ExpectModesMatchCpu(e, full, 4, rag, 4, std::string(name) + " " + tag);
   }
+}
+
+// Every projection of 1-64 rows that kernels::LaunchWgmmaGemm takes goes to it (wgmma_gemm = 2:
+// query blocks, decode steps, the LM head and SwiGLU-fused gate|up of both shapes; prefill chunks
+// above 64 rows stay on cuBLAS).
+TEST(CudaBackendTest, WgmmaGemmProjectionsMatchCpu) {
+  SKIP_WITHOUT_DEVICE();
+  CudaBackendOptions co;
+  co.wgmma_gemm = 2;
+  ExpectBothShapesMatchCpu(co, "wgmma");
+}
+
+// CudaBackendOptions::fold_ffn_norm: steps of 2-64 rows (SmolLM2's 64-row FULL chunks, the
+// query blocks) with the FFN's RMSNorm folded into the wgmma O and gate|up projections.
+TEST(CudaBackendTest, FoldedFfnNormMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  CudaBackendOptions co;
+  co.fold_ffn_norm = true;
+  ExpectBothShapesMatchCpu(co, "fold_ffn_norm");
 }
 
 // Which shapes take the GEMV at one row (host only: no device needed).

@@ -79,7 +79,7 @@ absl::Status StepActivations::Reserve(int tokens, int rows) {
                oattn = region(T * qd * 2), odelta = region(T * d * 2), ogu = region(T * 2 * ff * 2),
                oact = region(T * ff * 2), orope = region(T * size_t(c.head_dim) * 4),
                ohr = region(R * d * 2), olog = region(R * size_t(c.vocab_size) * 4),
-               oparts = region(d * 4);
+               oparts = region((d + 64) * 4);
   tokens_ = rows_ = 0;
   RETURN_IF_ERROR(buffer_.Allocate(bytes));
   char* base = buffer_.data();

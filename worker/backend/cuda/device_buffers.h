@@ -150,8 +150,9 @@ class StepActivations {
   float* rope = nullptr;        // [T, head_dim / 2, 2]
   uint16_t* h_rows = nullptr;   // [R, hidden] bf16 final-normed logit rows
   float* logits = nullptr;      // [R, vocab] fp32
-  // [hidden]: the sum-of-squares parts of a one-token step's folded RMSNorms (gemv.h), at most
-  // one per output of the projection before the norm.
+  // [hidden + 64]: the sum-of-squares parts of folded RMSNorms: a one-token step's (gemv.h), at
+  // most one per output of the projection before the norm, or 2-64 rows' (wgmma_gemm.h), one
+  // per row and block of at least 64 outputs.
   float* norm_parts = nullptr;
 
  private:

@@ -111,6 +111,40 @@ bool Projections::UseWgmma(const void* x, const void* w, int rows, int n, int k,
   return wgmma_gemm_ == 2 || any_shape || kernels::WgmmaGemmBlocks(n, swiglu, 128) >= sms_;
 }
 
+bool Projections::FoldsFfnNorm(int rows, int hidden, int q_dim, int ff) const {
+  return wgmma_gemm_ != 0 && rows >= 2 && rows <= kernels::kWgmmaGemmMaxRows &&
+         kernels::WgmmaGemmShapeOk(rows, hidden, q_dim, false) &&
+         kernels::WgmmaGemmShapeOk(rows, 2 * ff, hidden, true);
+}
+
+absl::Status Projections::WgmmaToResidual(const uint16_t* x, const uint16_t* w, int rows, int n,
+                                          int k, const kernels::WgmmaResidualOut& out, int* parts) {
+  kernels::WgmmaGemmParams g;
+  g.x = x;
+  g.w = w;
+  g.rows = rows;
+  g.n = n;
+  g.k = k;
+  g.residual_out = out;
+  *parts = kernels::WgmmaGemmNormParts(g);
+  return kernels::LaunchWgmmaGemm(g, stream_);
+}
+
+absl::Status Projections::GateUpSwiGluNormed(const uint16_t* x, const kernels::WgmmaNormIn& norm,
+                                             const uint16_t* w, uint16_t* act, int rows, int ff,
+                                             int k) {
+  kernels::WgmmaGemmParams g;
+  g.x = x;
+  g.w = w;
+  g.y = act;
+  g.swiglu = true;
+  g.rows = rows;
+  g.n = 2 * ff;
+  g.k = k;
+  g.norm_in = norm;
+  return kernels::LaunchWgmmaGemm(g, stream_);
+}
+
 bool Projections::OneRowNormsFold(int hidden, int q_dim, int kv_dim, int head_dim, int ff) {
   static uint16_t* const aligned = reinterpret_cast<uint16_t*>(uintptr_t(1) << 20);
   const auto gemv = [](int n, int k, bool swiglu) {

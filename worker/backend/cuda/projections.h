@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "worker/backend/cuda/device_buffers.h"
 #include "worker/kernels/gemv.h"
+#include "worker/kernels/wgmma_gemm.h"
 
 namespace lazyrag::cuda_backend {
 
@@ -57,6 +58,19 @@ class Projections {
   // out.q_dim + 2 out.kv_dim.
   absl::Status GemvQkv(const uint16_t* x, const cuda_model::GemvNormIn& norm, const uint16_t* w,
                        int k, const cuda_model::GemvQkvOut& out);
+
+  // Steps of 2-64 rows with the FFN's RMSNorm folded into the wgmma O and gate|up projections
+  // (wgmma_gemm.h, WgmmaResidualOut / WgmmaNormIn): whether both take a step of `rows` rows
+  // (O [hidden, q_dim], gate|up [2 ff, hidden]).
+  bool FoldsFfnNorm(int rows, int hidden, int q_dim, int ff) const;
+  // y[rows, n] = x[rows, k] w[n, k]^T added to the residual as `out` describes; *parts: the
+  // sum-of-squares parts per row it writes (the WgmmaNormIn::parts of the projection after).
+  absl::Status WgmmaToResidual(const uint16_t* x, const uint16_t* w, int rows, int n, int k,
+                               const kernels::WgmmaResidualOut& out, int* parts);
+  // act[rows, ff] = SwiGLU of (1/rms) x[rows, k] w[2 ff, k]^T: x is WgmmaToResidual's `scaled`,
+  // `norm` its parts.
+  absl::Status GateUpSwiGluNormed(const uint16_t* x, const kernels::WgmmaNormIn& norm,
+                                  const uint16_t* w, uint16_t* act, int rows, int ff, int k);
 
  private:
   // Gemm; `any_shape`: on the wgmma kernel wherever it is on, not only where every SM gets a block.
