@@ -14,7 +14,7 @@
 //                   [--warmup N] [--cold_runs N] [--chunk N] [--page_size N]
 //                   [--decode_steps N] [--cuda_graphs 0|1] [--step_times 0|1]
 //                   [--idle_ms N] [--early_kv 0|1] [--wgmma_gemm 0|1|2] [--o_prefetch 0|1|2]
-//                   [--narrow_tail 0|1] [--fold_ffn_norm 0|1]
+//                   [--narrow_tail 0|1] [--fold_ffn_norm 0|1|2] [--fold_attn_norm 0|1]
 //                   [--profile] [--out PATH]
 //                   [--kvstore_binary PATH] [--quality_k K] [--quality_d D]
 //                   [--decode_batches B,B]
@@ -65,14 +65,15 @@ struct BenchOptions {
   int chunk = 2048;  // prefill rows per forward step
   int page_size = 16;
   int decode_steps = 32;
-  bool cuda_graphs = true;     // CudaBackendOptions::cuda_graphs
-  bool step_times = true;      // CudaBackendOptions::time_steps: where LAZY's TTFT goes
-  bool early_kv = true;        // CudaBackendOptions::early_kv_reads
-  int wgmma_gemm = 1;          // CudaBackendOptions::wgmma_gemm
-  int o_prefetch = 1;          // CudaBackendOptions::prefetch_o_weights
-  bool narrow_tail = false;    // CudaBackendOptions::narrow_tail_tiles
-  bool fold_ffn_norm = false;  // CudaBackendOptions::fold_ffn_norm
-  int idle_ms = 0;             // GPU idle before each timed request (a lone request)
+  bool cuda_graphs = true;      // CudaBackendOptions::cuda_graphs
+  bool step_times = true;       // CudaBackendOptions::time_steps: where LAZY's TTFT goes
+  bool early_kv = true;         // CudaBackendOptions::early_kv_reads
+  int wgmma_gemm = 1;           // CudaBackendOptions::wgmma_gemm
+  int o_prefetch = 1;           // CudaBackendOptions::prefetch_o_weights
+  bool narrow_tail = false;     // CudaBackendOptions::narrow_tail_tiles
+  int fold_ffn_norm = 0;        // CudaBackendOptions::fold_ffn_norm
+  bool fold_attn_norm = false;  // CudaBackendOptions::fold_attn_norm
+  int idle_ms = 0;              // GPU idle before each timed request (a lone request)
   // EngineOptions::host_cache_bytes in GiB (0: no host tier). With a host tier: a row for a
   // LAZY request whose documents are all in the host tier, none in the pool.
   double host_cache_gb = 0;
@@ -137,7 +138,9 @@ int Main(int argc, char** argv) {
     else if (arg("--narrow_tail"))
       o.narrow_tail = std::atoi(argv[++i]) != 0;
     else if (arg("--fold_ffn_norm"))
-      o.fold_ffn_norm = std::atoi(argv[++i]) != 0;
+      o.fold_ffn_norm = std::atoi(argv[++i]);
+    else if (arg("--fold_attn_norm"))
+      o.fold_attn_norm = std::atoi(argv[++i]) != 0;
     else if (arg("--idle_ms"))
       o.idle_ms = std::max(0, std::atoi(argv[++i]));
     else if (arg("--cuda_graphs"))
@@ -165,8 +168,8 @@ int Main(int argc, char** argv) {
                    "[--warmup N] [--cold_runs N] [--chunk N] [--page_size N] "
                    "[--decode_steps N] [--cuda_graphs 0|1] "
                    "[--step_times 0|1] [--idle_ms N] [--early_kv 0|1] [--wgmma_gemm 0|1|2] "
-                   "[--o_prefetch 0|1|2] [--narrow_tail 0|1] [--fold_ffn_norm 0|1] "
-                   "[--host_cache_gb G] [--profile] "
+                   "[--o_prefetch 0|1|2] [--narrow_tail 0|1] [--fold_ffn_norm 0|1|2] "
+                   "[--fold_attn_norm 0|1] [--host_cache_gb G] [--profile] "
                    "[--out PATH] [--kvstore_binary PATH] [--quality_k K] [--quality_d D] "
                    "[--decode_batches B,B]\n",
                    argv[0]);
@@ -189,6 +192,7 @@ int Main(int argc, char** argv) {
   bo.prefetch_o_weights = o.o_prefetch;
   bo.narrow_tail_tiles = o.narrow_tail;
   bo.fold_ffn_norm = o.fold_ffn_norm;
+  bo.fold_attn_norm = o.fold_attn_norm;
   auto backend = CreateCudaBackend(*model, bo);
   if (!backend.ok()) return Fail(backend.status(), "cuda backend");
   const double init_s = std::chrono::duration<double>(Clock::now() - t_load).count();
@@ -650,7 +654,8 @@ int Main(int argc, char** argv) {
       << "  \"wgmma_gemm\": " << o.wgmma_gemm << ",\n"
       << "  \"o_prefetch\": " << o.o_prefetch << ",\n"
       << "  \"narrow_tail\": " << (o.narrow_tail ? "true" : "false") << ",\n"
-      << "  \"fold_ffn_norm\": " << (o.fold_ffn_norm ? "true" : "false") << ",\n"
+      << "  \"fold_ffn_norm\": " << o.fold_ffn_norm << ",\n"
+      << "  \"fold_attn_norm\": " << (o.fold_attn_norm ? "true" : "false") << ",\n"
       << "  \"idle_ms\": " << o.idle_ms << ",\n"
       << "  \"chunk\": " << o.chunk << ", \"page_size\": " << o.page_size
       << ", \"runs\": " << o.runs << ", \"warmup\": " << o.warmup << ",\n"

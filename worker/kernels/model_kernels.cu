@@ -5,6 +5,7 @@
 #include <climits>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "worker/kernels/attention_internal.cuh"  // PdlWait, LaunchPdlKernel
 #include "worker/kernels/cuda_check.h"
 #include "worker/kernels/model_kernels.h"
@@ -236,6 +237,48 @@ __global__ void __launch_bounds__(kNormThreads)
 constexpr int kArgmaxThreads = 256;
 constexpr int kArgmaxPerThread = 16;  // independent loads in flight per thread and pass
 constexpr int kArgmaxPass = kArgmaxThreads * kArgmaxPerThread;
+
+// Warp w of block (part, g) takes row 8 g + w, lane l its columns 128 part + 4 l .. + 3: the
+// residual add, bf16(v * g), then the part's sum of squares (the lane's four in order, then a
+// fixed butterfly). Lets the next kernel launch at once: it waits for this one before reading.
+constexpr int kResidualScaleCols = 128;
+__global__ void __launch_bounds__(256)
+    ResidualScaleKernel(const __grid_constant__ ResidualScaleParams p) {
+  kernels::detail::PdlWait();
+  kernels::detail::PdlLaunchDependents();
+  const int lane = threadIdx.x % 32, t = blockIdx.y * 8 + threadIdx.x / 32;
+  if (t >= p.rows) return;  // the whole warp
+  const int c0 = blockIdx.x * kResidualScaleCols + 4 * lane;
+  const int64_t at = int64_t(t) * p.dim + c0;
+  float sq = 0.f;
+  if (p.dim % 4 == 0 && c0 < p.dim) {  // 16-byte rows: vector accesses
+    float4 v = *reinterpret_cast<const float4*>(p.x + at);
+    const float4 d = LoadBf16x4(p.delta + at);
+    const float4 w = *reinterpret_cast<const float4*>(p.weight + c0);
+    v.x += d.x;
+    v.y += d.y;
+    v.z += d.z;
+    v.w += d.w;
+    *reinterpret_cast<float4*>(p.x + at) = v;
+    uint2 o;
+    o.x = uint32_t(FloatToBf16(v.x * w.x)) | (uint32_t(FloatToBf16(v.y * w.y)) << 16);
+    o.y = uint32_t(FloatToBf16(v.z * w.z)) | (uint32_t(FloatToBf16(v.w * w.w)) << 16);
+    *reinterpret_cast<uint2*>(p.scaled + at) = o;
+    sq = v.x * v.x;
+    sq += v.y * v.y;
+    sq += v.z * v.z;
+    sq += v.w * v.w;
+  } else if (p.dim % 4 != 0) {
+    for (int k = 0; k < 4 && c0 + k < p.dim; ++k) {
+      const float v = p.x[at + k] + Bf16ToFloat(p.delta[at + k]);
+      p.x[at + k] = v;
+      p.scaled[at + k] = FloatToBf16(v * p.weight[c0 + k]);
+      sq += v * v;
+    }
+  }
+  for (int off = 16; off > 0; off >>= 1) sq += __shfl_xor_sync(~0u, sq, off);
+  if (lane == 0) p.sum_squares[int64_t(t) * gridDim.x + blockIdx.x] = sq;
+}
 
 // (v, i) becomes the better of itself and (ov, oi): the larger value, then the lower index.
 // Associative and commutative, so any split of a row and any merge order give the same id.
@@ -580,6 +623,26 @@ absl::Status LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
   }
   return kernels::detail::LaunchPdlKernel(RmsNormKernel, dim3(p.num_rows), kNormThreads, 0, nullptr,
                                           stream, p);
+}
+
+int ResidualScaleParts(int dim) { return (dim + kResidualScaleCols - 1) / kResidualScaleCols; }
+
+absl::Status LaunchResidualScale(const ResidualScaleParams& p, cudaStream_t stream) {
+  const auto misaligned = [](const void* ptr) {
+    return reinterpret_cast<uintptr_t>(ptr) % 16 != 0;
+  };
+  if (p.x == nullptr || p.delta == nullptr || p.weight == nullptr || p.scaled == nullptr ||
+      p.sum_squares == nullptr || misaligned(p.x) || misaligned(p.delta) || misaligned(p.weight) ||
+      misaligned(p.scaled) || p.rows < 0 || p.dim < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "residual scale: x, delta, weight, scaled (16-byte aligned) and sum_squares must be set, "
+        "rows >= 0 and dim >= 1; got rows ",
+        p.rows, ", dim ", p.dim));
+  }
+  if (p.rows == 0) return absl::OkStatus();
+  return kernels::detail::LaunchPdlKernel(ResidualScaleKernel,
+                                          dim3(ResidualScaleParts(p.dim), (p.rows + 7) / 8), 256, 0,
+                                          nullptr, stream, p);
 }
 
 absl::Status LaunchQkvScatter(const QkvScatterParams& p, cudaStream_t stream) {

@@ -58,6 +58,26 @@ absl::Status LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream);
 // current device.
 bool RmsNormUsesClusters(const RmsNormParams& p);
 
+// The RMSNorm between two projections of a few rows, folded into the projection after it
+// (kernels::WgmmaNormIn, wgmma_gemm.h): the residual add and the norm's operand without 1/rms,
+// with per-row sums of squares over 128-column parts, which that projection sums (a fixed order)
+// and applies. Unlike LaunchRmsNorm no block waits for a whole row: one warp per (row, part).
+struct ResidualScaleParams {
+  float* x = nullptr;               // [rows, dim] fp32 residual, in place: v = x + delta
+  const uint16_t* delta = nullptr;  // [rows, dim] bf16 projection output
+  const float* weight = nullptr;    // [dim]: the norm's weight g
+  uint16_t* scaled = nullptr;       // [rows, dim] bf16: bf16(v * g)
+  // [rows, ResidualScaleParts(dim)]: at t * parts + b the sum of v^2 over row t's columns
+  // [128 b, 128 b + 128).
+  float* sum_squares = nullptr;
+  int rows = 0;
+  int dim = 0;
+};
+int ResidualScaleParts(int dim);
+// INVALID_ARGUMENT for a pointer unset, x, delta, weight or scaled not 16-byte aligned, rows < 0
+// or dim < 1.
+absl::Status LaunchResidualScale(const ResidualScaleParams& p, cudaStream_t stream);
+
 // Splits the fused QKV projection: Q to bf16 (un-rotated; attention rotates it per segment),
 // K rotated at its token's position (rotate-half layout) and written with V to the token's
 // slot of this layer's paged pool.

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -81,6 +82,61 @@ TEST(RmsNorm, MatchesCpuOnBothPaths) {
   }
   EXPECT_GT(cluster_runs, 0) << "the cluster path never ran";
   EXPECT_GT(block_runs, 0) << "the one-block-a-row path never ran";
+}
+
+// The folded norm's first half (LaunchResidualScale): x + bf16 delta stored back bit for bit,
+// bf16(v * g) exactly, each 128-column part's sum of squares near a double sum; dims with and
+// without the vector path (a multiple of 4 or not, a last part short of 128 columns), row counts
+// off the 8-row block; arguments it refuses.
+TEST(ResidualScale, MatchesItsDefinition) {
+  GPU_TEST_SETUP(rng);
+  const struct {
+    int rows, dim;
+  } cases[] = {{2, 4096}, {7, 576}, {33, 4096}, {64, 2048}, {5, 130}, {9, 4100}, {1, 3}};
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_real_distribution<float> gain(0.5f, 1.5f);
+  for (const auto& c : cases) {
+    SCOPED_TRACE(absl::StrCat("rows ", c.rows, " dim ", c.dim));
+    const int parts = cuda_model::ResidualScaleParts(c.dim);
+    ASSERT_EQ(parts, (c.dim + 127) / 128);
+    std::vector<float> x_h(size_t(c.rows) * c.dim), w_h(c.dim);
+    std::vector<uint16_t> d_h(x_h.size());
+    for (float& v : x_h) v = 4.f * normal(rng);
+    for (uint16_t& v : d_h) v = ToBf16(normal(rng));
+    for (float& v : w_h) v = gain(rng);
+    DeviceArray<float> x(x_h), w(w_h), sums(size_t(c.rows) * parts + 1);
+    DeviceArray<uint16_t> delta(d_h), scaled(x_h.size());
+    cuda_model::ResidualScaleParams p;
+    p.x = x.get();
+    p.delta = delta.get();
+    p.weight = w.get();
+    p.scaled = scaled.get();
+    p.sum_squares = sums.get();
+    p.rows = c.rows;
+    p.dim = c.dim;
+    ASSERT_TRUE(cuda_model::LaunchResidualScale(p, nullptr).ok());
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    const std::vector<float> x_got = x.Download(), sums_got = sums.Download();
+    const std::vector<uint16_t> scaled_got = scaled.Download();
+    for (int r = 0; r < c.rows; ++r) {
+      for (int b = 0; b < parts; ++b) {
+        double ss = 0;
+        for (int i = b * 128; i < std::min(c.dim, b * 128 + 128); ++i) {
+          const size_t at = size_t(r) * c.dim + i;
+          const float v = x_h[at] + FromBf16(d_h[at]);
+          ASSERT_EQ(x_got[at], v) << "x row " << r << " col " << i;
+          ASSERT_EQ(scaled_got[at], ToBf16(v * w_h[i])) << "scaled row " << r << " col " << i;
+          ss += double(v) * v;
+        }
+        EXPECT_NEAR(sums_got[size_t(r) * parts + b], ss, 1e-5 * ss + 1e-6)
+            << "row " << r << " part " << b;
+      }
+    }
+    EXPECT_TRUE(std::isnan(sums_got.back())) << "wrote past the parts";
+  }
+  cuda_model::ResidualScaleParams bad;
+  EXPECT_EQ(cuda_model::LaunchResidualScale(bad, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

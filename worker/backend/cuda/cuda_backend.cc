@@ -370,10 +370,32 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
   // kernels go but the first (embedding) and the last (logit rows); and the QKV GEMV splits its
   // outputs to q and the pool itself (GemvQkvOut): no scatter kernel.
   const bool fold = T == 1 && one_row_norms_fold_;
-  // 2-64 rows with fold_ffn_norm: O adds to a.x itself and writes gate|up's input, which applies
-  // the norm's 1/rms (wgmma_gemm.h, WgmmaResidualOut): no FFN RMSNorm kernel.
-  const bool fold_ffn =
-      options_.fold_ffn_norm && !tensor_parallel() && projections_.FoldsFfnNorm(T, d, qd, ff);
+  // 2-64 rows with fold_ffn_norm: O (1) or LaunchResidualScale after it (2) adds to a.x and
+  // writes gate|up's input, which applies the norm's 1/rms (wgmma_gemm.h, WgmmaNormIn): no FFN
+  // RMSNorm kernel; with fold_attn_norm the same between down and the next layer's QKV.
+  const int fold_ffn =
+      options_.fold_ffn_norm != 0 && !tensor_parallel() && projections_.FoldsFfnNorm(T, d, qd, ff)
+          ? options_.fold_ffn_norm
+          : 0;
+  const bool fold_attn = options_.fold_attn_norm && !tensor_parallel() &&
+                         projections_.FoldsQkvNorm(T, qd + 2 * kvd, d);
+  kernels::WgmmaNormIn rows_norm;  // the folded norm's parts, as LaunchResidualScale writes them
+  rows_norm.sum_squares = a.norm_parts;
+  rows_norm.parts = cuda_model::ResidualScaleParts(d);
+  rows_norm.eps = c.rms_norm_eps;
+  // LaunchResidualScale of the bf16 projection output in a.delta into a.x, for the norm with
+  // weight `weight`: gate|up's or QKV's input in a.h, the parts rows_norm reads.
+  const auto residual_scale = [&](const float* weight) {
+    cuda_model::ResidualScaleParams rs;
+    rs.x = a.x;
+    rs.delta = a.delta;
+    rs.weight = weight;
+    rs.scaled = a.h;
+    rs.sum_squares = a.norm_parts;
+    rs.rows = T;
+    rs.dim = d;
+    return cuda_model::LaunchResidualScale(rs, stream_);
+  };
   cuda_model::GemvNormIn norm_in;
   norm_in.sum_squares = a.norm_parts;
   norm_in.parts = cuda_model::GemvNormParts(d);
@@ -403,6 +425,9 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
     const LayerWeightsDevice& L = weights_.layer(l);
     if (fold && l > 0) {  // the previous layer's down GEMV did this layer's attention norm
       RETURN_IF_ERROR(projections_.GemvQkv(a.h, norm_in, L.wqkv, d, qkv_split(l)));
+    } else if (fold_attn && l > 0) {
+      RETURN_IF_ERROR(residual_scale(L.attn_norm));
+      RETURN_IF_ERROR(projections_.QkvNormed(a.h, rows_norm, L.wqkv, a.qkv, T, qd + 2 * kvd, d));
     } else {
       cuda_model::RmsNormParams norm;
       norm.weight = L.attn_norm;
@@ -486,7 +511,12 @@ absl::Status CudaBackend::EnqueueStep(const DeviceStep& s) {
       RETURN_IF_ERROR(projections_.GemvToResidual(a.attn, L.wo, d, qd, to_residual(L.ffn_norm)));
       RETURN_IF_ERROR(projections_.GemvFromResidual(a.h, norm_in, L.w_gate_up, a.act, CUDA_R_16BF,
                                                     /*swiglu=*/true, ff, d));
-    } else if (fold_ffn) {
+    } else if (fold_ffn == 2) {
+      RETURN_IF_ERROR(projections_.Gemm(a.attn, L.wo, a.delta, CUDA_R_16BF, T, d, qd));
+      RETURN_IF_ERROR(residual_scale(L.ffn_norm));
+      RETURN_IF_ERROR(
+          projections_.GateUpSwiGluNormed(a.h, rows_norm, L.w_gate_up, a.act, T, ff, d));
+    } else if (fold_ffn == 1) {
       kernels::WgmmaResidualOut out;
       out.residual = a.x;
       out.norm_weight = L.ffn_norm;
@@ -649,6 +679,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const LoadedModel& mo
   if (st.ok() && (options.prefetch_o_weights < 0 || options.prefetch_o_weights > 2)) {
     st = absl::InvalidArgumentError(absl::StrCat(
         "cuda backend: prefetch_o_weights must be 0, 1 or 2, got ", options.prefetch_o_weights));
+  }
+  if (st.ok() && (options.fold_ffn_norm < 0 || options.fold_ffn_norm > 2)) {
+    st = absl::InvalidArgumentError(
+        absl::StrCat("cuda backend: fold_ffn_norm must be 0, 1 or 2, got ", options.fold_ffn_norm));
   }
   if (st.ok() && options.shard.size > 1 && !CudaBackendHasNccl()) {
     st = absl::UnimplementedError("cuda backend: built without NCCL (no tensor parallelism)");

@@ -74,12 +74,19 @@ struct CudaBackendOptions {
   // own keys) at a narrower wgmma width (kernels::LazyAttentionParams::narrow_tail_tiles): the
   // same logits bit for bit. Off by default until measured (ttft_bench --narrow_tail 0|1).
   bool narrow_tail_tiles = false;
-  // In steps of 2-64 token rows on one rank, the RMSNorm before the FFN is folded into the
-  // wgmma O and gate|up projections (kernels::WgmmaResidualOut / WgmmaNormIn, as the one-token
-  // GEMVs fold every norm): O adds to the residual and writes the norm's operand and per-row
-  // sums of squares, gate|up applies each row's 1/rms; the norm kernel goes. One bf16 rounding
-  // moves (logits near, not equal). Off by default until measured (ttft_bench --fold_ffn_norm).
-  bool fold_ffn_norm = false;
+  // In steps of 2-64 token rows on one rank, the RMSNorm before the FFN folded into the
+  // projections around it (kernels::WgmmaNormIn, as the one-token GEMVs fold every norm):
+  // gate|up applies each row's 1/rms from per-row sums of squares. 1: O on the wgmma kernel adds
+  // to the residual and writes the norm's operand and the sums itself (WgmmaResidualOut); 2: O
+  // stays on cuBLAS and cuda_model::LaunchResidualScale does that (no wait for a whole row, as
+  // the norm kernel has). 0: the norm kernel. One bf16 rounding moves (logits near, not equal).
+  // Off by default until measured (ttft_bench --fold_ffn_norm 0|1|2); other values
+  // INVALID_ARGUMENT.
+  int fold_ffn_norm = 0;
+  // The same for the RMSNorm before QKV in layers after the first: down's output goes through
+  // LaunchResidualScale and the wgmma QKV projection applies 1/rms. Off by default until
+  // measured (ttft_bench --fold_attn_norm 0|1).
+  bool fold_attn_norm = false;
   // Projections of 1-64 token rows through kernels::LaunchWgmmaGemm (TMA + wgmma, the SwiGLU
   // fused into gate|up) instead of cuBLAS: 1 (default) where every SM gets a block (the lm_head
   // and gate|up of Llama-3-8B) and for QKV (it streams its weights under the RMSNorm before it),

@@ -342,13 +342,22 @@ TEST(CudaBackendTest, WgmmaGemmProjectionsMatchCpu) {
   ExpectBothShapesMatchCpu(co, "wgmma");
 }
 
-// CudaBackendOptions::fold_ffn_norm: steps of 2-64 rows (SmolLM2's 64-row FULL chunks, the
-// query blocks) with the FFN's RMSNorm folded into the wgmma O and gate|up projections.
-TEST(CudaBackendTest, FoldedFfnNormMatchesCpu) {
+// CudaBackendOptions::fold_ffn_norm (1: the wgmma O writes the norm's operand, 2: cuBLAS O then
+// LaunchResidualScale) and fold_attn_norm, alone and together: steps of 2-64 rows (SmolLM2's
+// 64-row FULL chunks, the query blocks) with the RMSNorms folded into the projections after them.
+TEST(CudaBackendTest, FoldedNormsMatchCpu) {
   SKIP_WITHOUT_DEVICE();
-  CudaBackendOptions co;
-  co.fold_ffn_norm = true;
-  ExpectBothShapesMatchCpu(co, "fold_ffn_norm");
+  const struct {
+    int ffn;
+    bool attn;
+  } configs[] = {{1, false}, {2, false}, {0, true}, {1, true}};
+  for (const auto& f : configs) {
+    CudaBackendOptions co;
+    co.fold_ffn_norm = f.ffn;
+    co.fold_attn_norm = f.attn;
+    ExpectBothShapesMatchCpu(
+        co, absl::StrCat("fold_ffn_norm ", f.ffn, " fold_attn_norm ", f.attn ? 1 : 0));
+  }
 }
 
 // Which shapes take the GEMV at one row (host only: no device needed).
@@ -802,6 +811,15 @@ TEST(CudaBackendTest, RejectsAnUnknownPrefetchMode) {
   for (int mode : {-1, 3}) {
     CudaBackendOptions o;
     o.prefetch_o_weights = mode;
+    EXPECT_EQ(CreateCudaBackend(m, o).status().code(), absl::StatusCode::kInvalidArgument) << mode;
+  }
+}
+
+TEST(CudaBackendTest, RejectsAnUnknownFoldMode) {
+  LoadedModel m = LoadWithHostWeights("synthetic:tiny");
+  for (int mode : {-1, 3}) {
+    CudaBackendOptions o;
+    o.fold_ffn_norm = mode;
     EXPECT_EQ(CreateCudaBackend(m, o).status().code(), absl::StatusCode::kInvalidArgument) << mode;
   }
 }

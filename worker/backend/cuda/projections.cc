@@ -145,6 +145,25 @@ absl::Status Projections::GateUpSwiGluNormed(const uint16_t* x, const kernels::W
   return kernels::LaunchWgmmaGemm(g, stream_);
 }
 
+bool Projections::FoldsQkvNorm(int rows, int n, int hidden) const {
+  return wgmma_gemm_ != 0 && rows >= 2 && rows <= kernels::kWgmmaGemmMaxRows &&
+         kernels::WgmmaGemmShapeOk(rows, n, hidden, false);
+}
+
+absl::Status Projections::QkvNormed(const uint16_t* x, const kernels::WgmmaNormIn& norm,
+                                    const uint16_t* w, float* y, int rows, int n, int k) {
+  kernels::WgmmaGemmParams g;
+  g.x = x;
+  g.w = w;
+  g.y = y;
+  g.y_fp32 = true;
+  g.rows = rows;
+  g.n = n;
+  g.k = k;
+  g.norm_in = norm;
+  return kernels::LaunchWgmmaGemm(g, stream_);
+}
+
 bool Projections::OneRowNormsFold(int hidden, int q_dim, int kv_dim, int head_dim, int ff) {
   static uint16_t* const aligned = reinterpret_cast<uint16_t*>(uintptr_t(1) << 20);
   const auto gemv = [](int n, int k, bool swiglu) {

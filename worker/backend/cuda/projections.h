@@ -68,9 +68,15 @@ class Projections {
   absl::Status WgmmaToResidual(const uint16_t* x, const uint16_t* w, int rows, int n, int k,
                                const kernels::WgmmaResidualOut& out, int* parts);
   // act[rows, ff] = SwiGLU of (1/rms) x[rows, k] w[2 ff, k]^T: x is WgmmaToResidual's `scaled`,
-  // `norm` its parts.
+  // `norm` its parts (or cuda_model::LaunchResidualScale's).
   absl::Status GateUpSwiGluNormed(const uint16_t* x, const kernels::WgmmaNormIn& norm,
                                   const uint16_t* w, uint16_t* act, int rows, int ff, int k);
+  // Whether the wgmma QKV projection [n, hidden] of a step of `rows` rows takes a folded norm
+  // (QkvNormed): 2-64 rows, the kernel on.
+  bool FoldsQkvNorm(int rows, int n, int hidden) const;
+  // y[rows, n] = (1/rms) x[rows, k] w[n, k]^T in fp32: x and `norm` as GateUpSwiGluNormed's.
+  absl::Status QkvNormed(const uint16_t* x, const kernels::WgmmaNormIn& norm, const uint16_t* w,
+                         float* y, int rows, int n, int k);
 
  private:
   // Gemm; `any_shape`: on the wgmma kernel wherever it is on, not only where every SM gets a block.
