@@ -228,12 +228,13 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
-  } else if (p.residual_out.residual != nullptr) {
-    // As LaunchRmsNorm's residual add of the bf16 projection output, then bf16(v * g) and this
-    // block's sum of v^2 per row: in the thread, over the 8 lanes of a row (a fixed butterfly),
-    // then over the 4 warps in order.
-    PdlWait();  // the residual is an earlier kernel's
+  } else {
+    // With a residual output as LaunchRmsNorm's residual add of the bf16 projection output, then
+    // bf16(v * g) and this block's sum of v^2 per row: in the thread, over the 8 lanes of a row
+    // (a fixed butterfly), then over the 4 warps in order.
     const WgmmaResidualOut& r = p.residual_out;
+    const bool residual = r.residual != nullptr;
+    if (residual) PdlWait();  // the residual is an earlier kernel's
     float squares[kTokens / 8][2];
 #pragma unroll
     for (int j = 0; j < kTokens / 8; ++j) squares[j][0] = squares[j][1] = 0.f;
@@ -245,45 +246,38 @@ __global__ void __launch_bounds__(kThreads)
         for (int e = 0; e < 4; ++e) {
           const int t = 8 * j + tok0 + (e & 1);
           const int out = (tile * kBoxes + h) * kHalfRows + row_in_half + 8 * (e >> 1);
-          if (t < p.rows && out < p.n) {
-            const int64_t at = int64_t(t) * p.n + out;
-            const float v = r.residual[at] + Bf16Round(acc[h][j][e] * scale(t));
-            r.residual[at] = v;
-            r.scaled[at] = __bfloat16_as_ushort(__float2bfloat16_rn(v * r.norm_weight[out]));
-            squares[j][e & 1] += v * v;
+          if (t >= p.rows || out >= p.n) continue;
+          const float y = acc[h][j][e] * scale(t);
+          if (!residual) {
+            Store(p, t, out, y);
+            continue;
           }
+          const int64_t at = int64_t(t) * p.n + out;
+          const float v = r.residual[at] + Bf16Round(y);
+          r.residual[at] = v;
+          r.scaled[at] = __bfloat16_as_ushort(__float2bfloat16_rn(v * r.norm_weight[out]));
+          squares[j][e & 1] += v * v;
         }
       }
     }
-#pragma unroll
-    for (int j = 0; j < kTokens / 8; ++j) {
-#pragma unroll
-      for (int b = 0; b < 2; ++b) {
-#pragma unroll
-        for (int off = 4; off < 32; off *= 2) {
-          squares[j][b] += __shfl_xor_sync(0xffffffffu, squares[j][b], off);
-        }
-        if (lane < 4) row_sums[warp][8 * j + 2 * lane + b] = squares[j][b];
-      }
-    }
-    NamedBarrierSync(1, kConsumerThreads);
-    if (threadIdx.x < p.rows) {
-      float total = 0.f;
-#pragma unroll
-      for (int w = 0; w < kConsumerThreads / 32; ++w) total += row_sums[w][threadIdx.x];
-      r.sum_squares[int64_t(threadIdx.x) * gridDim.x + tile] = total;
-    }
-  } else {
-#pragma unroll
-    for (int h = 0; h < kBoxes; ++h) {
+    if (residual) {
 #pragma unroll
       for (int j = 0; j < kTokens / 8; ++j) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int t = 8 * j + tok0 + (e & 1);
-          const int out = (tile * kBoxes + h) * kHalfRows + row_in_half + 8 * (e >> 1);
-          if (t < p.rows && out < p.n) Store(p, t, out, acc[h][j][e] * scale(t));
+        for (int b = 0; b < 2; ++b) {
+#pragma unroll
+          for (int off = 4; off < 32; off *= 2) {
+            squares[j][b] += __shfl_xor_sync(0xffffffffu, squares[j][b], off);
+          }
+          if (lane < 4) row_sums[warp][8 * j + 2 * lane + b] = squares[j][b];
         }
+      }
+      NamedBarrierSync(1, kConsumerThreads);
+      if (threadIdx.x < p.rows) {
+        float total = 0.f;
+#pragma unroll
+        for (int w = 0; w < kConsumerThreads / 32; ++w) total += row_sums[w][threadIdx.x];
+        r.sum_squares[int64_t(threadIdx.x) * gridDim.x + tile] = total;
       }
     }
   }

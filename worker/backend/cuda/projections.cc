@@ -25,6 +25,19 @@ cuda_model::GemvParams OneRow(const uint16_t* x, const uint16_t* w, void* y, boo
   return g;
 }
 
+// The wgmma kernel's operands for y[rows, n] = x[rows, k] w[n, k]^T (bf16 y unless set after).
+kernels::WgmmaGemmParams Rows(const uint16_t* x, const uint16_t* w, void* y, int rows, int n,
+                              int k) {
+  kernels::WgmmaGemmParams g;
+  g.x = x;
+  g.w = w;
+  g.y = y;
+  g.rows = rows;
+  g.n = n;
+  g.k = k;
+  return g;
+}
+
 }  // namespace
 
 Projections::~Projections() {
@@ -63,14 +76,8 @@ absl::Status Projections::Project(const uint16_t* x, const uint16_t* w, void* y,
     if (cuda_model::GemvPreferred(g)) return cuda_model::LaunchGemv(g, stream_);
   }
   if (UseWgmma(x, w, rows, n, k, false, any_shape)) {
-    kernels::WgmmaGemmParams g;
-    g.x = x;
-    g.w = w;
-    g.y = y;
+    kernels::WgmmaGemmParams g = Rows(x, w, y, rows, n, k);
     g.y_fp32 = y_type == CUDA_R_32F;
-    g.rows = rows;
-    g.n = n;
-    g.k = k;
     return kernels::LaunchWgmmaGemm(g, stream_);
   }
   const float alpha = 1.0f, beta = 0.0f;
@@ -88,14 +95,8 @@ absl::Status Projections::GateUpSwiGlu(const uint16_t* x, const uint16_t* w, uin
     if (cuda_model::GemvPreferred(g)) return cuda_model::LaunchGemv(g, stream_);
   }
   if (UseWgmma(x, w, rows, 2 * ff, k, true)) {  // SwiGLU fused: no gate_up round trip
-    kernels::WgmmaGemmParams g;
-    g.x = x;
-    g.w = w;
-    g.y = act;
+    kernels::WgmmaGemmParams g = Rows(x, w, act, rows, 2 * ff, k);
     g.swiglu = true;
-    g.rows = rows;
-    g.n = 2 * ff;
-    g.k = k;
     return kernels::LaunchWgmmaGemm(g, stream_);
   }
   RETURN_IF_ERROR(Gemm(x, w, gate_up, CUDA_R_16BF, rows, 2 * ff, k));
@@ -119,12 +120,7 @@ bool Projections::FoldsFfnNorm(int rows, int hidden, int q_dim, int ff) const {
 
 absl::Status Projections::WgmmaToResidual(const uint16_t* x, const uint16_t* w, int rows, int n,
                                           int k, const kernels::WgmmaResidualOut& out, int* parts) {
-  kernels::WgmmaGemmParams g;
-  g.x = x;
-  g.w = w;
-  g.rows = rows;
-  g.n = n;
-  g.k = k;
+  kernels::WgmmaGemmParams g = Rows(x, w, nullptr, rows, n, k);
   g.residual_out = out;
   *parts = kernels::WgmmaGemmNormParts(g);
   return kernels::LaunchWgmmaGemm(g, stream_);
@@ -133,14 +129,8 @@ absl::Status Projections::WgmmaToResidual(const uint16_t* x, const uint16_t* w, 
 absl::Status Projections::GateUpSwiGluNormed(const uint16_t* x, const kernels::WgmmaNormIn& norm,
                                              const uint16_t* w, uint16_t* act, int rows, int ff,
                                              int k) {
-  kernels::WgmmaGemmParams g;
-  g.x = x;
-  g.w = w;
-  g.y = act;
+  kernels::WgmmaGemmParams g = Rows(x, w, act, rows, 2 * ff, k);
   g.swiglu = true;
-  g.rows = rows;
-  g.n = 2 * ff;
-  g.k = k;
   g.norm_in = norm;
   return kernels::LaunchWgmmaGemm(g, stream_);
 }
@@ -152,14 +142,8 @@ bool Projections::FoldsQkvNorm(int rows, int n, int hidden) const {
 
 absl::Status Projections::QkvNormed(const uint16_t* x, const kernels::WgmmaNormIn& norm,
                                     const uint16_t* w, float* y, int rows, int n, int k) {
-  kernels::WgmmaGemmParams g;
-  g.x = x;
-  g.w = w;
-  g.y = y;
+  kernels::WgmmaGemmParams g = Rows(x, w, y, rows, n, k);
   g.y_fp32 = true;
-  g.rows = rows;
-  g.n = n;
-  g.k = k;
   g.norm_in = norm;
   return kernels::LaunchWgmmaGemm(g, stream_);
 }
