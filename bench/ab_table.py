@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Side-by-side tables of builds measured in rounds within one device call.
 
-Reads DIR/ttft-<build>-<round>.json (ttft_bench --out) and DIR/kernel-<build>-<round>.json
+Reads DIR/ttft-<build>-<round>.json (ttft_bench --out) and DIR/kernel-<build>[-<round>].json
 (kernel_bench --out), as bench/gpu_gemv_run.sh and the results/ run scripts name them, and
 prints markdown tables: one row per build and round, then the build's mean, and with --base
 the mean's change against that build's. Kernel rows are the default `lazy` variant of each
-kernel_bench case. --json writes the same numbers.
+kernel_bench case (--variants: every variant, as "case variant"). --traces adds, from
+DIR/trace-<build>.json (bench/dev/kernel_trace/trace_timeline.py --json), each traced step's
+critical-path microseconds per kernel group side by side. --json writes the same numbers.
 
-Usage: bench/ab_table.py DIR [--base BUILD] [--json PATH]
+Usage: bench/ab_table.py DIR [--base BUILD] [--variants] [--traces] [--json PATH]
 """
 import argparse
 import glob
@@ -30,7 +32,8 @@ TTFT_COLUMNS = [
     ("read TB/s", ("read_ceiling_tbs",)),
 ]
 
-NAME = re.compile(r"^(ttft|kernel)-(.+)-(\d+)\.json$")
+NAME = re.compile(r"^(ttft|kernel)-(.+?)(?:-(\d+))?\.json$")
+TRACE = re.compile(r"^trace-(.+)\.json$")
 
 
 def field(doc, path):
@@ -41,21 +44,22 @@ def field(doc, path):
     return doc if isinstance(doc, (int, float)) else None
 
 
-def load(directory):
-    """{kind: {build: {round: {column: value}}}} for the files DIR holds."""
+def load(directory, variants=False):
+    """{kind: {build: {round: {column: value}}}} for the files DIR holds (no round: 1)."""
     runs = {"ttft": {}, "kernel": {}}
     for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
         m = NAME.match(os.path.basename(path))
         if not m:
             continue
-        kind, build, rnd = m.group(1), m.group(2), int(m.group(3))
+        kind, build, rnd = m.group(1), m.group(2), int(m.group(3) or 1)
         with open(path) as f:
             doc = json.load(f)
         if kind == "ttft":
             values = {col: field(doc, p) for col, p in TTFT_COLUMNS}
         else:
-            values = {r["name"]: r["ms"] * 1e3 for r in doc.get("results", [])
-                      if r.get("variant") == "lazy" and "ms" in r}
+            values = {(f"{r['name']} {r.get('variant')}" if variants else r["name"]): r["ms"] * 1e3
+                      for r in doc.get("results", [])
+                      if (variants or r.get("variant") == "lazy") and "ms" in r}
         runs[kind].setdefault(build, {})[rnd] = values
     return runs
 
@@ -97,13 +101,58 @@ def table(title, builds, columns, digits, base):
     return "\n".join(lines), summary
 
 
+def load_traces(directory):
+    """{build: [step: {group: critical us, "wall": us}]} from DIR/trace-<build>.json."""
+    traces = {}
+    for path in sorted(glob.glob(os.path.join(directory, "trace-*.json"))):
+        m = TRACE.match(os.path.basename(path))
+        if not m:
+            continue
+        with open(path) as f:
+            steps = json.load(f).get("steps", [])
+        traces[m.group(1)] = [
+            dict({g: v.get("critical_us") for g, v in s.get("groups", {}).items()},
+                 wall=s.get("wall_us"), label=f"range {s.get('range')} step {s.get('step')}, "
+                 f"{s.get('kernels')} kernels") for s in steps]
+    return traces
+
+
+def trace_tables(traces, base):
+    """One table per traced step: kernel groups as rows, builds as columns (+ % vs base)."""
+    lines, out = [], {}
+    builds = list(traces)
+    for i in range(max(len(t) for t in traces.values())):
+        groups = []
+        for b in builds:
+            if i < len(traces[b]):
+                groups += [g for g in traces[b][i] if g not in groups + ["wall", "label"]]
+        groups.append("wall")
+        cols = builds + ([f"vs {base}"] if base in traces else [])
+        label = next(traces[b][i]["label"] for b in builds if i < len(traces[b]))
+        lines += [f"\nkernel trace, {label}: critical us\n",
+                  "| group | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+        for g in groups:
+            vals = [traces[b][i].get(g) if i < len(traces[b]) else None for b in builds]
+            cells = [fmt(v, 1) for v in vals]
+            if base in traces:
+                ref = traces[base][i].get(g) if i < len(traces[base]) else None
+                cells.append(", ".join(
+                    f"{b} {100 * (v / ref - 1):+.1f}%" for b, v in zip(builds, vals)
+                    if b != base and v is not None and ref))
+            lines.append(f"| {g} | " + " | ".join(cells) + " |")
+        out[str(i)] = {b: traces[b][i] for b in builds if i < len(traces[b])}
+    return "\n".join(lines), out
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dir")
     ap.add_argument("--base", help="build the others are compared with")
+    ap.add_argument("--variants", action="store_true", help="every kernel_bench variant")
+    ap.add_argument("--traces", action="store_true", help="the kernel traces' groups too")
     ap.add_argument("--json", help="write the means here")
     args = ap.parse_args(argv)
-    runs = load(args.dir)
+    runs = load(args.dir, args.variants)
     if not runs["ttft"] and not runs["kernel"]:
         print(f"ab_table: no ttft-<build>-<round>.json or kernel-<build>-<round>.json in "
               f"{args.dir}", file=sys.stderr)
@@ -124,6 +173,11 @@ def main(argv):
         text, out["kernel_us"] = table("kernel_bench, us (variant lazy)", runs["kernel"], cases,
                                        2, args.base)
         print(text)
+    if args.traces:
+        traces = load_traces(args.dir)
+        if traces:
+            text, out["trace_critical_us"] = trace_tables(traces, args.base)
+            print(text)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
