@@ -238,8 +238,8 @@ constexpr int kArgmaxThreads = 256;
 constexpr int kArgmaxPerThread = 16;  // independent loads in flight per thread and pass
 constexpr int kArgmaxPass = kArgmaxThreads * kArgmaxPerThread;
 
-// Warp w of block (part, g) takes row 8 g + w, lane l its columns 128 part + 4 l .. + 3: the
-// residual add, bf16(v * g), then the part's sum of squares (the lane's four in order, then a
+// Warp w of block (part, group) takes row 8 group + w, lane l its columns 128 part + 4 l .. + 3:
+// the residual add, bf16(v * g), then the part's sum of squares (the lane's four in order, then a
 // fixed butterfly). Lets the next kernel launch at once: it waits for this one before reading.
 constexpr int kResidualScaleCols = 128;
 __global__ void __launch_bounds__(256)

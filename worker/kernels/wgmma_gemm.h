@@ -37,9 +37,10 @@ struct WgmmaResidualOut {
   float* sum_squares = nullptr;
 };
 struct WgmmaNormIn {
-  const float* sum_squares = nullptr;  // a WgmmaResidualOut's parts (and x its `scaled`)
-  int parts = 0;                       // that launch's WgmmaGemmNormParts
-  float eps = 0.f;                     // 1/rms of row t = 1 / sqrt(sum(parts of t) / k + eps)
+  // A WgmmaResidualOut's parts (x its `scaled`), or cuda_model::LaunchResidualScale's.
+  const float* sum_squares = nullptr;
+  int parts = 0;    // parts per row: that launch's WgmmaGemmNormParts (or ResidualScaleParts)
+  float eps = 0.f;  // 1/rms of row t = 1 / sqrt(sum(parts of t) / k + eps)
 };
 
 struct WgmmaGemmParams {

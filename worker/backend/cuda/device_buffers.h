@@ -151,8 +151,8 @@ class StepActivations {
   uint16_t* h_rows = nullptr;   // [R, hidden] bf16 final-normed logit rows
   float* logits = nullptr;      // [R, vocab] fp32
   // [hidden + 64]: the sum-of-squares parts of folded RMSNorms: a one-token step's (gemv.h), at
-  // most one per output of the projection before the norm, or 2-64 rows' (wgmma_gemm.h), one
-  // per row and block of at least 64 outputs.
+  // most one per output of the projection before the norm, or 2-64 rows' (wgmma_gemm.h,
+  // LaunchResidualScale), one per row and 64 or more columns.
   float* norm_parts = nullptr;
 
  private:
